@@ -1,0 +1,170 @@
+"""RunConfig: one measured configuration, validated, serialisable and hashable."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import json
+from dataclasses import dataclass, field
+
+from cpuopt_helpers.errors import CpuoptError
+
+PRESETS = ("quick", "standard", "full")
+ALLOCATORS = ("default", "jemalloc", "tcmalloc")
+OMP_RUNTIMES = ("gnu", "intel")
+DTYPES = ("fp32", "bf16")
+MODES = ("independent",)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that decides how one measured run is launched and what it trains.
+
+    ``threads`` is per instance; None means the physical cores divided by the instances.
+    ``cores`` pins instance i to cores[i]; None lets the launcher hand out cores.
+    ``env`` adds extra environment variables (as sorted key/value pairs).
+    """
+
+    workload: str = "cnn"
+    preset: str = "quick"
+    batch_size: int | None = None
+    steps: int = 20
+    warmup: int = 3
+    threads: int | None = None
+    instances: int = 1
+    mode: str = "independent"
+    cores: tuple[tuple[int, ...], ...] | None = None
+    allocator: str = "default"
+    omp_runtime: str = "gnu"
+    kmp_blocktime: int | None = None
+    dtype: str = "fp32"
+    channels_last: bool = False
+    seed: int = 0
+    timeout_s: float = 600.0
+    env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    def replace(self, **changes) -> "RunConfig":
+        """A copy with some fields changed (configs are never edited in place)."""
+        if "env" in changes and isinstance(changes["env"], dict):
+            changes["env"] = tuple(sorted(changes["env"].items()))
+        if changes.get("cores") is not None:
+            changes["cores"] = tuple(tuple(c) for c in changes["cores"])
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["cores"] = [list(c) for c in self.cores] if self.cores is not None else None
+        d["env"] = dict(self.env)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise CpuoptError(f"unknown RunConfig field(s) {sorted(unknown)}; known: {sorted(known)}")
+        d = dict(d)
+        if d.get("cores") is not None:
+            d["cores"] = tuple(tuple(c) for c in d["cores"])
+        d["env"] = tuple(sorted((d.get("env") or {}).items()))
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        return cls.from_dict(json.loads(text))
+
+    def config_hash(self) -> str:
+        """Stable id of what is measured (the timeout does not change the measurement)."""
+        d = self.to_dict()
+        d.pop("timeout_s")
+        return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def label(self) -> str:
+        """A short human name: only the fields that differ from the defaults."""
+        default = RunConfig(workload=self.workload, preset=self.preset).to_dict()
+        parts = [f"{k}={v}" for k, v in self.to_dict().items()
+                 if k not in ("workload", "preset", "timeout_s") and v != default[k]]
+        return f"{self.workload}[{self.preset}]" + (" " + " ".join(parts) if parts else "")
+
+
+def check_workload_spec(spec: str) -> None:
+    """Fail early on an unknown built-in or an unimportable user workload."""
+    from cpuopt_helpers.workloads import BUILTINS
+
+    if ":" not in spec:
+        if spec not in BUILTINS:
+            raise CpuoptError(f"unknown workload {spec!r}; use one of {', '.join(sorted(BUILTINS))} "
+                              "or your own as package.module:function")
+        return
+    module_name, _, func = spec.partition(":")
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise CpuoptError(f"cannot import {module_name!r} for workload {spec!r}; "
+                          "run from the folder that holds it or add it to PYTHONPATH")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module failed while importing
+        raise CpuoptError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+    if not callable(getattr(module, func, None)):
+        raise CpuoptError(f"{module_name!r} has no function {func!r}; a workload is "
+                          "package.module:function with function(preset) -> Workload")
+
+
+def validate(config: RunConfig, logical_cores: int, physical_cores: int) -> RunConfig:
+    """Check a config against the machine; return it with `threads` filled in.
+
+    Every error says what is wrong and what to do, in one line.
+    """
+    if config.preset not in PRESETS:
+        raise CpuoptError(f"unknown preset {config.preset!r}; use one of {', '.join(PRESETS)}")
+    for name, value, allowed in (("allocator", config.allocator, ALLOCATORS),
+                                 ("omp runtime", config.omp_runtime, OMP_RUNTIMES),
+                                 ("dtype", config.dtype, DTYPES), ("mode", config.mode, MODES)):
+        if value not in allowed:
+            raise CpuoptError(f"unknown {name} {value!r}; use one of {', '.join(allowed)}")
+    if config.batch_size is not None and config.batch_size <= 0:
+        raise CpuoptError(f"batch size must be a positive integer, got {config.batch_size}")
+    if config.steps <= 0:
+        raise CpuoptError(f"steps must be a positive integer, got {config.steps}")
+    if config.warmup < 0:
+        raise CpuoptError(f"warm-up steps cannot be negative, got {config.warmup}")
+    if config.instances <= 0:
+        raise CpuoptError(f"instances must be at least 1, got {config.instances}")
+    if config.timeout_s <= 0:
+        raise CpuoptError(f"timeout must be positive, got {config.timeout_s}")
+    if config.kmp_blocktime is not None and config.kmp_blocktime < 0:
+        raise CpuoptError(f"KMP_BLOCKTIME must be >= 0 ms, got {config.kmp_blocktime}")
+    if config.instances > logical_cores:
+        raise CpuoptError(f"{config.instances} instances need at least {config.instances} cores; "
+                          f"this machine has {logical_cores}: use --instances {logical_cores} or fewer")
+    threads = config.threads
+    if threads is None:
+        threads = max(1, physical_cores // config.instances)
+    if threads <= 0:
+        raise CpuoptError(f"threads must be at least 1, got {threads}")
+    if threads > logical_cores:
+        raise CpuoptError(f"--threads {threads} is more than the {logical_cores} logical cores here; "
+                          f"use at most {logical_cores} (see `cpuopt doctor`)")
+    if threads * config.instances > logical_cores:
+        raise CpuoptError(f"{config.instances} instances x {threads} threads = {threads * config.instances} "
+                          f"cores, but this machine has {logical_cores}; lower --threads or --instances")
+    if config.cores is not None:
+        if len(config.cores) != config.instances:
+            raise CpuoptError(f"cores lists {len(config.cores)} core sets for {config.instances} instances; "
+                              "give one set per instance")
+        flat = [c for group in config.cores for c in group]
+        if len(set(flat)) != len(flat):
+            raise CpuoptError(f"core sets {config.cores} overlap; give each instance its own cores")
+        bad = [c for c in flat if not 0 <= c < 4096]
+        if bad:
+            raise CpuoptError(f"core ids {bad} are not valid CPU numbers")
+    check_workload_spec(config.workload)
+    return config.replace(threads=threads)

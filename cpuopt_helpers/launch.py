@@ -1,0 +1,296 @@
+"""RunConfig -> LaunchPlan -> worker processes -> RunResult.
+
+``build_plan`` is pure: from a validated config, the machine's facts and the caller's
+environment it decides the interpreter, argv, environment and cores of every instance.
+``run_plan`` is the one place that spawns processes.
+
+Environment variables the plan sets (values already in the caller's environment win,
+with a warning, except LD_PRELOAD, to which ours are appended):
+
+| variable            | value                                                   | when                |
+|---------------------|---------------------------------------------------------|---------------------|
+| OMP_NUM_THREADS     | threads per instance                                    | always              |
+| MKL_NUM_THREADS     | threads per instance                                    | always              |
+| LD_PRELOAD          | the allocator's library, then libiomp5.so               | jemalloc/tcmalloc, intel OpenMP |
+| MALLOC_CONF         | oversize_threshold:1,background_thread:true,metadata_thp:auto (PyTorch's run_cpu) | jemalloc |
+| KMP_AFFINITY        | granularity=fine,compact,1,0                            | intel OpenMP        |
+| KMP_BLOCKTIME       | the config's value, else 1 (run_cpu's default)          | intel OpenMP        |
+| CPUOPT_CORES        | the instance's logical CPUs                             | always              |
+| CPUOPT_INSTANCE(S)  | index and count of instances                            | always              |
+| CPUOPT_PINNING      | numactl, taskset or sched_setaffinity                   | always              |
+| PYTHONPATH          | the current folder first, so user workloads import      | always              |
+
+Pinning: ``numactl --physcpubind=CORES --membind=NODES`` when numactl works, else
+``taskset -c CORES``, else the worker pins itself with ``os.sched_setaffinity``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from cpuopt_helpers import stats, system
+from cpuopt_helpers.config import RunConfig, validate
+from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.worker import RESULT_KEY
+
+log = logging.getLogger(__name__)
+
+JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
+KMP_AFFINITY = "granularity=fine,compact,1,0"
+USER_WINS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MALLOC_CONF", "KMP_AFFINITY", "KMP_BLOCKTIME")
+STDERR_TAIL = 2000
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the planner needs to know about the machine (tests build fake ones)."""
+
+    topology: system.Topology
+    libraries: dict  # kind (jemalloc, tcmalloc, iomp) -> path or None
+    numactl: bool
+    taskset: bool
+
+    @classmethod
+    def this(cls) -> "Machine":
+        return cls(system.topology(), {k: system.locate_library(k) for k in ("jemalloc", "tcmalloc", "iomp")},
+                   system.numactl_status()["works"], shutil.which("taskset") is not None)
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    index: int
+    cores: tuple[int, ...]
+    argv: tuple[str, ...]
+    env: dict  # only the variables the plan sets or changes
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    config: RunConfig
+    instances: tuple[InstancePlan, ...]
+    pinning: str
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    def shell_command(self) -> str:
+        """The plan as a shell script a user can paste (instances run in parallel)."""
+        lines = []
+        for inst in self.instances:
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(inst.env.items()))
+            cmd = " ".join(shlex.quote(a) for a in inst.argv)
+            lines.append(f"env {env} {cmd}" + (" &" if len(self.instances) > 1 else ""))
+        if len(self.instances) > 1:
+            lines.append("wait")
+        return "\n".join(lines)
+
+
+def assign_cores(topology: system.Topology, instances: int, threads: int) -> list[tuple[int, ...]]:
+    """Disjoint core sets: one thread per physical core first, SMT siblings after."""
+    order = topology.core_order()
+    if instances * threads > len(order):
+        raise CpuoptError(f"{instances} x {threads} threads need {instances * threads} cores; "
+                          f"{len(order)} are available")
+    return [tuple(sorted(order[i * threads:(i + 1) * threads])) for i in range(instances)]
+
+
+def _library(machine: Machine, kind: str) -> str:
+    path = machine.libraries.get(kind)
+    if not path:
+        raise CpuoptError(f"{kind} library not found on this machine; install it: {system.INSTALL_HINTS[kind]} "
+                          "(then `cpuopt doctor` shows it)")
+    return path
+
+
+def build_plan(config: RunConfig, machine: Machine, base_env: dict | None = None,
+               python: str | None = None) -> LaunchPlan:
+    """Decide argv, environment and cores of every instance. Pure: spawns nothing."""
+    base_env = dict(os.environ if base_env is None else base_env)
+    topo = machine.topology
+    config = validate(config, topo.logical_cores, topo.physical_cores)
+    if config.kmp_blocktime is not None and config.omp_runtime != "intel":
+        raise CpuoptError("KMP_BLOCKTIME only applies to Intel OpenMP; add --omp-runtime intel")
+    cores = list(config.cores) if config.cores else assign_cores(topo, config.instances, config.threads)
+    known = {c.cpu for c in topo.cpus}
+    for group in cores:
+        if not set(group) <= known:
+            raise CpuoptError(f"cores {sorted(set(group) - known)} are not available here; "
+                              f"use cores from {sorted(known)}")
+
+    env: dict[str, str] = {"OMP_NUM_THREADS": str(config.threads), "MKL_NUM_THREADS": str(config.threads)}
+    preload = []
+    if config.allocator != "default":
+        preload.append(_library(machine, config.allocator))
+        if config.allocator == "jemalloc":
+            env["MALLOC_CONF"] = JEMALLOC_CONF
+    if config.omp_runtime == "intel":
+        preload.append(_library(machine, "iomp"))
+        env["KMP_AFFINITY"] = KMP_AFFINITY
+        env["KMP_BLOCKTIME"] = str(config.kmp_blocktime if config.kmp_blocktime is not None else 1)
+    env.update(dict(config.env))
+
+    warnings = []
+    for key in USER_WINS:
+        if key in base_env and key in env and base_env[key] != env[key]:
+            warnings.append(f"{key}={base_env[key]} from your environment overrides the planned "
+                            f"{env[key]}; unset it to let cpuopt choose")
+            env[key] = base_env[key]
+    user_preload = base_env.get("LD_PRELOAD", "")
+    if preload or user_preload:
+        env["LD_PRELOAD"] = ":".join([p for p in user_preload.split(":") if p] + preload)
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in base_env.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+    pinning = "numactl" if machine.numactl else "taskset" if machine.taskset else "sched_setaffinity"
+    python = python or sys.executable
+    instances = []
+    for i, group in enumerate(cores):
+        csv = ",".join(map(str, group))
+        if pinning == "numactl":
+            nodes = ",".join(str(n) for n in sorted({topo.node_of(c) for c in group}))
+            prefix = ["numactl", f"--physcpubind={csv}", f"--membind={nodes}"]
+        elif pinning == "taskset":
+            prefix = ["taskset", "-c", csv]
+        else:
+            prefix = []
+        argv = prefix + [python, "-m", "cpuopt_helpers.worker", "--config", config.to_json()]
+        inst_env = dict(env, CPUOPT_CORES=csv, CPUOPT_INSTANCE=str(i),
+                        CPUOPT_INSTANCES=str(len(cores)), CPUOPT_PINNING=pinning)
+        instances.append(InstancePlan(i, tuple(group), tuple(argv), inst_env))
+    for w in warnings:
+        log.warning(w)
+    return LaunchPlan(config, tuple(instances), pinning, tuple(warnings))
+
+
+def _tail(path: str, limit: int = STDERR_TAIL) -> str:
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - limit))
+        return f.read().decode(errors="replace").strip()
+
+
+def _parse_instance(stdout: str) -> dict | None:
+    for line in reversed(stdout.splitlines()):
+        line = line.strip()
+        if line.startswith("{") and RESULT_KEY in line:
+            try:
+                return json.loads(line)[RESULT_KEY]
+            except json.JSONDecodeError:
+                continue
+    return None
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        p.wait()
+
+
+def run_plan(plan: LaunchPlan, facts: dict | None = None) -> dict:
+    """Start every instance together, wait up to the timeout, and build the RunResult."""
+    config = plan.config
+    workdir = tempfile.mkdtemp(prefix="cpuopt-run-")
+    procs, outs, errs = [], [], []
+    launch_wall = time.time()
+    for inst in plan.instances:
+        out, err = os.path.join(workdir, f"{inst.index}.out"), os.path.join(workdir, f"{inst.index}.err")
+        env = dict(os.environ, **inst.env, CPUOPT_BARRIER=workdir, CPUOPT_LAUNCH_TIME=repr(launch_wall))
+        with open(out, "wb") as fo, open(err, "wb") as fe:
+            procs.append(subprocess.Popen(list(inst.argv), env=env, stdout=fo, stderr=fe,
+                                          stdin=subprocess.DEVNULL, start_new_session=True))
+        outs.append(out)
+        errs.append(err)
+    deadline = time.monotonic() + config.timeout_s
+    status, reason = "ok", ""
+    try:
+        while any(p.poll() is None for p in procs):
+            failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
+            if failed:
+                status, reason = "failed", f"instance {failed[0]} exited with code {procs[failed[0]].returncode}"
+                break
+            if time.monotonic() > deadline:
+                status, reason = "timeout", f"no result within the {config.timeout_s:.0f} s timeout"
+                break
+            time.sleep(0.02)
+    finally:
+        _kill(procs)  # also stops the others when one failed, and on KeyboardInterrupt
+    if status == "ok":
+        failed = [i for i, p in enumerate(procs) if p.returncode != 0]
+        if failed:
+            status, reason = "failed", f"instance {failed[0]} exited with code {procs[failed[0]].returncode}"
+    results = [_parse_instance(open(o, errors="replace").read()) for o in outs]
+    if status == "ok" and any(r is None for r in results):
+        status, reason = "failed", "a worker exited without printing its result"
+    if status != "ok":
+        bad = next((i for i, p in enumerate(procs) if p.returncode not in (0, None, -9)), 0)
+        reason = f"{reason}; stderr tail of instance {bad}:\n{_tail(errs[bad])}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    return make_result(plan, status, reason, [r for r in results if r], facts)
+
+
+def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict], facts: dict | None) -> dict:
+    """Combine per-instance results into one RunResult (the DESIGN.md contract)."""
+    config = plan.config
+    result = {
+        "config": config.to_dict(), "config_hash": config.config_hash(), "label": config.label(),
+        "status": status, "reason": reason, "samples_per_s": None,
+        "step_ms": stats.summarize([]), "phase_ms": {}, "peak_rss_mb": None,
+        "loss_first": None, "loss_last": None, "flops_per_step": None, "achieved_gflops": None,
+        "startup_s": None, "instances": [],
+        "env": {k: v for k, v in plan.instances[0].env.items()} if plan.instances else {},
+        "argv": [list(i.argv) for i in plan.instances], "pinning": plan.pinning,
+        "warnings": list(plan.warnings), "versions": {},
+        "system": (facts or {}).get("fingerprint"),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    if status != "ok" or not instances:
+        return result
+    instances = sorted(instances, key=lambda r: r["index"])
+    per_instance = []
+    for r in instances:
+        total = sum(r["step_s"])
+        per_instance.append({
+            "index": r["index"], "pid": r["pid"], "cores": r["cores"], "affinity": r["affinity"],
+            "pinned_by": r["pinned_by"], "ld_preload": r["ld_preload"], "omp_num_threads": r["omp_num_threads"],
+            "torch_threads": r["torch_threads"], "batch_size": r["batch_size"],
+            "samples_per_s": r["batch_size"] * len(r["step_s"]) / total,
+            "step_ms": stats.summarize([s * 1e3 for s in r["step_s"]]),
+            "peak_rss_mb": r["peak_rss_mb"],
+            "startup_s": r["first_step_wall"] - r["launch_wall"],
+        })
+    pooled = [s * 1e3 for r in instances for s in r["step_s"]]
+    first = instances[0]
+    flops = first["flops_per_step"]
+    result.update({
+        "samples_per_s": sum(i["samples_per_s"] for i in per_instance),
+        "step_ms": stats.summarize(pooled),
+        "phase_ms": {k: stats.summarize([s * 1e3 for r in instances for s in r["phase_s"][k]])["median"]
+                     for k in first["phase_s"]},
+        "peak_rss_mb": max(i["peak_rss_mb"] for i in per_instance),
+        "loss_first": first["loss_first"], "loss_last": first["loss_last"],
+        "flops_per_step": flops,
+        "achieved_gflops": (sum(flops * len(r["step_s"]) / sum(r["step_s"]) for r in instances) / 1e9
+                            if flops else None),
+        "startup_s": max(i["startup_s"] for i in per_instance),
+        "instances": per_instance,
+        "versions": first["versions"],
+    })
+    return result
+
+
+def run(config: RunConfig, facts: dict | None = None) -> dict:
+    """Plan and run one configuration on this machine."""
+    return run_plan(build_plan(config, Machine.this()), facts)

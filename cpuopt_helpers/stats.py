@@ -1,0 +1,73 @@
+"""Step-time statistics: medians with spread, bootstrap intervals, interleaved ratios."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from typing import Sequence
+
+# Spread (p90 - p10) / median above which a measurement is flagged as untrustworthy.
+WIDE_SPREAD = 0.5
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile, q in [0, 1]."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(values: Sequence[float]) -> dict:
+    """Median, p10, p90 and count of a list of timings."""
+    values = [float(v) for v in values if v is not None and not math.isnan(v)]
+    if not values:
+        return {"median": math.nan, "p10": math.nan, "p90": math.nan, "n": 0}
+    return {"median": statistics.median(values), "p10": quantile(values, 0.1),
+            "p90": quantile(values, 0.9), "n": len(values)}
+
+
+def relative_spread(values: Sequence[float]) -> float:
+    """(p90 - p10) / median: 0 for identical values."""
+    s = summarize(values)
+    return (s["p90"] - s["p10"]) / s["median"] if s["n"] and s["median"] else math.nan
+
+
+def spread_warning(values: Sequence[float], label: str = "measurement", limit: float = WIDE_SPREAD) -> str | None:
+    """A sentence when the spread is too wide to trust a comparison, else None."""
+    spread = relative_spread(values)
+    if len(values) >= 2 and spread > limit:
+        return (f"{label}: spread p10-p90 is {spread:.0%} of the median over {len(values)} runs; "
+                "the machine is noisy, add repeats before trusting small differences")
+    return None
+
+
+def bootstrap_ci(values: Sequence[float], confidence: float = 0.95, n_boot: int = 2000,
+                 stat=statistics.median, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of a statistic (default: the median)."""
+    values = [float(v) for v in values]
+    if not values:
+        return (math.nan, math.nan)
+    if len(values) == 1:
+        return (values[0], values[0])
+    rng = random.Random(seed)
+    boots = [stat(rng.choices(values, k=len(values))) for _ in range(n_boot)]
+    alpha = (1 - confidence) / 2
+    return (quantile(boots, alpha), quantile(boots, 1 - alpha))
+
+
+def interleaved_ratio(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> dict:
+    """Ratio b/a of two configurations measured interleaved (A B A B ...).
+
+    Each round's pair shares the machine's state at that moment, so the ratio is taken
+    per round and then summarised; drift that hits both cancels out.
+    """
+    if len(a) != len(b) or not a:
+        raise ValueError(f"interleaved ratio needs pairs of equal length, got {len(a)} and {len(b)}")
+    ratios = [y / x for x, y in zip(a, b) if x]
+    low, high = bootstrap_ci(ratios, confidence)
+    return {"median": statistics.median(ratios), "ci_low": low, "ci_high": high, "n": len(ratios),
+            "warning": spread_warning(ratios, "ratio")}

@@ -1,0 +1,152 @@
+"""The measured process: pin, build the workload, train, print one JSON line.
+
+Imports only the standard library and torch (the package's own workload registry aside),
+so it also runs under another interpreter. The launcher sets its environment before it
+starts; the worker never changes thread pools or allocators itself.
+
+Environment read here (set by launch.py):
+    CPUOPT_CORES        comma list of logical CPUs to run on (pins itself if not already)
+    CPUOPT_INSTANCE     index of this instance, CPUOPT_INSTANCES how many run together
+    CPUOPT_BARRIER      a folder; timed steps start when every instance has warmed up
+    CPUOPT_LAUNCH_TIME  wall time at which the launcher started the process
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import resource
+import sys
+import time
+
+RESULT_KEY = "cpuopt_instance"
+
+
+def pin_to_cores() -> tuple[list[int], str]:
+    """Pin to CPUOPT_CORES unless numactl/taskset already did; return (cores, how)."""
+    wanted = os.environ.get("CPUOPT_CORES")
+    if not wanted:
+        return sorted(os.sched_getaffinity(0)), "none"
+    cores = {int(c) for c in wanted.split(",")}
+    if os.sched_getaffinity(0) == cores:
+        return sorted(cores), os.environ.get("CPUOPT_PINNING", "launcher")
+    os.sched_setaffinity(0, cores)
+    return sorted(cores), "sched_setaffinity"
+
+
+def wait_for_peers(timeout_s: float = 300.0) -> None:
+    """File barrier: timed steps of all instances overlap."""
+    folder, total = os.environ.get("CPUOPT_BARRIER"), int(os.environ.get("CPUOPT_INSTANCES", "1"))
+    if not folder or total <= 1:
+        return
+    open(os.path.join(folder, f"ready.{os.environ.get('CPUOPT_INSTANCE', '0')}"), "w").close()
+    deadline = time.monotonic() + timeout_s
+    while len([f for f in os.listdir(folder) if f.startswith("ready.")]) < total:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"other instances did not warm up within {timeout_s:.0f} s")
+        time.sleep(0.002)
+
+
+def count_flops(step, *args) -> float | None:
+    """FLOPs of one forward + backward + update, counted by torch's FLOP counter."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step(*args)
+    return float(counter.get_total_flops()) or None
+
+
+def onednn_version(build_info: str) -> str | None:
+    match = re.search(r"MKL-DNN v([\d.]+)", build_info)
+    return match.group(1) if match else None
+
+
+def train(config: dict) -> dict:
+    """Run warm-up and timed steps of one workload; return this instance's result."""
+    import torch
+
+    from cpuopt_helpers.workloads import build_workload
+
+    torch.manual_seed(config["seed"])
+    workload = build_workload(config["workload"], config["preset"])
+    batch_size = config["batch_size"] or workload.default_batch_size
+    model = workload.model
+    model.train()
+    inputs, targets = workload.make_batch(batch_size)
+    if config["channels_last"] and workload.image_like:
+        model = model.to(memory_format=torch.channels_last)
+        inputs = inputs.contiguous(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if config["dtype"] == "bf16" \
+        else contextlib.nullcontext
+    clock = time.perf_counter
+
+    def step():
+        t0 = clock()
+        optimizer.zero_grad(set_to_none=True)
+        with autocast():
+            outputs = model(*args)
+        loss = workload.loss_fn(outputs.float(), targets)  # loss and reductions in fp32
+        t1 = clock()
+        loss.backward()
+        t2 = clock()
+        optimizer.step()
+        t3 = clock()
+        return loss.item(), (t1 - t0, t2 - t1, t3 - t2)
+
+    losses, first_step_wall = [], time.time()
+    for _ in range(config["warmup"]):
+        losses.append(step()[0])
+    flops_per_step = (workload.flops_per_sample * batch_size if workload.flops_per_sample
+                      else count_flops(step))
+    wait_for_peers()
+    steps, phases = [], []
+    for _ in range(config["steps"]):
+        t = clock()
+        loss, phase = step()
+        steps.append(clock() - t)
+        phases.append(phase)
+        losses.append(loss)
+    return {
+        "batch_size": batch_size,
+        "step_s": steps,
+        "phase_s": {name: [p[i] for p in phases] for i, name in enumerate(("forward", "backward", "optimizer"))},
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "flops_per_step": flops_per_step,
+        "first_step_wall": first_step_wall,
+        "torch_threads": torch.get_num_threads(),
+        "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
+                     "onednn": onednn_version(torch.__config__.show())},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="cpuopt's measured process (started by the launcher)")
+    parser.add_argument("--config", required=True, help="RunConfig as JSON")
+    config = json.loads(parser.parse_args(argv).config)
+    cores, pinned_by = pin_to_cores()
+    result = train(config)
+    result.update({
+        "index": int(os.environ.get("CPUOPT_INSTANCE", "0")),
+        "pid": os.getpid(),
+        "cores": cores,
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "pinned_by": pinned_by,
+        "ld_preload": os.environ.get("LD_PRELOAD", ""),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "launch_wall": float(os.environ.get("CPUOPT_LAUNCH_TIME", "nan")),
+    })
+    sys.stdout.flush()
+    print(json.dumps({RESULT_KEY: result}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
