@@ -16,6 +16,8 @@ ALLOCATORS = ("default", "jemalloc", "tcmalloc")
 OMP_RUNTIMES = ("gnu", "intel")
 DTYPES = ("fp32", "bf16")
 MODES = ("independent",)
+# preset -> (timed steps, warm-up steps) used by the notebooks
+PRESET_STEPS = {"quick": (20, 3), "standard": (15, 3), "full": (30, 5)}
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,14 @@ class RunConfig:
     seed: int = 0
     timeout_s: float = 600.0
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    @classmethod
+    def for_preset(cls, workload: str, preset: str, **fields) -> "RunConfig":
+        """A config with the preset's step counts (a notebook's starting point)."""
+        if preset not in PRESET_STEPS:
+            raise CpuoptError(f"unknown preset {preset!r}; use one of {', '.join(PRESETS)}")
+        steps, warmup = PRESET_STEPS[preset]
+        return cls(workload=workload, preset=preset, steps=steps, warmup=warmup).replace(**fields)
 
     def replace(self, **changes) -> "RunConfig":
         """A copy with some fields changed (configs are never edited in place)."""

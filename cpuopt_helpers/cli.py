@@ -1,0 +1,132 @@
+"""The `cpuopt` command: doctor, bench and workbook.
+
+Exit codes: 0 ok, 1 a run or notebook failed, 2 bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from cpuopt_helpers.errors import CpuoptError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad input in one line, exit code 2."""
+
+    def error(self, message: str):
+        raise CpuoptError(f"{message} (see `{self.prog} --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="cpuopt", description="Measure what makes deep-learning training fast on this CPU.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    doctor = sub.add_parser("doctor", help="machine and software facts, and what is missing")
+    doctor.add_argument("--json", action="store_true", help="print the facts as JSON")
+
+    bench = sub.add_parser("bench", help="measure one configuration in fresh worker processes")
+    bench.add_argument("--workload", default="cnn", help="cnn, transformer, rnn, or package.module:function")
+    bench.add_argument("--preset", default="quick", help="quick | standard | full")
+    bench.add_argument("--batch-size", type=int, help="samples per step and instance (default: the workload's)")
+    bench.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    bench.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (default 3)")
+    bench.add_argument("--threads", type=int, help="threads per instance (default: physical cores / instances)")
+    bench.add_argument("--instances", type=int, default=1, help="independent instances on disjoint cores")
+    bench.add_argument("--mode", default="independent", help="independent (ddp: not yet)")
+    bench.add_argument("--allocator", default="default", help="default | jemalloc | tcmalloc")
+    bench.add_argument("--omp-runtime", default="gnu", help="gnu | intel")
+    bench.add_argument("--kmp-blocktime", type=int, help="ms an Intel OpenMP thread spins (needs --omp-runtime intel)")
+    bench.add_argument("--dtype", default="fp32", help="fp32 | bf16 (autocast; loss in fp32)")
+    bench.add_argument("--channels-last", action="store_true", help="channels-last memory format (CNNs)")
+    bench.add_argument("--timeout", type=float, default=600, help="seconds before the run is stopped")
+    bench.add_argument("--dry-run", action="store_true", help="print the launch plan as shell commands and exit")
+    bench.add_argument("--save", action="store_true", help="also write the result to the results store")
+    bench.add_argument("--json", action="store_true", help="print the RunResult as JSON")
+
+    wb = sub.add_parser("workbook", help="execute the notebooks with papermill")
+    wb_sub = wb.add_subparsers(dest="wb_command", required=True, parser_class=_Parser)
+    wb_run = wb_sub.add_parser("run", help="run the notebooks in order")
+    wb_run.add_argument("--preset", default="standard", help="quick | standard | full")
+    wb_run.add_argument("--only", action="append", help="notebook number(s) to run, e.g. --only 01")
+    wb_run.add_argument("--out", help="output folder (default build/)")
+    return parser
+
+
+def _doctor(args) -> int:
+    from cpuopt_helpers import system
+
+    facts = system.collect_facts()
+    print(json.dumps(facts, indent=2) if args.json else system.format_facts(facts))
+    return 0
+
+
+def _bench(args) -> int:
+    from cpuopt_helpers import launch, system
+    from cpuopt_helpers.config import RunConfig
+    from cpuopt_helpers.results import ResultStore
+
+    config = RunConfig(workload=args.workload, preset=args.preset, batch_size=args.batch_size, steps=args.steps,
+                       warmup=args.warmup, threads=args.threads, instances=args.instances, mode=args.mode,
+                       allocator=args.allocator, omp_runtime=args.omp_runtime, kmp_blocktime=args.kmp_blocktime,
+                       dtype=args.dtype, channels_last=args.channels_last, timeout_s=args.timeout)
+    plan = launch.build_plan(config, launch.Machine.this())
+    if args.dry_run:
+        print(plan.shell_command())
+        return 0
+    facts = system.collect_facts()
+    result = launch.run_plan(plan, facts)
+    if args.save:
+        ResultStore().save_result(result, tag="cli")
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_result(result))
+    return 0 if result["status"] == "ok" else 1
+
+
+def format_result(r: dict) -> str:
+    """A few readable lines about one RunResult."""
+    if r["status"] != "ok":
+        return f"{r['label']}: {r['status']}: {r['reason']}"
+    s, p = r["step_ms"], r["phase_ms"]
+    lines = [
+        f"{r['label']}: {r['samples_per_s']:.1f} samples/s, step {s['median']:.2f} ms "
+        f"(p10 {s['p10']:.2f}, p90 {s['p90']:.2f}, n={s['n']})",
+        f"  forward {p['forward']:.2f} ms, backward {p['backward']:.2f} ms, optimizer {p['optimizer']:.2f} ms; "
+        f"{(r['achieved_gflops'] or 0):.1f} GFLOP/s; peak RSS {r['peak_rss_mb']:.0f} MB; "
+        f"loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}; launch to first step {r['startup_s']:.2f} s",
+    ]
+    for i in r["instances"]:
+        lines.append(f"  instance {i['index']}: cores {i['cores']} ({i['pinned_by']}), "
+                     f"{i['torch_threads']} threads, {i['samples_per_s']:.1f} samples/s"
+                     + (f", LD_PRELOAD={i['ld_preload']}" if i["ld_preload"] else ""))
+    lines += [f"  warning: {w}" for w in r["warnings"]]
+    return "\n".join(lines)
+
+
+def _workbook(args) -> int:
+    from cpuopt_helpers import workbook
+
+    report = workbook.run_workbook(preset=args.preset, only=args.only, out=args.out)
+    print(workbook.format_report(report))
+    return 0 if all(r["status"] == "ok" for r in report) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="cpuopt: %(levelname)s: %(message)s")
+    try:
+        args = build_parser().parse_args(argv)
+        return {"doctor": _doctor, "bench": _bench, "workbook": _workbook}[args.command](args)
+    except CpuoptError as exc:
+        print(f"cpuopt: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("cpuopt: interrupted; results already saved are kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Papermill orchestration of the notebooks, and the session object notebooks use."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cpuopt_helpers import launch, system
+from cpuopt_helpers.config import PRESETS, RunConfig
+from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.results import ResultStore, build_dir, run_sweep
+
+log = logging.getLogger(__name__)
+KERNEL = "cpuopt"
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+@dataclass
+class Session:
+    """What a notebook needs: the machine's facts, the results store and a runner.
+
+    The notebook kernel never measures itself: every run goes through the launcher.
+    """
+
+    facts: dict = field(default_factory=system.collect_facts)
+    store: ResultStore = field(default_factory=ResultStore)
+
+    @property
+    def machine(self) -> str:
+        return self.facts["fingerprint"]
+
+    def run(self, config: RunConfig) -> dict:
+        return launch.run(config, self.facts)
+
+    def sweep(self, configs, repeats: int = 1, tag: str | None = None, resume: bool = True) -> list[dict]:
+        """Interleaved repeats of several configs, each result stored as it lands."""
+        return run_sweep(configs, self.store, self.run, repeats=repeats, resume=resume, tag=tag,
+                         machine=self.machine)
+
+    def roofline(self, preset: str, remeasure: bool = False) -> dict:
+        """The measured GEMM and copy ceilings, from the store or measured now."""
+        from cpuopt_helpers import roofline
+
+        name = f"roofline/{preset}"
+        value = None if remeasure else self.store.get_fact(self.machine, name)
+        if value is None:
+            value = roofline.measure(preset)
+            self.store.put_fact(self.machine, name, value)
+        return value
+
+    def hand_on(self, config: RunConfig, step: str, evidence: dict | None = None) -> None:
+        """Record the best configuration so far for a workload (the optimisation ladder)."""
+        ladder = self.store.get_fact(self.machine, f"ladder/{config.workload}/{config.preset}", [])
+        ladder = [s for s in ladder if s["step"] != step] + [
+            {"step": step, "config": config.to_dict(), "evidence": evidence or {}}]
+        self.store.put_fact(self.machine, f"ladder/{config.workload}/{config.preset}", ladder)
+
+    def best_config(self, workload: str, preset: str) -> RunConfig:
+        """The last configuration handed on for this workload, else the preset's default."""
+        ladder = self.store.get_fact(self.machine, f"ladder/{workload}/{preset}", [])
+        return RunConfig.from_dict(ladder[-1]["config"]) if ladder else RunConfig.for_preset(workload, preset)
+
+
+def list_notebooks(only: list[str] | None = None, folder: Path = NOTEBOOKS) -> list[Path]:
+    """The workbook's notebooks in order (NN_name.ipynb), optionally only some numbers."""
+    books = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        wanted = {o.zfill(2) for o in only}
+        unknown = wanted - {p.name[:2] for p in books}
+        if unknown:
+            raise CpuoptError(f"no notebook numbered {', '.join(sorted(unknown))}; "
+                              f"have {', '.join(p.name[:2] for p in books)}")
+        books = [p for p in books if p.name[:2] in wanted]
+    return books
+
+
+def check_kernel(name: str = KERNEL) -> None:
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    if name not in KernelSpecManager().find_kernel_specs():
+        raise CpuoptError(f"Jupyter kernel {name!r} is not registered; run `make setup` "
+                          f"(or: python -m ipykernel install --sys-prefix --name {name})")
+
+
+def run_workbook(preset: str = "standard", only: list[str] | None = None, out: str | None = None,
+                 parameters: dict | None = None, progress: bool = True) -> list[dict]:
+    """Execute the notebooks in order with papermill; a failing one does not stop the rest.
+
+    Executed notebooks go to OUT/notebooks, figures to OUT/figures, results to
+    OUT/results.sqlite (OUT defaults to build/). Returns one report row per notebook.
+    """
+    import papermill
+    from tqdm.auto import tqdm
+
+    if preset not in PRESETS:
+        raise CpuoptError(f"unknown preset {preset!r}; use one of {', '.join(PRESETS)}")
+    books = list_notebooks(only)
+    check_kernel()
+    out_dir = Path(out).resolve() if out else build_dir().resolve()
+    os.environ["CPUOPT_BUILD"] = str(out_dir)  # the kernels inherit it: figures and store land there
+    if out:
+        os.environ.pop("CPUOPT_RESULTS", None)  # results of this run belong beside its notebooks
+    (out_dir / "notebooks").mkdir(parents=True, exist_ok=True)
+    report = []
+    for book in tqdm(books, desc="workbook", unit="notebook", disable=not progress):
+        target = out_dir / "notebooks" / book.name
+        start = time.monotonic()
+        try:
+            papermill.execute_notebook(str(book), str(target), parameters={"PRESET": preset, **(parameters or {})},
+                                       kernel_name=KERNEL, cwd=str(book.parent), progress_bar=False)
+            report.append({"notebook": book.name, "status": "ok", "seconds": time.monotonic() - start,
+                           "output": str(target), "error": ""})
+        except papermill.PapermillExecutionError as exc:
+            report.append({"notebook": book.name, "status": "failed", "seconds": time.monotonic() - start,
+                           "output": str(target),
+                           "error": f"cell {exc.exec_count}: {exc.ename}: {exc.evalue}"})
+        except Exception as exc:  # the kernel died or could not start: report and go on
+            report.append({"notebook": book.name, "status": "failed", "seconds": time.monotonic() - start,
+                           "output": str(target), "error": f"{type(exc).__name__}: {exc}"})
+    return report
+
+
+def format_report(report: list[dict]) -> str:
+    lines = [f"{r['notebook']:<28} {r['status']:<7} {r['seconds']:6.1f} s  {r['output']}"
+             + (f"\n    {r['error']}" if r["error"] else "") for r in report]
+    failed = sum(r["status"] != "ok" for r in report)
+    lines.append(f"{len(report) - failed} notebook(s) passed, {failed} failed")
+    return "\n".join(lines)
