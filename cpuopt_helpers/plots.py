@@ -44,7 +44,7 @@ def baseline_figure(table):
         left = share if left is None else left + share
     ax2.set_xlabel("% of step time")
     ax2.set_title("Step time by phase")
-    ax2.legend(loc="lower right", fontsize=8, framealpha=0.9)
+    ax2.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     return fig
 

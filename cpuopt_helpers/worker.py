@@ -21,6 +21,8 @@ import re
 import resource
 import sys
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 RESULT_KEY = "cpuopt_instance"
 
@@ -65,8 +67,23 @@ def onednn_version(build_info: str) -> str | None:
     return match.group(1) if match else None
 
 
-def train(config: dict) -> dict:
-    """Run warm-up and timed steps of one workload; return this instance's result."""
+@dataclass
+class Prepared:
+    """A workload ready to train: the step function and what the result reports."""
+
+    workload: object
+    batch_size: int
+    step: Callable[[], tuple[float, tuple[float, float, float]]]
+    bare_step: Callable[[], object]
+
+
+def prepare(config: dict) -> Prepared:
+    """Build the workload, apply the config's optimisations, return the step functions.
+
+    ``step`` times forward (with the loss), backward and the optimizer separately and
+    returns the loss; ``bare_step`` is the same work with no clocks and no ``.item()``
+    (the overhead benchmark compares the two).
+    """
     import torch
 
     from cpuopt_helpers.workloads import build_workload
@@ -99,6 +116,25 @@ def train(config: dict) -> dict:
         t3 = clock()
         return loss.item(), (t1 - t0, t2 - t1, t3 - t2)
 
+    def bare_step():
+        optimizer.zero_grad(set_to_none=True)
+        with autocast():
+            outputs = model(*args)
+        loss = workload.loss_fn(outputs.float(), targets)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return Prepared(workload, batch_size, step, bare_step)
+
+
+def train(config: dict) -> dict:
+    """Run warm-up and timed steps of one workload; return this instance's result."""
+    import torch
+
+    prepared = prepare(config)
+    workload, batch_size, step = prepared.workload, prepared.batch_size, prepared.step
+    clock = time.perf_counter
     losses, first_step_wall = [], time.time()
     for _ in range(config["warmup"]):
         losses.append(step()[0])

@@ -1,0 +1,75 @@
+"""The `cpuopt` command as a user runs it: exit codes, one-line errors, JSON results."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cpuopt_helpers import system
+
+
+def cpuopt(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "cpuopt_helpers", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["bench", "--batch-size", "0"], "batch size must be a positive integer"),
+    (["bench", "--workload", "nosuch"], "unknown workload 'nosuch'"),
+    (["bench", "--threads", "4096"], "logical cores"),
+    (["bench", "--instances", "4096"], "instances"),
+    (["bench", "--allocator", "hoard"], "unknown allocator"),
+    (["bench", "--workload", "not_a_module_xyz:build"], "cannot import"),
+    (["bench", "--steps", "many"], "invalid int value"),
+    (["bench", "--kmp-blocktime", "0"], "--omp-runtime intel"),
+    (["workbook", "run", "--only", "77"], "no notebook numbered 77"),
+    (["workbook", "run", "--preset", "huge"], "unknown preset"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_input_exits_2_with_one_line(args, needle):
+    proc = cpuopt(*args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cpuopt: error:") and needle in lines[0]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_dry_run_prints_a_plan_and_runs_nothing():
+    proc = cpuopt("bench", "--threads", "1", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "OMP_NUM_THREADS=1" in proc.stdout and "cpuopt_helpers.worker" in proc.stdout
+
+
+@pytest.mark.slow
+def test_bench_json_prints_an_ok_run_result():
+    proc = cpuopt("bench", "--workload", "cnn", "--preset", "quick", "--steps", "4", "--json")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    for key in ("config", "config_hash", "status", "reason", "samples_per_s", "step_ms", "peak_rss_mb",
+                "loss_first", "loss_last", "achieved_gflops", "instances", "env", "argv", "versions", "system",
+                "created_at"):
+        assert key in r
+    assert r["status"] == "ok" and r["samples_per_s"] > 0 and r["system"] == system.collect_facts()["fingerprint"]
+
+
+@pytest.mark.slow
+def test_bench_tcmalloc_shows_the_preload():
+    lib = system.locate_library("tcmalloc")
+    if lib is None:
+        pytest.skip("tcmalloc not installed here (make setup installs it as root)")
+    r = json.loads(cpuopt("bench", "--allocator", "tcmalloc", "--steps", "3", "--json").stdout)
+    assert r["status"] == "ok" and r["env"]["LD_PRELOAD"] == lib
+
+
+@pytest.mark.slow
+def test_bench_two_instances_text_output():
+    proc = cpuopt("bench", "--instances", "2", "--threads", "1", "--steps", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert "instance 0: cores [0]" in proc.stdout and "instance 1: cores [1]" in proc.stdout
+
+
+@pytest.mark.slow
+def test_failed_run_exits_1():
+    proc = cpuopt("bench", "--workload", "tests.user_workloads:crash", "--steps", "2")
+    assert proc.returncode == 1 and "deliberate crash" in proc.stdout

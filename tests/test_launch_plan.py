@@ -1,0 +1,115 @@
+"""LaunchPlan building: environment, argv and cores for each option (no process starts)."""
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from cpuopt_helpers import launch, system
+from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.errors import CpuoptError
+
+FIX = Path(__file__).parent / "fixtures"
+LIBS = {"jemalloc": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+        "tcmalloc": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+        "iomp": "/venv/lib/libiomp5.so"}
+
+
+def machine(numactl=True, taskset=True, libs=LIBS, fixture="lscpu_p_xeon_2s_smt.txt"):
+    topo = system.Topology(tuple(system.parse_lscpu_parse((FIX / fixture).read_text())))
+    return launch.Machine(topo, dict(libs), numactl, taskset)
+
+
+def plan(config=RunConfig(), env=None, **kw):
+    return launch.build_plan(config, machine(**kw), base_env=env or {}, python="/py")
+
+
+def test_defaults_use_all_physical_cores_of_one_instance():
+    p = plan()
+    (inst,) = p.instances
+    assert inst.cores == tuple(range(56))  # physical cores of both sockets, no SMT siblings
+    assert inst.env["OMP_NUM_THREADS"] == "56" and inst.env["MKL_NUM_THREADS"] == "56"
+    assert "LD_PRELOAD" not in inst.env and "MALLOC_CONF" not in inst.env and "KMP_AFFINITY" not in inst.env
+    assert inst.argv[:3] == ("numactl", "--physcpubind=" + ",".join(map(str, range(56))), "--membind=0,1")
+    assert inst.argv[3:6] == ("/py", "-m", "cpuopt_helpers.worker")
+    assert RunConfig.from_json(inst.argv[-1]).threads == 56
+
+
+def test_instances_get_disjoint_cores_within_a_socket():
+    p = plan(RunConfig(instances=4, threads=14))
+    cores = [set(i.cores) for i in p.instances]
+    assert all(len(c) == 14 for c in cores)
+    assert set().union(*cores) == set(range(56))
+    assert [i.argv[2] for i in p.instances] == ["--membind=0", "--membind=0", "--membind=1", "--membind=1"]
+    assert [i.env["CPUOPT_INSTANCE"] for i in p.instances] == ["0", "1", "2", "3"]
+
+
+def test_smt_siblings_used_only_beyond_physical_cores():
+    p = plan(RunConfig(instances=2, threads=56))
+    assert set(p.instances[0].cores) == set(range(56))
+    assert set(p.instances[1].cores) == set(range(56, 112))
+
+
+def test_jemalloc_preloads_versioned_library_with_run_cpu_conf():
+    inst = plan(RunConfig(allocator="jemalloc")).instances[0]
+    assert inst.env["LD_PRELOAD"] == LIBS["jemalloc"]
+    assert inst.env["MALLOC_CONF"] == "oversize_threshold:1,background_thread:true,metadata_thp:auto"
+
+
+def test_tcmalloc_and_intel_openmp_preload_in_order():
+    inst = plan(RunConfig(allocator="tcmalloc", omp_runtime="intel", kmp_blocktime=200)).instances[0]
+    assert inst.env["LD_PRELOAD"] == f"{LIBS['tcmalloc']}:{LIBS['iomp']}"
+    assert inst.env["KMP_AFFINITY"] == "granularity=fine,compact,1,0"
+    assert inst.env["KMP_BLOCKTIME"] == "200"
+    assert plan(RunConfig(omp_runtime="intel")).instances[0].env["KMP_BLOCKTIME"] == "1"
+
+
+def test_missing_allocator_is_a_clear_error():
+    with pytest.raises(CpuoptError, match="jemalloc library not found.*apt-get install libjemalloc2"):
+        plan(RunConfig(allocator="jemalloc"), libs={"jemalloc": None, "tcmalloc": None, "iomp": None})
+    with pytest.raises(CpuoptError, match="pip install intel-openmp"):
+        plan(RunConfig(omp_runtime="intel"), libs={"iomp": None})
+
+
+def test_user_environment_wins_with_a_warning():
+    p = plan(RunConfig(allocator="jemalloc"), env={"OMP_NUM_THREADS": "3", "LD_PRELOAD": "/my/lib.so"})
+    inst = p.instances[0]
+    assert inst.env["OMP_NUM_THREADS"] == "3"
+    assert inst.env["LD_PRELOAD"] == f"/my/lib.so:{LIBS['jemalloc']}"
+    assert len(p.warnings) == 1 and "OMP_NUM_THREADS=3" in p.warnings[0]
+
+
+def test_extra_env_from_config():
+    inst = plan(RunConfig(env=(("OMP_PROC_BIND", "close"),))).instances[0]
+    assert inst.env["OMP_PROC_BIND"] == "close"
+
+
+def test_pinning_falls_back_from_numactl_to_taskset_to_the_worker():
+    p = plan(RunConfig(instances=2, threads=2), numactl=False)
+    assert p.pinning == "taskset" and p.instances[1].argv[:3] == ("taskset", "-c", "2,3")
+    p = plan(RunConfig(instances=2, threads=2), numactl=False, taskset=False)
+    assert p.pinning == "sched_setaffinity" and p.instances[1].argv[0] == "/py"
+    assert p.instances[1].env["CPUOPT_CORES"] == "2,3"  # the worker pins itself from this
+
+
+def test_explicit_cores_must_exist():
+    with pytest.raises(CpuoptError, match="not available here"):
+        plan(RunConfig(instances=1, threads=2, cores=((0, 500),)))
+    p = plan(RunConfig(instances=2, threads=1, cores=((5,), (60,))))
+    assert [i.cores for i in p.instances] == [(5,), (60,)]
+
+
+def test_validation_uses_the_machine():
+    with pytest.raises(CpuoptError, match="more than the 2 logical cores"):
+        plan(RunConfig(threads=4), fixture="lscpu_p_epyc_2core.txt")
+
+
+def test_shell_command_can_be_pasted():
+    p = plan(RunConfig(instances=2, threads=1, allocator="tcmalloc"))
+    text = p.shell_command()
+    lines = text.splitlines()
+    assert len(lines) == 3 and lines[-1] == "wait" and lines[0].endswith(" &")
+    words = shlex.split(lines[0])
+    assert words[0] == "env" and f"LD_PRELOAD={LIBS['tcmalloc']}" in words
+    config_json = words[words.index("--config") + 1]
+    assert RunConfig.from_json(config_json).allocator == "tcmalloc"

@@ -1,0 +1,88 @@
+"""Real worker processes: defaults, allocators, instances, pinning fallback, failures."""
+
+import os
+import time
+
+import pytest
+
+from cpuopt_helpers import launch, system
+from cpuopt_helpers.config import RunConfig
+
+pytestmark = pytest.mark.slow
+QUICK = dict(steps=4, warmup=1)
+
+
+def run(config, **machine_changes):
+    machine = launch.Machine.this()
+    if machine_changes:
+        machine = launch.Machine(**{**machine.__dict__, **machine_changes})
+    return launch.run_plan(launch.build_plan(config, machine))
+
+
+def test_cnn_quick_with_defaults():
+    r = run(RunConfig(**QUICK))
+    assert r["status"] == "ok", r["reason"]
+    assert r["samples_per_s"] > 0 and r["step_ms"]["n"] == 4
+    assert set(r["phase_ms"]) == {"forward", "backward", "optimizer"}
+    assert sum(r["phase_ms"].values()) <= r["step_ms"]["p90"] * 1.05
+    assert r["flops_per_step"] > 1e6 and r["achieved_gflops"] > 0  # counted by torch's FLOP counter
+    assert r["peak_rss_mb"] > 50 and r["startup_s"] > 0
+    assert r["versions"]["torch"].startswith("2.13.0")
+    inst = r["instances"][0]
+    assert inst["torch_threads"] == system.topology().physical_cores
+    assert inst["affinity"] == sorted(system.topology().core_order()[:inst["torch_threads"]])
+
+
+def test_tcmalloc_is_preloaded_for_real():
+    lib = system.locate_library("tcmalloc")
+    if lib is None:
+        pytest.skip("tcmalloc not installed here (make setup installs it as root)")
+    r = run(RunConfig(allocator="tcmalloc", **QUICK))
+    assert r["status"] == "ok", r["reason"]
+    assert r["env"]["LD_PRELOAD"] == lib
+    assert r["instances"][0]["ld_preload"] == lib  # seen from inside the worker
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_two_instances_on_different_cores():
+    r = run(RunConfig(instances=2, threads=1, **QUICK))
+    assert r["status"] == "ok", r["reason"]
+    a, b = r["instances"]
+    assert len(a["affinity"]) == 1 and len(b["affinity"]) == 1 and a["affinity"] != b["affinity"]
+    assert a["pid"] != b["pid"] and a["torch_threads"] == b["torch_threads"] == 1
+    assert r["samples_per_s"] == pytest.approx(a["samples_per_s"] + b["samples_per_s"])
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_worker_pins_itself_without_numactl_or_taskset():
+    last = sorted(os.sched_getaffinity(0))[-1]
+    r = run(RunConfig(threads=1, cores=((last,),), **QUICK), numactl=False, taskset=False)
+    assert r["status"] == "ok", r["reason"]
+    assert r["pinning"] == "sched_setaffinity" and r["argv"][0][0] != "numactl"
+    assert r["instances"][0]["affinity"] == [last] and r["instances"][0]["pinned_by"] == "sched_setaffinity"
+
+
+def test_user_workload_runs_without_changing_the_package():
+    r = run(RunConfig(workload="tests.user_workloads:build", **QUICK))
+    assert r["status"] == "ok", r["reason"]
+    assert r["instances"][0]["batch_size"] == 8 and r["flops_per_step"] == 8 * 6 * (32 * 64 + 64)
+
+
+def test_crashing_worker_becomes_a_failed_result():
+    r = run(RunConfig(workload="tests.user_workloads:crash", **QUICK))
+    assert r["status"] == "failed"
+    assert "exited with code 1" in r["reason"] and "deliberate crash in a user workload" in r["reason"]
+    assert r["samples_per_s"] is None
+
+
+def test_hanging_worker_times_out_and_leaves_no_process(tmp_path):
+    pidfile = tmp_path / "pids"
+    config = RunConfig(workload="tests.user_workloads:hang", timeout_s=6, env=(("CPUOPT_TEST_PIDFILE", str(pidfile)),),
+                       **QUICK)
+    start = time.monotonic()
+    r = run(config)
+    assert r["status"] == "timeout" and "6 s timeout" in r["reason"]
+    assert time.monotonic() - start < 20
+    pid = int(pidfile.read_text().split()[0])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

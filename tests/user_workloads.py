@@ -1,0 +1,34 @@
+"""User workloads as a user would write them (package.module:function), for tests."""
+
+import os
+import time
+
+import torch
+from torch import nn
+
+from cpuopt_helpers.workloads import Workload
+
+
+def build(preset: str = "quick") -> Workload:
+    """A tiny MLP regression: what a user's own model looks like to the workbook."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def make_batch(batch_size):
+        g = torch.Generator().manual_seed(batch_size)
+        x = torch.randn(batch_size, 32, generator=g)
+        return x, x.sum(dim=1, keepdim=True)
+
+    return Workload("mlp", model, make_batch, nn.functional.mse_loss, 8, flops_per_sample=6 * (32 * 64 + 64))
+
+
+def crash(preset: str = "quick") -> Workload:
+    """A workload whose construction fails, as a broken user model would."""
+    raise RuntimeError("deliberate crash in a user workload")
+
+
+def hang(preset: str = "quick") -> Workload:
+    """A workload that never starts training (a stuck data source)."""
+    with open(os.environ["CPUOPT_TEST_PIDFILE"], "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(3600)
