@@ -31,7 +31,7 @@ test: setup
 	$(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider -q -rs
 
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks
+	$(VENV)/bin/jupyter lab notebooks $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 overhead: setup
 	$(PY) benchmarks/overhead.py

@@ -64,9 +64,9 @@ class Session:
         return RunConfig.from_dict(ladder[-1]["config"]) if ladder else RunConfig.for_preset(workload, preset)
 
 
-def list_notebooks(only: list[str] | None = None, folder: Path = NOTEBOOKS) -> list[Path]:
+def list_notebooks(only: list[str] | None = None, folder: Path | None = None) -> list[Path]:
     """The workbook's notebooks in order (NN_name.ipynb), optionally only some numbers."""
-    books = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
+    books = sorted(p for p in (folder or NOTEBOOKS).glob("[0-9][0-9]_*.ipynb"))
     if only:
         wanted = {o.zfill(2) for o in only}
         unknown = wanted - {p.name[:2] for p in books}
@@ -86,7 +86,7 @@ def check_kernel(name: str = KERNEL) -> None:
 
 
 def run_workbook(preset: str = "standard", only: list[str] | None = None, out: str | None = None,
-                 parameters: dict | None = None, progress: bool = True) -> list[dict]:
+                 parameters: dict | None = None, progress: bool = True, folder: Path | None = None) -> list[dict]:
     """Execute the notebooks in order with papermill; a failing one does not stop the rest.
 
     Executed notebooks go to OUT/notebooks, figures to OUT/figures, results to
@@ -97,7 +97,7 @@ def run_workbook(preset: str = "standard", only: list[str] | None = None, out: s
 
     if preset not in PRESETS:
         raise CpuoptError(f"unknown preset {preset!r}; use one of {', '.join(PRESETS)}")
-    books = list_notebooks(only)
+    books = list_notebooks(only, folder)
     check_kernel()
     out_dir = Path(out).resolve() if out else build_dir().resolve()
     os.environ["CPUOPT_BUILD"] = str(out_dir)  # the kernels inherit it: figures and store land there
@@ -110,7 +110,8 @@ def run_workbook(preset: str = "standard", only: list[str] | None = None, out: s
         start = time.monotonic()
         try:
             papermill.execute_notebook(str(book), str(target), parameters={"PRESET": preset, **(parameters or {})},
-                                       kernel_name=KERNEL, cwd=str(book.parent), progress_bar=False)
+                                       kernel_name=KERNEL, language="python", cwd=str(book.parent),
+                                       progress_bar=False)
             report.append({"notebook": book.name, "status": "ok", "seconds": time.monotonic() - start,
                            "output": str(target), "error": ""})
         except papermill.PapermillExecutionError as exc:

@@ -1,0 +1,80 @@
+"""Notebooks executed headless with papermill on the quick preset; recorded values checked."""
+
+import json
+
+import nbformat
+import pytest
+
+from cpuopt_helpers import workbook
+from cpuopt_helpers.results import ResultStore
+
+pytestmark = pytest.mark.slow
+
+
+def outputs_text(nb_path):
+    nb = nbformat.read(nb_path, as_version=4)
+    chunks = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            chunks.append(out.get("text", "") or json.dumps(out.get("data", {})))
+    return "\n".join(chunks)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("workbook")
+    report = workbook.run_workbook(preset="quick", out=str(out), parameters=None, progress=False)
+    return out, report
+
+
+def test_every_notebook_runs_on_the_quick_preset(quick_run):
+    out, report = quick_run
+    assert [r["notebook"] for r in report] == [p.name for p in workbook.list_notebooks()]
+    assert all(r["status"] == "ok" for r in report), workbook.format_report(report)
+    for r in report:
+        assert (out / "notebooks" / r["notebook"]).exists()
+
+
+def test_system_check_records_the_roofline(quick_run):
+    out, _ = quick_run
+    store = ResultStore(out / "results.sqlite")
+    from cpuopt_helpers import system
+
+    roof = store.get_fact(system.collect_facts()["fingerprint"], "roofline/quick")
+    assert roof["gemm_gflops_best"] > 1 and roof["copy_gbs_best"] > 0.1
+    assert (out / "figures" / "00_roofline.png").stat().st_size > 1000
+    text = outputs_text(out / "notebooks" / "00_system_check.ipynb")
+    assert f"fp32 GEMM {roof['gemm_gflops_best']:.0f} GFLOP/s" in text  # the answer quotes the data
+
+
+def test_baseline_measures_every_workload_and_hands_on(quick_run):
+    out, _ = quick_run
+    store = ResultStore(out / "results.sqlite")
+    df = store.load(tag="01_baseline")
+    assert set(df.workload) == {"cnn", "transformer", "rnn"}
+    assert (df.status == "ok").all() and (df.samples_per_s > 0).all()
+    assert df.groupby("workload").size().min() == 3  # REPEATS default
+    from cpuopt_helpers import system
+
+    machine = system.collect_facts()["fingerprint"]
+    ladder = store.get_fact(machine, "ladder/cnn/quick")
+    assert ladder[0]["step"] == "baseline"
+    # the notebook's answer is worded from the stored numbers
+    text = outputs_text(out / "notebooks" / "01_baseline.ipynb")
+    median = df[df.workload == "cnn"].samples_per_s.median()
+    assert f"cnn: {median:.1f} samples/s" in text
+    assert (out / "figures" / "01_baseline.png").stat().st_size > 1000
+
+
+def test_a_failing_notebook_is_reported_and_the_others_still_run(tmp_path):
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    for name, source in (("00_fails.ipynb", "raise ValueError('broken cell')"), ("01_passes.ipynb", "print('fine')")):
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell("PRESET = 'quick'"), nbformat.v4.new_code_cell(source)]
+        nb.cells[0].metadata["tags"] = ["parameters"]
+        nbformat.write(nb, folder / name)
+    report = workbook.run_workbook(preset="quick", out=str(tmp_path / "out"), progress=False, folder=folder)
+    assert [r["status"] for r in report] == ["failed", "ok"]
+    assert "ValueError: broken cell" in report[0]["error"] and "cell" in report[0]["error"]
+    assert "1 notebook(s) passed, 1 failed" in workbook.format_report(report)
