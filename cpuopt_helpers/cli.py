@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     wb_run.add_argument("--preset", default="standard", help="quick | standard | full")
     wb_run.add_argument("--only", action="append", help="notebook number(s) to run, e.g. --only 01")
     wb_run.add_argument("--out", help="output folder (default build/)")
+    wb_readme = wb_sub.add_parser("readme", help="write the README's results section from the results store")
+    wb_readme.add_argument("--preset", default="standard", help="which preset's results to report")
+    wb_readme.add_argument("--write", metavar="README", help="update this README in place (else print)")
     return parser
 
 
@@ -108,8 +111,18 @@ def format_result(r: dict) -> str:
 
 
 def _workbook(args) -> int:
-    from cpuopt_helpers import workbook
+    from pathlib import Path
 
+    from cpuopt_helpers import system, workbook
+    from cpuopt_helpers.results import ResultStore
+
+    if args.wb_command == "readme":
+        section = workbook.results_markdown(ResultStore(), system.collect_facts(), args.preset)
+        if args.write:
+            workbook.update_readme(Path(args.write), section)
+        else:
+            print(section)
+        return 0
     report = workbook.run_workbook(preset=args.preset, only=args.only, out=args.out)
     print(workbook.format_report(report))
     return 0 if all(r["status"] == "ok" for r in report) else 1

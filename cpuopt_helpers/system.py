@@ -218,6 +218,15 @@ def _read(path: str) -> str:
         return ""
 
 
+def loaded_openmp(maps: str) -> str:
+    """Which OpenMP runtime a process has loaded, from its /proc/PID/maps text."""
+    if "libiomp5" in maps:
+        return "intel"
+    if "libgomp" in maps:
+        return "gnu"
+    return "unknown" if maps else "unknown (no /proc/self/maps)"
+
+
 def torch_facts() -> dict:
     """torch, oneDNN and MKL versions, the OpenMP runtime and oneDNN's bf16 view."""
     import torch
@@ -236,7 +245,7 @@ def torch_facts() -> dict:
         "onednn": onednn.group(1) if onednn else None,
         "mkl": mkl.group(1) if mkl else None,
         "parallel_backend": backend.group(1) if backend else None,
-        "openmp_runtime": "intel" if "Intel" in parallel.split("OpenMP")[-1][:60] else "gnu",
+        "openmp_runtime": loaded_openmp(_read("/proc/self/maps")),
         "onednn_bf16_supported": bf16,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }

@@ -111,7 +111,7 @@ def run_workbook(preset: str = "standard", only: list[str] | None = None, out: s
         try:
             papermill.execute_notebook(str(book), str(target), parameters={"PRESET": preset, **(parameters or {})},
                                        kernel_name=KERNEL, language="python", cwd=str(book.parent),
-                                       progress_bar=False)
+                                       progress_bar=progress)
             report.append({"notebook": book.name, "status": "ok", "seconds": time.monotonic() - start,
                            "output": str(target), "error": ""})
         except papermill.PapermillExecutionError as exc:
@@ -130,3 +130,45 @@ def format_report(report: list[dict]) -> str:
     failed = sum(r["status"] != "ok" for r in report)
     lines.append(f"{len(report) - failed} notebook(s) passed, {failed} failed")
     return "\n".join(lines)
+
+
+RESULTS_START, RESULTS_END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def results_markdown(store: ResultStore, facts: dict, preset: str = "standard") -> str:
+    """The README's results section, generated from the store of a workbook run."""
+    from datetime import date
+
+    from cpuopt_helpers import analysis
+
+    machine = facts["fingerprint"]
+    runs = [r for r in store.results(tag="01_baseline", machine=machine) if r["config"]["preset"] == preset]
+    roof = store.get_fact(machine, f"roofline/{preset}")
+    if not runs or roof is None:
+        raise CpuoptError(f"no {preset} results for this machine in {store.path}; run `make run` first")
+    table = analysis.throughput_table(runs)
+    day = max(r["created_at"] for r in runs)[:10] if runs else date.today().isoformat()
+    lines = [
+        f"Measured on {day} by `make run` (preset `{preset}`) on **{facts['cpu_model']}**, "
+        f"{facts['physical_cores']} physical / {facts['logical_cores']} logical cores, {facts['memory_gib']} GiB, "
+        f"torch {facts['versions']['torch']}, oneDNN {facts['versions']['onednn']}.",
+        "",
+        "| workload | samples/s (95% CI) | step ms | forward | backward | optimizer | GFLOP/s | share of GEMM peak |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    peak = roof["gemm_gflops_best"]
+    for name, row in table.iterrows():
+        lines.append(f"| {name} | {row['samples_per_s']:.1f} ({row['ci_low']:.1f}-{row['ci_high']:.1f}) | "
+                     f"{row['step_ms']:.0f} | {row['forward_share']:.0%} | {row['backward_share']:.0%} | "
+                     f"{row['optimizer_share']:.0%} | {row['gflops']:.1f} | {row['gflops'] / peak:.0%} |")
+    lines += ["", *[f"- {line}" for line in analysis.system_findings(facts, roof)[:2]],
+              *[f"- {line}" for line in analysis.baseline_findings(table, peak)],
+              "", "![baseline](docs/01_baseline.png)"]
+    return "\n".join(lines)
+
+
+def update_readme(readme: Path, section: str) -> None:
+    """Replace the text between the results markers of the README."""
+    text = readme.read_text()
+    start, end = text.index(RESULTS_START) + len(RESULTS_START), text.index(RESULTS_END)
+    readme.write_text(text[:start] + "\n" + section + "\n" + text[end:])

@@ -119,3 +119,11 @@ def test_doctor_text_lists_install_commands_for_missing():
     text = system.format_facts(facts)
     assert "apt-get install libjemalloc2" in text and "apt-get install numactl" in text
     assert "jemalloc     not found" in text
+
+
+def test_loaded_openmp_runtime_from_maps():
+    gomp = "7f00-7f01 r-xp 0 08:01 1 /venv/lib/python3.11/site-packages/torch/lib/libgomp.so.1\n"
+    iomp = "7f00-7f01 r-xp 0 08:01 1 /venv/lib/libiomp5.so\n"
+    assert system.loaded_openmp(gomp) == "gnu"
+    assert system.loaded_openmp(gomp + iomp) == "intel"  # preloaded iomp takes over the symbols
+    assert system.loaded_openmp("").startswith("unknown")
