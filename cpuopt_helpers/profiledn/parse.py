@@ -1,0 +1,228 @@
+"""Parse oneDNN verbose logs of every format into a table, streaming, never crashing.
+
+Formats handled (the marker and the fields before the operation tell them apart):
+
+| library version          | line starts with                                | fields after the operation |
+|--------------------------|-------------------------------------------------|----------------------------|
+| MKL-DNN 0.x              | ``mkldnn_verbose,exec,``                        | primitive, impl, prop, formats, aux, problem, time |
+| MKL-DNN 1.x, DNNL <= 2.4 | ``mkldnn_verbose,exec,cpu,`` / ``dnnl_verbose,exec,cpu,`` | engine, primitive, impl, prop, mds, [attrs,] aux, problem, time |
+| oneDNN 2.5 - 3.2         | ``onednn_verbose,exec,cpu,``                    | as above |
+| oneDNN 3.3 - 3.5         | ``onednn_verbose,primitive,exec,cpu,``          | as above; ``graph,`` lines for the graph API |
+| oneDNN 3.6 on            | ``onednn_verbose,v1,primitive,exec,cpu,``       | as above (torch 2.13 prints this) |
+
+With ``ONEDNN_VERBOSE_TIMESTAMP=1`` a timestamp (ms) stands before the API kind. Header
+lines (``info``) give the library version, ISA, thread count and the ``template:`` line,
+which names the field order when present. ``create:*`` and ``dispatch`` lines are kept
+apart from ``exec`` lines. Program output mixed into the log, a truncated last line and
+malformed lines are counted and reported.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import pandas as pd
+
+from cpuopt_helpers.errors import CpuoptError
+
+MARKERS = ("onednn_verbose", "dnnl_verbose", "mkldnn_verbose")
+API_KINDS = {"primitive", "graph", "common", "ukernel"}
+DTYPES = {"f32", "bf16", "f16", "s8", "u8", "s32", "f64", "f8_e5m2", "f8_e4m3", "s4", "u4", "e8m0", "f4_e2m1",
+          "boolean", "undef"}
+DIRECTIONS = {
+    "forward_training": "forward", "forward_inference": "forward", "forward_scoring": "forward",
+    "forward": "forward", "backward_data": "backward_data", "backward_weights": "backward_weights",
+    "backward_bias": "backward_weights", "backward": "backward_data",
+}
+PRIMITIVE_FIELDS = ["engine", "primitive", "implementation", "prop_kind", "memory_descriptors", "attributes",
+                    "auxiliary", "problem_desc", "exec_time"]
+COLUMNS = ["line", "timestamp", "api", "kind", "impl", "isa", "prop", "direction", "dtype", "dtypes",
+           "src_layout", "wei_layout", "dst_layout", "attrs", "aux", "problem", "time_ms"]
+MAX_EXAMPLES = 5
+
+
+@dataclass
+class ParsedLog:
+    """A parsed log: executed primitives, creation/dispatch lines, header facts, counts."""
+
+    exec: pd.DataFrame
+    creates: pd.DataFrame
+    info: dict = field(default_factory=dict)
+    counts: dict = field(default_factory=dict)
+    malformed_examples: list = field(default_factory=list)
+    source: str = ""
+
+    def summary(self) -> str:
+        c = self.counts
+        text = (f"{self.source or 'log'}: {c['exec']} exec lines ({self.exec.time_ms.sum():.1f} ms), "
+                f"{c['create']} create/dispatch, {c['info']} header, {c['other']} other program output, "
+                f"{c['malformed']} malformed")
+        if self.info.get("version"):
+            text += f"; {self.info['version']}, {self.info.get('isa', 'ISA ?')}, threads {self.info.get('nthr', '?')}"
+        return text
+
+
+def parse_md(token: str) -> tuple[str, str, str]:
+    """One memory descriptor -> (argument, data type, layout tag), for every format seen."""
+    parts = token.split(":")
+    head = parts[0]
+    if len(parts) > 1 and parts[1] in DTYPES:  # oneDNN >= 3.x: src:f32:a:blocked:abcd::f0
+        return head, parts[1], parts[4] if len(parts) > 4 else ""
+    if "_" in head and head.rsplit("_", 1)[1] in DTYPES:  # DNNL 1.x-2.x: src_f32::blocked:abcd:f0
+        arg, dtype = head.rsplit("_", 1)
+        return arg, dtype, parts[3] if len(parts) > 3 else ""
+    if len(parts) == 2:  # MKL-DNN 0.x: fsrc:nChw8c
+        return head[1:] if head[:1] in ("f", "d") else head, "", parts[1]
+    return head, "", ""
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+class _Parser:
+    """Line-by-line state: the template seen so far, the columns, the counts."""
+
+    def __init__(self):
+        self.template: list[str] | None = None
+        self.rows = {c: [] for c in COLUMNS}
+        self.creates = {c: [] for c in ("line", "operation", "kind", "impl", "prop", "problem", "time_ms")}
+        self.info: dict = {}
+        self.counts = {"exec": 0, "create": 0, "info": 0, "other": 0, "malformed": 0, "lines": 0}
+        self.examples: list[str] = []
+
+    def malformed(self, number: int, line: str) -> None:
+        self.counts["malformed"] += 1
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(f"line {number}: {line[:160]}")
+
+    def header(self, parts: list[str]) -> None:
+        self.counts["info"] += 1
+        text = ",".join(parts)
+        if text.startswith("template:"):
+            names = [p.replace("template:", "") for p in parts]
+            if "primitive" in names:  # the graph API has a template of its own
+                self.template = [n for n in names if n not in ("timestamp", "operation")]
+        elif "isa:" in text:
+            self.info["isa"] = text.split("isa:", 1)[1]
+        elif "nthr:" in text:
+            self.info["nthr"] = int(text.split("nthr:", 1)[1].split(",")[0])
+        elif ("oneDNN v" in text or "DNNL v" in text or "MKL-DNN v" in text or "Intel MKL-DNN" in text) \
+                and "version" not in self.info:
+            self.info["version"] = text.split(" (")[0]
+
+    def feed(self, number: int, line: str) -> None:
+        self.counts["lines"] += 1
+        line = line.rstrip("\r\n")
+        if not line.startswith(MARKERS):
+            at = min((line.find(m) for m in MARKERS if m in line), default=-1)
+            if at < 0:
+                self.counts["other"] += 1
+                return
+            line = line[at:]  # program output glued in front of a verbose line
+        parts = line.split(",")
+        i = 1
+        if i < len(parts) and parts[i] == "v1":
+            i += 1
+        timestamp = None
+        api = "primitive"
+        for _ in range(2):  # a timestamp and an API kind, in either order
+            if i < len(parts) and parts[i] in API_KINDS:
+                api, i = parts[i], i + 1
+            elif i < len(parts) and _is_number(parts[i]):
+                timestamp, i = float(parts[i]), i + 1
+        if i >= len(parts):
+            return self.malformed(number, line)
+        op, rest = parts[i], parts[i + 1:]
+        if op == "info":
+            return self.header(rest)
+        if op.startswith("create") or op in ("dispatch", "check", "error", "warn"):
+            self.counts["create"] += 1
+            if len(rest) >= 4:
+                self.creates["line"].append(number)
+                self.creates["operation"].append(op)
+                self.creates["kind"].append(rest[1] if rest[0] in ("cpu", "gpu") else rest[0])
+                self.creates["impl"].append(rest[2] if rest[0] in ("cpu", "gpu") else rest[1])
+                self.creates["prop"].append(rest[3] if rest[0] in ("cpu", "gpu") else rest[2])
+                self.creates["problem"].append(rest[-2] if len(rest) > 5 else "")
+                self.creates["time_ms"].append(float(rest[-1]) if _is_number(rest[-1]) else None)
+            return
+        if op != "exec" or not rest or not _is_number(rest[-1]):
+            return self.malformed(number, line)  # also a truncated last line
+        if api == "graph":
+            return self.graph(number, timestamp, rest)
+        self.primitive(number, timestamp, api, rest, line)
+
+    def graph(self, number: int, timestamp, rest: list[str]) -> None:
+        # engine, partition_id, partition_kind, op_names, data_formats, logical_tensors, fpmath, impl, backend, time
+        if len(rest) < 5:
+            return self.malformed(number, ",".join(rest))
+        self._append(number, timestamp, "graph", f"graph:{rest[2]}", rest[-3], "", "", "", "", "",
+                     rest[4] if len(rest) > 4 else "", "", "", "", rest[3], float(rest[-1]))
+
+    def primitive(self, number: int, timestamp, api: str, rest: list[str], line: str) -> None:
+        if rest[0] not in ("cpu", "gpu"):
+            rest = ["cpu"] + rest  # MKL-DNN 0.x has no engine field
+        if self.template and len(rest) == len(self.template):
+            f = dict(zip(self.template, rest))
+            kind, impl, prop, mds = f["primitive"], f["implementation"], f["prop_kind"], f["memory_descriptors"]
+            attrs, aux, problem = f.get("attributes", ""), f.get("auxiliary", ""), f.get("problem_desc", "")
+        elif len(rest) >= 8:  # engine, kind, impl, prop, mds, attrs..., aux, problem, time
+            kind, impl, prop, mds = rest[1], rest[2], rest[3], rest[4]
+            attrs, aux, problem = ",".join(rest[5:-3]), rest[-3], rest[-2]
+        elif len(rest) >= 7 and rest[0] == "cpu" and line.startswith("mkldnn_verbose"):
+            kind, impl, prop, mds, attrs, aux, problem = rest[1], rest[2], rest[3], rest[4], "", rest[-3], rest[-2]
+        else:
+            return self.malformed(number, line)
+        dtypes, layouts = [], {}
+        for token in mds.split():
+            arg, dtype, layout = parse_md(token)
+            if dtype != "undef":
+                if dtype:
+                    dtypes.append(f"{arg}:{dtype}")
+                layouts.setdefault(arg.replace("diff_", ""), layout)
+        main_dtype = dtypes[0].split(":")[1] if dtypes else ""
+        family, _, isa = impl.partition(":")
+        self._append(number, timestamp, api, kind, impl, isa or family, prop, DIRECTIONS.get(prop, "none"),
+                     main_dtype, " ".join(dtypes), layouts.get("src", ""), layouts.get("wei", ""),
+                     layouts.get("dst", ""), attrs, aux, problem, float(rest[-1]))
+
+    def _append(self, *values) -> None:
+        self.counts["exec"] += 1
+        for column, value in zip(COLUMNS, values):
+            self.rows[column].append(value)
+
+
+def _lines(source) -> tuple[Iterable[str], str]:
+    if isinstance(source, (str, os.PathLike)) and "\n" not in str(source):
+        path = os.fspath(source)
+        if not os.path.exists(path):
+            raise CpuoptError(f"log file {path} does not exist; capture one with "
+                              "`cpuopt bench --onednn-verbose FILE` or ONEDNN_VERBOSE=1")
+        return open(path, encoding="utf-8", errors="replace"), path
+    if isinstance(source, str):
+        return io.StringIO(source), "text"
+    return source, getattr(source, "name", "stream")
+
+
+def parse_log(source) -> ParsedLog:
+    """Parse a oneDNN verbose log (a path, the text itself, or an iterable of lines)."""
+    lines, name = _lines(source)
+    parser = _Parser()
+    try:
+        for number, line in enumerate(lines, 1):
+            parser.feed(number, line)
+    finally:
+        if hasattr(lines, "close"):
+            lines.close()
+    exec_df = pd.DataFrame(parser.rows, columns=COLUMNS)
+    exec_df["time_ms"] = exec_df["time_ms"].astype(float)
+    info = dict(parser.info, template=parser.template)
+    return ParsedLog(exec_df, pd.DataFrame(parser.creates), info, parser.counts, parser.examples, name)
