@@ -1,4 +1,4 @@
-"""The `cpuopt` command: doctor, bench and workbook.
+"""The `cpuopt` command: doctor, bench, profile and workbook.
 
 Exit codes: 0 ok, 1 a run or notebook failed, 2 bad input (one line on stderr).
 """
@@ -41,10 +41,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--kmp-blocktime", type=int, help="ms an Intel OpenMP thread spins (needs --omp-runtime intel)")
     bench.add_argument("--dtype", default="fp32", help="fp32 | bf16 (autocast; loss in fp32)")
     bench.add_argument("--channels-last", action="store_true", help="channels-last memory format (CNNs)")
+    bench.add_argument("--onednn-verbose", metavar="FILE",
+                       help="write the oneDNN verbose log of the timed steps (not the warm-up) to FILE")
     bench.add_argument("--timeout", type=float, default=600, help="seconds before the run is stopped")
     bench.add_argument("--dry-run", action="store_true", help="print the launch plan as shell commands and exit")
     bench.add_argument("--save", action="store_true", help="also write the result to the results store")
     bench.add_argument("--json", action="store_true", help="print the RunResult as JSON")
+
+    prof = sub.add_parser("profile", help="break a oneDNN verbose log down, compare two, project the ceiling")
+    prof.add_argument("log", help="a oneDNN verbose log (any version), e.g. from `cpuopt bench --onednn-verbose`")
+    prof.add_argument("--compare", metavar="LOG2", help="a second log to compare against (the reference first)")
+    prof.add_argument("--by", default="kind", help="kind | direction | kind_direction | impl | isa | shape")
+    prof.add_argument("--steps", type=int, help="training steps the log covers (per-step figures)")
+    prof.add_argument("--replay", action="store_true",
+                      help="replay every distinct primitive in isolation and report the efficiency ratio")
+    prof.add_argument("--step-ms", type=float, help="measured step time, for the efficiency ratio")
+    prof.add_argument("--threads", type=int, help="threads for the replay (default: physical cores)")
+    prof.add_argument("--csv", metavar="FILE", help="also write the parsed table as CSV")
+    prof.add_argument("--json", action="store_true", help="print the breakdown as JSON")
 
     wb = sub.add_parser("workbook", help="execute the notebooks with papermill")
     wb_sub = wb.add_subparsers(dest="wb_command", required=True, parser_class=_Parser)
@@ -74,7 +88,8 @@ def _bench(args) -> int:
     config = RunConfig(workload=args.workload, preset=args.preset, batch_size=args.batch_size, steps=args.steps,
                        warmup=args.warmup, threads=args.threads, instances=args.instances, mode=args.mode,
                        allocator=args.allocator, omp_runtime=args.omp_runtime, kmp_blocktime=args.kmp_blocktime,
-                       dtype=args.dtype, channels_last=args.channels_last, timeout_s=args.timeout)
+                       dtype=args.dtype, channels_last=args.channels_last, timeout_s=args.timeout,
+                       onednn_verbose=args.onednn_verbose)
     plan = launch.build_plan(config, launch.Machine.this())
     if args.dry_run:
         print(plan.shell_command())
@@ -110,6 +125,56 @@ def format_result(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _profile(args) -> int:
+    from cpuopt_helpers import profiledn, system
+    from cpuopt_helpers.profiledn import replay
+
+    if args.steps is not None and args.steps <= 0:
+        raise CpuoptError(f"--steps must be a positive integer, got {args.steps}")
+    if args.replay and not args.steps:
+        raise CpuoptError("--replay needs --steps N (how many training steps the log covers)")
+    parsed = profiledn.parse_log(args.log)
+    if parsed.exec.empty:
+        raise CpuoptError(f"{args.log} holds no oneDNN exec lines ({parsed.counts['lines']} lines read); capture one "
+                          "with `cpuopt bench --onednn-verbose FILE` or ONEDNN_VERBOSE=1")
+    if args.csv:
+        parsed.exec.to_csv(args.csv, index=False)
+    table = profiledn.breakdown(parsed.exec, args.by, args.steps)
+    out = {"summary": parsed.summary(), "counts": parsed.counts, "info": parsed.info,
+           "malformed_examples": parsed.malformed_examples,
+           "breakdown": table.reset_index().to_dict(orient="records"),
+           "findings": profiledn.findings(parsed.exec, args.steps)}
+    if args.compare:
+        other = profiledn.parse_log(args.compare)
+        labels = ("A", "B")
+        out["compare"] = profiledn.compare(parsed.exec, other.exec, args.by, labels).reset_index().to_dict(
+            orient="records")
+        out["compare_findings"] = profiledn.compare_findings(parsed.exec, other.exec, labels)
+    if args.replay:
+        topo = system.topology()
+        threads = args.threads or topo.physical_cores
+        proj = replay.project_log(args.log, args.steps, args.step_ms, threads, sorted(topo.core_order()[:threads]))
+        out["projection"] = {k: v for k, v in proj.items() if k != "table"}
+        out["projection_findings"] = replay.projection_findings(proj)
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    import pandas as pd
+
+    with pd.option_context("display.width", 160, "display.max_columns", 20, "display.max_colwidth", 60):
+        print(parsed.summary())
+        print(table.round(4).to_string())
+        if args.compare:
+            print(f"\nA = {args.log}, B = {args.compare}")
+            print(pd.DataFrame(out["compare"]).round(3).to_string(index=False))
+    for key in ("findings", "compare_findings", "projection_findings"):
+        for line in out.get(key, []):
+            print(f"- {line}")
+    if parsed.counts["malformed"]:
+        print(f"- {parsed.counts['malformed']} malformed line(s) skipped, e.g. {parsed.malformed_examples[0]}")
+    return 0
+
+
 def _workbook(args) -> int:
     from pathlib import Path
 
@@ -132,10 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="cpuopt: %(levelname)s: %(message)s")
     try:
         args = build_parser().parse_args(argv)
-        return {"doctor": _doctor, "bench": _bench, "workbook": _workbook}[args.command](args)
+        return {"doctor": _doctor, "bench": _bench, "profile": _profile, "workbook": _workbook}[args.command](args)
     except CpuoptError as exc:
         print(f"cpuopt: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head`
+        return 0
     except KeyboardInterrupt:
         print("cpuopt: interrupted; results already saved are kept", file=sys.stderr)
         return 130

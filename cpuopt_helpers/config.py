@@ -27,6 +27,8 @@ class RunConfig:
     ``threads`` is per instance; None means the physical cores divided by the instances.
     ``cores`` pins instance i to cores[i]; None lets the launcher hand out cores.
     ``env`` adds extra environment variables (as sorted key/value pairs).
+    ``onednn_verbose`` is a file that receives the oneDNN verbose log of the timed steps
+    (``FILE.N`` for instance N when several run).
     """
 
     workload: str = "cnn"
@@ -44,6 +46,7 @@ class RunConfig:
     dtype: str = "fp32"
     channels_last: bool = False
     seed: int = 0
+    onednn_verbose: str | None = None
     timeout_s: float = 600.0
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
@@ -92,6 +95,8 @@ class RunConfig:
         """Stable id of what is measured (the timeout does not change the measurement)."""
         d = self.to_dict()
         d.pop("timeout_s")
+        if d["onednn_verbose"]:
+            d["onednn_verbose"] = True  # where the log goes does not change the measurement
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def label(self) -> str:

@@ -285,6 +285,8 @@ def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict
         "achieved_gflops": (sum(flops * len(r["step_s"]) / sum(r["step_s"]) for r in instances) / 1e9
                             if flops else None),
         "startup_s": max(i["startup_s"] for i in per_instance),
+        "onednn_logs": [r["onednn_log"] for r in instances if r.get("onednn_log")],
+        "onednn_log_steps": config.steps if config.onednn_verbose else None,
         "instances": per_instance,
         "versions": first["versions"],
     })

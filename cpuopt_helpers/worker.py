@@ -62,6 +62,44 @@ def count_flops(step, *args) -> float | None:
     return float(counter.get_total_flops()) or None
 
 
+def log_path(config: dict) -> str | None:
+    """Where this instance writes its oneDNN verbose log, if asked to."""
+    path = config.get("onednn_verbose")
+    if not path:
+        return None
+    if int(os.environ.get("CPUOPT_INSTANCES", "1")) > 1:
+        path = f"{path}.{os.environ.get('CPUOPT_INSTANCE', '0')}"
+    return os.path.abspath(path)
+
+
+@contextlib.contextmanager
+def onednn_verbose_to(path: str | None):
+    """Send oneDNN's verbose output (printed by C code on fd 1) to a file, then restore.
+
+    Only the code inside the block is logged: the timed steps, never the warm-up.
+    """
+    if path is None:
+        yield
+        return
+    import ctypes
+
+    import torch
+
+    libc = ctypes.CDLL(None)
+    sys.stdout.flush()
+    libc.fflush(None)
+    saved = os.dup(1)
+    with open(path, "wb") as log:
+        os.dup2(log.fileno(), 1)
+        try:
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                yield
+        finally:
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
 def onednn_version(build_info: str) -> str | None:
     match = re.search(r"MKL-DNN v([\d.]+)", build_info)
     return match.group(1) if match else None
@@ -142,12 +180,14 @@ def train(config: dict) -> dict:
                       else count_flops(step))
     wait_for_peers()
     steps, phases = [], []
-    for _ in range(config["steps"]):
-        t = clock()
-        loss, phase = step()
-        steps.append(clock() - t)
-        phases.append(phase)
-        losses.append(loss)
+    verbose_log = log_path(config)
+    with onednn_verbose_to(verbose_log):
+        for _ in range(config["steps"]):
+            t = clock()
+            loss, phase = step()
+            steps.append(clock() - t)
+            phases.append(phase)
+            losses.append(loss)
     return {
         "batch_size": batch_size,
         "step_s": steps,
@@ -155,6 +195,7 @@ def train(config: dict) -> dict:
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "flops_per_step": flops_per_step,
+        "onednn_log": verbose_log,
         "first_step_wall": first_step_wall,
         "torch_threads": torch.get_num_threads(),
         "versions": {"python": sys.version.split()[0], "torch": torch.__version__,

@@ -14,7 +14,7 @@ GROUPINGS = {
     "isa": ["isa"],
     "shape": ["kind", "direction", "problem"],
 }
-PRIMITIVE_KEY = ["kind", "direction", "dtype", "src_layout", "wei_layout", "dst_layout", "problem"]
+PRIMITIVE_KEY = ["kind", "direction", "data_type", "src_layout", "wei_layout", "dst_layout", "problem"]
 SHARE_MOVED = 0.05  # a share that moved by more than 5 points is worth a sentence
 
 

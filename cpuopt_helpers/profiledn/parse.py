@@ -39,7 +39,7 @@ DIRECTIONS = {
 }
 PRIMITIVE_FIELDS = ["engine", "primitive", "implementation", "prop_kind", "memory_descriptors", "attributes",
                     "auxiliary", "problem_desc", "exec_time"]
-COLUMNS = ["line", "timestamp", "api", "kind", "impl", "isa", "prop", "direction", "dtype", "dtypes",
+COLUMNS = ["line", "timestamp", "api", "kind", "impl", "isa", "prop", "direction", "data_type", "data_types",
            "src_layout", "wei_layout", "dst_layout", "attrs", "aux", "problem", "time_ms"]
 MAX_EXAMPLES = 5
 
@@ -74,7 +74,10 @@ def parse_md(token: str) -> tuple[str, str, str]:
     if "_" in head and head.rsplit("_", 1)[1] in DTYPES:  # DNNL 1.x-2.x: src_f32::blocked:abcd:f0
         arg, dtype = head.rsplit("_", 1)
         return arg, dtype, parts[3] if len(parts) > 3 else ""
-    if len(parts) == 2:  # MKL-DNN 0.x: fsrc:nChw8c
+    if len(parts) == 2:  # MKL-DNN 0.x: fsrc:nChw8c, or a reorder's in:f32_nchw
+        dtype, _, layout = parts[1].partition("_")
+        if dtype in DTYPES and layout:
+            return head, dtype, layout
         return head[1:] if head[:1] in ("f", "d") else head, "", parts[1]
     return head, "", ""
 
@@ -92,6 +95,7 @@ class _Parser:
 
     def __init__(self):
         self.template: list[str] | None = None
+        self.graph_template: list[str] | None = None
         self.rows = {c: [] for c in COLUMNS}
         self.creates = {c: [] for c in ("line", "operation", "kind", "impl", "prop", "problem", "time_ms")}
         self.info: dict = {}
@@ -106,10 +110,13 @@ class _Parser:
     def header(self, parts: list[str]) -> None:
         self.counts["info"] += 1
         text = ",".join(parts)
-        if text.startswith("template:"):
-            names = [p.replace("template:", "") for p in parts]
-            if "primitive" in names:  # the graph API has a template of its own
-                self.template = [n for n in names if n not in ("timestamp", "operation")]
+        if "template:" in parts[0]:  # template: (3.x) or prim_template: (2.x)
+            names = [p.split("template:")[-1] for p in parts]
+            names = [n for n in names if n not in ("timestamp", "operation")]
+            if "partition_id" in names:  # the graph API has a template of its own
+                self.graph_template = names
+            else:
+                self.template = names
         elif "isa:" in text:
             self.info["isa"] = text.split("isa:", 1)[1]
         elif "nthr:" in text:
@@ -161,11 +168,15 @@ class _Parser:
         self.primitive(number, timestamp, api, rest, line)
 
     def graph(self, number: int, timestamp, rest: list[str]) -> None:
-        # engine, partition_id, partition_kind, op_names, data_formats, logical_tensors, fpmath, impl, backend, time
+        """Graph API: engine, partition_id, partition_kind, op_names, ..., backend, exec_time."""
+        names = self.graph_template if self.graph_template and len(self.graph_template) == len(rest) else \
+            ["engine", "partition_id", "partition_kind", "op_names"]
         if len(rest) < 5:
             return self.malformed(number, ",".join(rest))
-        self._append(number, timestamp, "graph", f"graph:{rest[2]}", rest[-3], "", "", "", "", "",
-                     rest[4] if len(rest) > 4 else "", "", "", "", rest[3], float(rest[-1]))
+        f = dict(zip(names, rest))
+        impl = f.get("implementation") or f.get("backend") or rest[-2]
+        self._append(line=number, timestamp=timestamp, api="graph", kind=f"graph:{f['partition_kind']}", impl=impl,
+                     direction="none", isa=impl, aux=f.get("data_formats", ""), problem=f["op_names"], time_ms=float(rest[-1]))
 
     def primitive(self, number: int, timestamp, api: str, rest: list[str], line: str) -> None:
         if rest[0] not in ("cpu", "gpu"):
@@ -190,14 +201,16 @@ class _Parser:
                 layouts.setdefault(arg.replace("diff_", ""), layout)
         main_dtype = dtypes[0].split(":")[1] if dtypes else ""
         family, _, isa = impl.partition(":")
-        self._append(number, timestamp, api, kind, impl, isa or family, prop, DIRECTIONS.get(prop, "none"),
-                     main_dtype, " ".join(dtypes), layouts.get("src", ""), layouts.get("wei", ""),
-                     layouts.get("dst", ""), attrs, aux, problem, float(rest[-1]))
+        self._append(line=number, timestamp=timestamp, api=api, kind=kind, impl=impl, isa=isa or family, prop=prop,
+                     direction=DIRECTIONS.get(prop, "none"), data_type=main_dtype, data_types=" ".join(dtypes),
+                     src_layout=layouts.get("src", layouts.get("data", layouts.get("in", ""))),
+                     wei_layout=layouts.get("wei", ""), dst_layout=layouts.get("dst", layouts.get("out", "")),
+                     attrs=attrs.strip(), aux=aux, problem=problem, time_ms=float(rest[-1]))
 
-    def _append(self, *values) -> None:
+    def _append(self, **values) -> None:
         self.counts["exec"] += 1
-        for column, value in zip(COLUMNS, values):
-            self.rows[column].append(value)
+        for column in COLUMNS:
+            self.rows[column].append(values.get(column, ""))
 
 
 def _lines(source) -> tuple[Iterable[str], str]:
@@ -224,5 +237,6 @@ def parse_log(source) -> ParsedLog:
             lines.close()
     exec_df = pd.DataFrame(parser.rows, columns=COLUMNS)
     exec_df["time_ms"] = exec_df["time_ms"].astype(float)
+    exec_df["timestamp"] = pd.to_numeric(exec_df["timestamp"], errors="coerce")
     info = dict(parser.info, template=parser.template)
     return ParsedLog(exec_df, pd.DataFrame(parser.creates), info, parser.counts, parser.examples, name)

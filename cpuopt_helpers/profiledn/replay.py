@@ -1,0 +1,218 @@
+"""Projection: replay each distinct primitive in isolation, sum time x calls, compare.
+
+The paper's ProfileDNN re-runs each primitive with benchdnn; here each one is re-run with
+the PyTorch call that reaches the same oneDNN primitive (same shape, data type, layout and
+direction), in a fresh process pinned to the same cores with the same thread count, and
+the median of several repeats is kept. The efficiency ratio is
+
+    (kernel-only time per step) / (measured step time)
+
+and the kernel-only time is the projected step time if everything outside oneDNN (Python,
+framework dispatch, non-oneDNN operators) vanished. Primitives it cannot replay are listed
+and counted at their logged time.
+
+| primitive            | replayed with                                             |
+|----------------------|-----------------------------------------------------------|
+| convolution (2D/3D)  | ``conv2d``/``conv3d`` forward; ``aten.convolution_backward`` with the data or weights mask |
+| inner_product        | ``linear`` forward; the matching matmul for backward data/weights |
+| matmul               | ``torch.matmul`` with the logged shapes                   |
+| reorder              | a copy of the same number of elements (same bytes moved)  |
+| anything else        | not replayed: counted at its logged time                  |
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+import pandas as pd
+
+from cpuopt_helpers.profiledn.breakdown import distinct_primitives
+from cpuopt_helpers.profiledn.parse import parse_log
+
+CHANNELS_LAST = {"acdb", "acdeb"}
+CONV_KEYS = re.compile(r"(mb|g|ic|oc|id|ih|iw|od|oh|ow|kd|kh|kw|sd|sh|sw|dd|dh|dw|pd|ph|pw)(\d+)")
+TORCH_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+
+
+def parse_conv(problem: str) -> dict | None:
+    """A benchdnn convolution descriptor -> sizes, with benchdnn's defaults filled in."""
+    p = {k: int(v) for k, v in CONV_KEYS.findall(problem.split("_n")[0] if '_n"' in problem else problem)}
+    if "ic" not in p or "oc" not in p or not ({"ih", "iw"} & set(p)):
+        return None
+    dims = ["d", "h", "w"] if "id" in p else ["h", "w"]
+    if "ih" not in p:
+        p["ih"] = p["iw"]
+    p.setdefault("iw", p["ih"])
+    for d in dims:
+        p.setdefault(f"k{d}", p.get("kh", 1))
+        p.setdefault(f"s{d}", p.get("sh", 1))
+        p.setdefault(f"d{d}", p.get("dh", 0))
+        p.setdefault(f"p{d}", p.get("ph", 0))
+        expected = (p[f"i{d}"] + 2 * p[f"p{d}"] - (p[f"d{d}"] + 1) * (p[f"k{d}"] - 1) - 1) // p[f"s{d}"] + 1
+        p.setdefault(f"o{d}", expected)
+        if p[f"o{d}"] != expected:
+            return None  # asymmetric padding: not expressible as a plain PyTorch convolution
+    p.setdefault("g", 1)
+    p.setdefault("mb", 1)
+    p["dims"] = dims
+    return p
+
+
+def parse_dims(problem: str) -> list[list[int]]:
+    """'4x16x8x8' -> [[4,16,8,8]]; matmul '2x3:3x4' -> [[2,3],[3,4]]."""
+    return [[int(x) for x in part.split("x") if x.isdigit()] for part in problem.split(":")]
+
+
+def _runner(row) -> tuple[object | None, str]:
+    """A zero-argument function that runs the primitive once, or (None, why not)."""
+    import torch
+    import torch.nn.functional as F
+
+    dtype = getattr(torch, TORCH_DTYPES.get(row.data_type or "f32", "float32"), None)
+    if row.data_type and row.data_type not in TORCH_DTYPES:
+        return None, f"data type {row.data_type} not replayed"
+    if row.kind == "convolution":
+        p = parse_conv(row.problem)
+        if p is None:
+            return None, "convolution descriptor not understood (or asymmetric padding)"
+        dims = p["dims"]
+        x = torch.randn(p["mb"], p["ic"], *[p[f"i{d}"] for d in dims], dtype=dtype)
+        w = torch.randn(p["oc"], p["ic"] // p["g"], *[p[f"k{d}"] for d in dims], dtype=dtype)
+        gy = torch.randn(p["mb"], p["oc"], *[p[f"o{d}"] for d in dims], dtype=dtype)
+        if row.src_layout in CHANNELS_LAST:
+            fmt = torch.channels_last if len(dims) == 2 else torch.channels_last_3d
+            x, w, gy = (t.contiguous(memory_format=fmt) for t in (x, w, gy))
+        stride = [p[f"s{d}"] for d in dims]
+        pad = [p[f"p{d}"] for d in dims]
+        dil = [p[f"d{d}"] + 1 for d in dims]  # oneDNN counts dilation from 0
+        conv = F.conv2d if len(dims) == 2 else F.conv3d
+        if row.direction == "forward":
+            return (lambda: conv(x, w, None, stride, pad, dil, p["g"])), ""
+        mask = [True, False, False] if row.direction == "backward_data" else [False, True, False]
+        return (lambda: torch.ops.aten.convolution_backward(gy, x, w, None, stride, pad, dil, False,
+                                                            [0] * len(dims), p["g"], mask)), ""
+    if row.kind == "reorder":
+        (shape, *_) = parse_dims(row.problem)
+        src = torch.randn(*shape, dtype=dtype)
+        dst = torch.empty_like(src)
+        return (lambda: dst.copy_(src)), "replayed as a same-size copy"
+    if row.kind == "matmul":
+        shapes = parse_dims(row.problem)
+        if len(shapes) < 2:
+            return None, "matmul descriptor not understood"
+        a, b = torch.randn(*shapes[0], dtype=dtype), torch.randn(*shapes[1], dtype=dtype)
+        return (lambda: torch.matmul(a, b)), ""
+    if row.kind == "inner_product":
+        p = {k: int(v) for k, v in re.findall(r"(mb|ic|oc|ih|iw|id)(\d+)", row.problem)}
+        if not {"mb", "ic", "oc"} <= set(p):
+            return None, "inner product descriptor not understood"
+        k = p["ic"] * p.get("ih", 1) * p.get("iw", p.get("ih", 1)) * p.get("id", 1)
+        x, w = torch.randn(p["mb"], k, dtype=dtype), torch.randn(p["oc"], k, dtype=dtype)
+        gy = torch.randn(p["mb"], p["oc"], dtype=dtype)
+        fn = {"forward": lambda: F.linear(x, w), "backward_data": lambda: gy @ w,
+              "backward_weights": lambda: gy.t() @ x}.get(row.direction)
+        return (fn, "") if fn else (None, f"direction {row.direction} not replayed")
+    return None, f"{row.kind} is not replayed"
+
+
+def time_primitives(prims: pd.DataFrame, repeats: int = 10, warmup: int = 2) -> list[dict]:
+    """Inside the pinned process: median time of each replayable primitive."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for row in prims.itertuples():
+            fn, note = _runner(row)
+            if fn is None:
+                out.append({"replayed": False, "replay_ms": None, "note": note})
+                continue
+            for _ in range(warmup):
+                fn()
+            times = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t) * 1e3)
+            out.append({"replayed": True, "replay_ms": statistics.median(times), "note": note})
+    return out
+
+
+def projection(prims: pd.DataFrame, replays: list[dict], steps: int, step_ms: float | None) -> dict:
+    """Sum replayed time x calls (logged time where not replayed) into the efficiency ratio."""
+    table = pd.concat([prims.reset_index(drop=True), pd.DataFrame(replays)], axis=1)
+    table["kernel_ms"] = table["replay_ms"].where(table["replayed"], table["mean_ms"]) * table["calls"]
+    kernel_per_step = table["kernel_ms"].sum() / steps
+    logged_per_step = table["time_ms"].sum() / steps
+    missing = table[~table["replayed"]]
+    return {
+        "table": table,
+        "steps": steps,
+        "kernel_ms_per_step": kernel_per_step,
+        "logged_ms_per_step": logged_per_step,
+        "step_ms": step_ms,
+        "efficiency": kernel_per_step / step_ms if step_ms else None,
+        "projected_step_ms": kernel_per_step,
+        "replayed": int(table["replayed"].sum()),
+        "not_replayed": int((~table["replayed"]).sum()),
+        "not_replayed_ms_per_step": missing["time_ms"].sum() / steps,
+        "not_replayed_kinds": sorted(set(missing["kind"])),
+    }
+
+
+def replay_log(log: str, threads: int, cores: list[int] | None = None, repeats: int = 10,
+               timeout_s: float = 600) -> list[dict]:
+    """Replay a log's distinct primitives in a fresh process with the given threads and cores."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    if cores:
+        env["CPUOPT_CORES"] = ",".join(map(str, cores))
+    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers.profiledn.replay", log, "--repeats", str(repeats)],
+                          env=env, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"replay of {log} failed: {proc.stderr[-1500:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def project_log(log: str, steps: int, step_ms: float | None, threads: int, cores: list[int] | None = None,
+                repeats: int = 10) -> dict:
+    """Parse, replay on the same cores and threads, and project: the whole stage in one call."""
+    prims = distinct_primitives(parse_log(log).exec)
+    return projection(prims, replay_log(log, threads, cores, repeats), steps, step_ms)
+
+
+def projection_findings(proj: dict, label: str = "") -> list[str]:
+    """Sentences about one projection, from its numbers."""
+    who = f"{label}: " if label else ""
+    lines = [f"{who}oneDNN primitives replayed in isolation take {proj['kernel_ms_per_step']:.2f} ms per step "
+             f"({proj['replayed']} distinct primitives replayed, {proj['not_replayed']} counted at logged time)."]
+    if proj["step_ms"]:
+        lines.append(f"{who}measured step {proj['step_ms']:.2f} ms; efficiency ratio "
+                     f"{proj['efficiency']:.0%}: the other {1 - proj['efficiency']:.0%} of the step is spent outside "
+                     "oneDNN kernels (framework overhead, operators served by other libraries, Python).")
+    if proj["not_replayed_kinds"]:
+        lines.append(f"{who}not replayed: {', '.join(proj['not_replayed_kinds'])} "
+                     f"({proj['not_replayed_ms_per_step']:.2f} ms per step at logged time).")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cpuopt_helpers.worker import pin_to_cores
+
+    parser = argparse.ArgumentParser(description="replay a oneDNN log's distinct primitives in this process")
+    parser.add_argument("log")
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args(argv)
+    pin_to_cores()
+    prims = distinct_primitives(parse_log(args.log).exec)
+    print(json.dumps(time_primitives(prims, args.repeats)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""ProfileDNN: the parser on every log format, breakdowns, comparison and replay."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from cpuopt_helpers import profiledn
+from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.profiledn import replay
+
+LOGS = Path(__file__).parent / "fixtures" / "onednn"
+
+
+def parse(name):
+    return profiledn.parse_log(LOGS / name)
+
+
+def test_mkldnn_0x_format():
+    p = parse("mkldnn_0x.log")
+    assert p.counts["exec"] == 3 and p.counts["malformed"] == 0
+    conv = p.exec.iloc[0]
+    assert (conv.kind, conv.isa, conv.direction, conv.src_layout) == ("convolution", "avx2", "forward", "nChw8c")
+    assert p.exec.iloc[1].data_type == "f32" and p.exec.iloc[1].dst_layout == "nChw8c"
+    assert list(p.exec.direction) == ["forward", "none", "backward_weights"]
+    assert p.info["version"].startswith("Intel MKL-DNN v0.21")
+
+
+def test_dnnl_1x_format_without_template():
+    p = parse("dnnl_1x.log")
+    assert list(p.exec.kind) == ["convolution", "convolution", "batch_normalization"]
+    assert list(p.exec.direction) == ["forward", "backward_data", "backward_data"]
+    assert p.exec.iloc[0].data_types == "src:f32 wei:f32 bia:f32 dst:f32"
+    assert p.exec.iloc[1].data_types == "src:f32 wei:f32 dst:f32"  # an undef bias is left out
+    assert p.exec.time_ms.sum() == pytest.approx(0.0649414 + 0.05 + 0.02)
+    assert p.info["isa"] == "Intel AVX-512 with Intel DL Boost"
+
+
+def test_onednn_2x_with_timestamps_and_prim_template():
+    p = parse("onednn_2x_timestamps.log")
+    assert p.info["nthr"] == 56 and p.info["template"][0] == "engine"
+    assert p.exec.timestamp.tolist() == [1679000000000.125, 1679000000001.25, 1679000000001.5]
+    ip = p.exec.iloc[1]
+    assert (ip.kind, ip.direction, ip.data_type, ip.isa) == ("inner_product", "backward_weights", "bf16", "avx512_core_bf16")
+    assert "AVX512DQ" in p.info["isa"]  # commas inside the ISA line survive
+
+
+def test_onednn_3x_graph_create_program_output_and_truncated_line():
+    p = parse("onednn_33_graph.log")
+    assert p.counts == {"exec": 4, "create": 1, "info": 5, "other": 1, "malformed": 1, "lines": 12}
+    assert list(p.exec.kind) == ["matmul", "eltwise", "graph:sdp", "softmax"]
+    assert p.exec.iloc[2].problem == "MatMul;Divide;Add;SoftMax;MatMul" and p.exec.iloc[2].api == "graph"
+    assert p.creates.iloc[0].operation == "create:cache_miss" and p.creates.iloc[0].kind == "matmul"
+    assert "pooling" in p.malformed_examples[0]
+
+
+def test_onednn_312_v1_format_from_torch():
+    p = parse("onednn_312_cnn_two_steps.log")
+    assert p.counts["malformed"] == 0 and p.counts["exec"] == 132
+    assert p.info["version"] == "oneDNN v3.12.0" and p.info["nthr"] == 2
+    assert p.info["template"][-1] == "exec_time"
+    conv = p.exec[p.exec.kind == "convolution"]
+    assert set(conv.direction) == {"forward", "backward_data", "backward_weights"}
+    assert set(conv.data_type) == {"f32"}
+    ts = parse("onednn_312_cnn_channels_last_timestamps.log")
+    assert ts.exec.timestamp.notna().all() and ts.exec.timestamp.is_monotonic_increasing
+    assert "acdb" in set(ts.exec[ts.exec.kind == "convolution"].src_layout)
+
+
+def test_program_output_glued_to_a_line_and_garbage_never_crash():
+    text = ("step 1 onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src:f32::blocked:abcd::f0 "
+            "dst:f32::blocked:acdb::f0,,,2x3x4x5,0.5\n"
+            "\x00\x01binary junk,,,\n"
+            "onednn_verbose,v1,primitive,exec\n"
+            "onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src,,,2x3,notanumber\n"
+            "onednn_verbose,v1,primitive,exec,cpu,conv")
+    p = profiledn.parse_log(text)
+    assert p.counts["exec"] == 1 and p.counts["other"] == 1 and p.counts["malformed"] == 3
+    assert p.exec.iloc[0].time_ms == 0.5
+
+
+def test_missing_file_is_a_clear_error():
+    with pytest.raises(CpuoptError, match="does not exist"):
+        profiledn.parse_log("/nonexistent/onednn.log")
+
+
+def test_breakdowns_shares_and_per_step():
+    df = parse("onednn_312_cnn_two_steps.log").exec
+    kinds = profiledn.breakdown(df, "kind", steps=2)
+    assert kinds["share"].sum() == pytest.approx(1.0)
+    assert kinds["calls"].sum() == 132 and kinds.loc["convolution", "calls_per_step"] == 17
+    both = profiledn.breakdown(df, "kind_direction")
+    assert both.loc[("convolution", "backward_weights"), "calls"] == 12
+    assert profiledn.breakdown(df, "shape").index.nlevels == 3
+    with pytest.raises(CpuoptError, match="unknown breakdown"):
+        profiledn.breakdown(df, "colour")
+    text = " ".join(profiledn.findings(df, steps=2))
+    assert "132 primitive executions" in text and "Reorders" in text
+
+
+def test_compare_finds_counts_and_kernels_in_one_run_only():
+    a = parse("onednn_312_cnn_two_steps.log").exec
+    b = a[~((a.kind == "convolution") & (a.direction == "backward_weights"))].copy()
+    b = pd.concat([b, b[b.kind == "reorder"].head(5)])
+    table = profiledn.compare(a, b, labels=("ref", "mine"))
+    assert table.loc[("convolution", "backward_weights"), "calls_ref"] == 12
+    assert table.loc[("convolution", "backward_weights"), "calls_mine"] == 0
+    lines = profiledn.compare_findings(a, b, labels=("ref", "mine"))
+    assert "backward weights convolution runs only in ref (12 calls)." in lines
+    assert "reorder: 98 calls vs 103." in lines
+
+
+def test_parse_conv_descriptor_with_benchdnn_defaults():
+    p = replay.parse_conv("mb4_ic3oc16_ih32oh16kh7sh2dh0ph3_iw32ow16kw7sw2dw0pw3")
+    assert (p["mb"], p["ic"], p["oc"], p["oh"], p["ow"], p["g"], p["kw"]) == (4, 3, 16, 16, 16, 1, 7)
+    short = replay.parse_conv("mb2_g32ic64oc64_ih14kh3ph1")  # square, stride 1, output computed
+    assert (short["iw"], short["oh"], short["ow"], short["g"]) == (14, 14, 14, 32)
+    assert replay.parse_conv("mb2_ic4oc4_ih8oh9kh3ph1") is None  # asymmetric padding
+    assert replay.parse_dims("2x3:3x4") == [[2, 3], [3, 4]]
+
+
+def test_projection_arithmetic():
+    prims = pd.DataFrame({"kind": ["convolution", "rnn"], "calls": [10, 2], "time_ms": [20.0, 8.0],
+                          "mean_ms": [2.0, 4.0]})
+    replays = [{"replayed": True, "replay_ms": 1.0, "note": ""},
+               {"replayed": False, "replay_ms": None, "note": "rnn is not replayed"}]
+    proj = replay.projection(prims, replays, steps=2, step_ms=20.0)
+    # (10 x 1.0 replayed + 8.0 logged) / 2 steps = 9 ms per step, against a 20 ms step
+    assert proj["kernel_ms_per_step"] == pytest.approx(9.0)
+    assert proj["efficiency"] == pytest.approx(0.45)
+    assert proj["not_replayed_kinds"] == ["rnn"] and proj["not_replayed_ms_per_step"] == pytest.approx(4.0)
+    assert "efficiency ratio 45%" in " ".join(replay.projection_findings(proj))
+
+
+@pytest.mark.slow
+def test_replay_runs_every_conv_direction_in_a_pinned_process():
+    results = replay.replay_log(str(LOGS / "onednn_312_cnn_two_steps.log"), threads=1, cores=[0], repeats=2)
+    prims = profiledn.distinct_primitives(parse("onednn_312_cnn_two_steps.log").exec)
+    assert len(results) == len(prims)
+    conv = [r for r, k in zip(results, prims.kind) if k == "convolution"]
+    assert conv and all(r["replayed"] and r["replay_ms"] > 0 for r in conv)
+
+
+def test_cli_profile_json_and_bad_logs(tmp_path):
+    log = LOGS / "onednn_312_cnn_two_steps.log"
+    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers", "profile", str(log), "--by", "direction",
+                           "--steps", "2", "--json", "--csv", str(tmp_path / "t.csv")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert {r["direction"] for r in out["breakdown"]} == {"forward", "backward_data", "backward_weights", "none"}
+    assert len(pd.read_csv(tmp_path / "t.csv")) == 132
+    (tmp_path / "junk.log").write_text("just program output\n")
+    for args in (["/nonexistent.log"], [str(tmp_path / "junk.log")], [str(log), "--replay"], [str(log), "--by", "x"]):
+        proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers", "profile", *args],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (args, proc.stderr)
+
+
+@pytest.mark.slow
+def test_bench_captures_the_timed_steps_only(tmp_path):
+    log = tmp_path / "cnn.log"
+    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers", "bench", "--steps", "3", "--warmup", "2",
+                           "--onednn-verbose", str(log), "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["onednn_logs"] == [str(log)] and r["onednn_log_steps"] == 3
+    p = profiledn.parse_log(log)
+    # every forward convolution of the model runs once per step: 3 timed steps, no warm-up
+    per_step = parse("onednn_312_cnn_two_steps.log").exec
+    fwd_per_step = ((per_step.kind == "convolution") & (per_step.direction == "forward")).sum() / 2
+    assert ((p.exec.kind == "convolution") & (p.exec.direction == "forward")).sum() == 3 * fwd_per_step
