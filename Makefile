@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.cpuopt-setup
 PRESET ?= standard
 
-.PHONY: setup system-deps run test lab overhead clean
+.PHONY: setup system-deps run test lab overhead parse-speed clean
 
 setup: $(STAMP) system-deps
 
@@ -35,6 +35,9 @@ lab: setup
 
 overhead: setup
 	$(PY) benchmarks/overhead.py
+
+parse-speed: setup
+	$(PY) benchmarks/parse_speed.py
 
 clean:
 	rm -rf build

@@ -96,7 +96,8 @@ class _Parser:
     def __init__(self):
         self.template: list[str] | None = None
         self.graph_template: list[str] | None = None
-        self.rows = {c: [] for c in COLUMNS}
+        self.records: list[tuple] = []
+        self.cache: dict[tuple, tuple | None] = {}
         self.creates = {c: [] for c in ("line", "operation", "kind", "impl", "prop", "problem", "time_ms")}
         self.info: dict = {}
         self.counts = {"exec": 0, "create": 0, "info": 0, "other": 0, "malformed": 0, "lines": 0}
@@ -117,6 +118,7 @@ class _Parser:
                 self.graph_template = names
             else:
                 self.template = names
+            self.cache.clear()
         elif "isa:" in text:
             self.info["isa"] = text.split("isa:", 1)[1]
         elif "nthr:" in text:
@@ -135,15 +137,13 @@ class _Parser:
                 return
             line = line[at:]  # program output glued in front of a verbose line
         parts = line.split(",")
-        i = 1
-        if i < len(parts) and parts[i] == "v1":
-            i += 1
+        i = 2 if len(parts) > 1 and parts[1] == "v1" else 1
         timestamp = None
         api = "primitive"
         for _ in range(2):  # a timestamp and an API kind, in either order
             if i < len(parts) and parts[i] in API_KINDS:
                 api, i = parts[i], i + 1
-            elif i < len(parts) and _is_number(parts[i]):
+            elif i < len(parts) and parts[i][:1].isdigit() and _is_number(parts[i]):
                 timestamp, i = float(parts[i]), i + 1
         if i >= len(parts):
             return self.malformed(number, line)
@@ -163,22 +163,33 @@ class _Parser:
             return
         if op != "exec" or not rest or not _is_number(rest[-1]):
             return self.malformed(number, line)  # also a truncated last line
-        if api == "graph":
-            return self.graph(number, timestamp, rest)
-        self.primitive(number, timestamp, api, rest, line)
+        self.exec_line(number, timestamp, api, rest, line)
 
-    def graph(self, number: int, timestamp, rest: list[str]) -> None:
+    def exec_line(self, number: int, timestamp, api: str, rest: list[str], line: str) -> None:
+        """An executed primitive; identical lines (but for the time) are parsed once."""
+        key = (api, ",".join(rest[:-1]), line[:1])
+        fields = self.cache.get(key)
+        if fields is None:
+            fields = self.graph_fields(rest) if api == "graph" else self.primitive_fields(rest, line)
+            self.cache[key] = fields
+        if not fields:
+            return self.malformed(number, line)
+        self.counts["exec"] += 1
+        self.records.append((number, timestamp, api, *fields, float(rest[-1])))
+
+    def graph_fields(self, rest: list[str]) -> tuple | None:
         """Graph API: engine, partition_id, partition_kind, op_names, ..., backend, exec_time."""
+        if len(rest) < 5:
+            return None
         names = self.graph_template if self.graph_template and len(self.graph_template) == len(rest) else \
             ["engine", "partition_id", "partition_kind", "op_names"]
-        if len(rest) < 5:
-            return self.malformed(number, ",".join(rest))
         f = dict(zip(names, rest))
         impl = f.get("implementation") or f.get("backend") or rest[-2]
-        self._append(line=number, timestamp=timestamp, api="graph", kind=f"graph:{f['partition_kind']}", impl=impl,
-                     direction="none", isa=impl, aux=f.get("data_formats", ""), problem=f["op_names"], time_ms=float(rest[-1]))
+        return (f"graph:{f['partition_kind']}", impl, impl, "", "none", "", "", "", "", "", "",
+                f.get("data_formats", ""), f["op_names"])
 
-    def primitive(self, number: int, timestamp, api: str, rest: list[str], line: str) -> None:
+    def primitive_fields(self, rest: list[str], line: str) -> tuple | None:
+        """kind, impl, isa, prop, direction, data types, layouts, attrs, aux, problem."""
         if rest[0] not in ("cpu", "gpu"):
             rest = ["cpu"] + rest  # MKL-DNN 0.x has no engine field
         if self.template and len(rest) == len(self.template):
@@ -188,10 +199,10 @@ class _Parser:
         elif len(rest) >= 8:  # engine, kind, impl, prop, mds, attrs..., aux, problem, time
             kind, impl, prop, mds = rest[1], rest[2], rest[3], rest[4]
             attrs, aux, problem = ",".join(rest[5:-3]), rest[-3], rest[-2]
-        elif len(rest) >= 7 and rest[0] == "cpu" and line.startswith("mkldnn_verbose"):
+        elif len(rest) >= 7 and line.startswith("mkldnn_verbose"):
             kind, impl, prop, mds, attrs, aux, problem = rest[1], rest[2], rest[3], rest[4], "", rest[-3], rest[-2]
         else:
-            return self.malformed(number, line)
+            return None
         dtypes, layouts = [], {}
         for token in mds.split():
             arg, dtype, layout = parse_md(token)
@@ -199,18 +210,11 @@ class _Parser:
                 if dtype:
                     dtypes.append(f"{arg}:{dtype}")
                 layouts.setdefault(arg.replace("diff_", ""), layout)
-        main_dtype = dtypes[0].split(":")[1] if dtypes else ""
         family, _, isa = impl.partition(":")
-        self._append(line=number, timestamp=timestamp, api=api, kind=kind, impl=impl, isa=isa or family, prop=prop,
-                     direction=DIRECTIONS.get(prop, "none"), data_type=main_dtype, data_types=" ".join(dtypes),
-                     src_layout=layouts.get("src", layouts.get("data", layouts.get("in", ""))),
-                     wei_layout=layouts.get("wei", ""), dst_layout=layouts.get("dst", layouts.get("out", "")),
-                     attrs=attrs.strip(), aux=aux, problem=problem, time_ms=float(rest[-1]))
-
-    def _append(self, **values) -> None:
-        self.counts["exec"] += 1
-        for column in COLUMNS:
-            self.rows[column].append(values.get(column, ""))
+        return (kind, impl, isa or family, prop, DIRECTIONS.get(prop, "none"),
+                dtypes[0].split(":")[1] if dtypes else "", " ".join(dtypes),
+                layouts.get("src", layouts.get("data", layouts.get("in", ""))), layouts.get("wei", ""),
+                layouts.get("dst", layouts.get("out", "")), attrs.strip(), aux, problem)
 
 
 def _lines(source) -> tuple[Iterable[str], str]:
@@ -235,7 +239,7 @@ def parse_log(source) -> ParsedLog:
     finally:
         if hasattr(lines, "close"):
             lines.close()
-    exec_df = pd.DataFrame(parser.rows, columns=COLUMNS)
+    exec_df = pd.DataFrame.from_records(parser.records, columns=COLUMNS)
     exec_df["time_ms"] = exec_df["time_ms"].astype(float)
     exec_df["timestamp"] = pd.to_numeric(exec_df["timestamp"], errors="coerce")
     info = dict(parser.info, template=parser.template)
