@@ -60,3 +60,59 @@ def roofline_figure(roofline: dict):
     fig.suptitle(f"Measured ceilings on {roofline['threads']} threads")
     fig.tight_layout()
     return fig
+
+
+def donuts(shares: dict, title: str):
+    """One donut per run: share of logged oneDNN time by primitive kind (or direction)."""
+    sns.set_theme(style="white", context="notebook")
+    n = max(1, len(shares))
+    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.6), squeeze=False)
+    labels = sorted({k for s in shares.values() for k in s.index})
+    palette = dict(zip(labels, sns.color_palette("tab10", len(labels))))
+    for ax, (name, series) in zip(axes[0], shares.items()):
+        series = series[series > 0]
+        ax.pie(series.values, labels=[f"{k} {v:.0%}" if v >= 0.04 else "" for k, v in series.items()],
+               colors=[palette[k] for k in series.index], wedgeprops={"width": 0.42}, startangle=90,
+               textprops={"fontsize": 8})
+        ax.set_title(name, fontsize=10)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def comparison_bars(table, labels: tuple[str, str], value: str = "time_ms", title: str = ""):
+    """Side-by-side bars of two runs per group (kind x direction) from profiledn.compare."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    names = [" ".join(str(x) for x in (i if isinstance(i, tuple) else (i,)) if x != "none") for i in table.index]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1.5))
+    y = range(len(names))
+    ax.barh([i - 0.2 for i in y], table[f"{value}_{labels[0]}"], height=0.4, label=labels[0], color="#4C72B0")
+    ax.barh([i + 0.2 for i in y], table[f"{value}_{labels[1]}"], height=0.4, label=labels[1], color="#DD8452")
+    ax.set_yticks(list(y), names)
+    ax.invert_yaxis()
+    ax.set_xlabel(value.replace("_", " "))
+    ax.legend()
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def efficiency_bars(table):
+    """Measured step vs the oneDNN kernel-only projection, per workload."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    fig, ax = plt.subplots(figsize=(7, 0.6 * len(table) + 1.5))
+    names = list(table.index)
+    y = range(len(names))
+    ax.barh([i - 0.2 for i in y], table["step_ms"], height=0.4, label="measured step", color="#8C8C8C")
+    ax.barh([i + 0.2 for i in y], table["kernel_ms_per_step"], height=0.4, label="oneDNN kernels only (replayed)",
+            color="#4C72B0")
+    for i, eff in zip(y, table["efficiency"]):
+        if eff == eff:  # not NaN
+            ax.text(table["step_ms"].iloc[i], i - 0.2, f"  {eff:.0%}", va="center", fontsize=9)
+    ax.set_yticks(list(y), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per step")
+    ax.set_title("Projection: efficiency ratio = kernel-only time / measured step")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return fig

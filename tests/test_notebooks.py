@@ -78,3 +78,21 @@ def test_a_failing_notebook_is_reported_and_the_others_still_run(tmp_path):
     assert [r["status"] for r in report] == ["failed", "ok"]
     assert "ValueError: broken cell" in report[0]["error"] and "cell" in report[0]["error"]
     assert "1 notebook(s) passed, 1 failed" in workbook.format_report(report)
+
+
+def test_profiling_breaks_down_projects_and_compares(quick_run):
+    out, _ = quick_run
+    from cpuopt_helpers import profiledn, system
+
+    store = ResultStore(out / "results.sqlite")
+    prof = store.get_fact(system.collect_facts()["fingerprint"], "profile/cnn/quick")
+    assert 0 < prof["coverage"] < 2 and prof["efficiency"] > 0 and prof["replayed"] > 0
+    log = profiledn.parse_log(out / "onednn_logs" / "cnn_quick.log")
+    conv = log.exec[log.exec.kind == "convolution"]
+    assert set(conv.direction) == {"forward", "backward_data", "backward_weights"}
+    for name in ("02_kinds", "02_directions", "02_projection", "02_compare_cnn"):
+        assert (out / "figures" / f"{name}.png").stat().st_size > 1000
+    text = outputs_text(out / "notebooks" / "02_profiling.ipynb")
+    assert f"efficiency ratio {prof['efficiency']:.0%}" in text  # the answer quotes the stored numbers
+    assert "cnn, default vs channels_last: measured step" in text
+    assert len(store.load(tag="02_profiling")) == 3 * 2 + 2  # plain + traced per workload, and channels-last

@@ -1,0 +1,157 @@
+"""Profile a workload end to end: a plain run, a traced run, the breakdown and the projection."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.profiledn.breakdown import breakdown, compare, compare_findings, findings
+from cpuopt_helpers.profiledn.parse import ParsedLog, parse_log
+from cpuopt_helpers.profiledn.replay import project_log, projection_findings
+
+
+@dataclass
+class Profile:
+    """One workload's profile: what ran, what the log says, and the projection."""
+
+    label: str
+    config: RunConfig
+    plain: dict  # the RunResult without verbose logging: the measured step time
+    traced: dict  # the RunResult whose timed steps were logged
+    log: str
+    parsed: ParsedLog | None
+    projection: dict | None
+
+    @property
+    def ok(self) -> bool:
+        return self.parsed is not None
+
+    @property
+    def steps(self) -> int:
+        return self.config.steps
+
+    def coverage(self) -> float:
+        """Share of the measured step that the logged oneDNN primitives account for."""
+        return self.parsed.exec["time_ms"].sum() / self.steps / self.plain["step_ms"]["median"]
+
+
+def safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", text).strip("_")
+
+
+def profile_workload(session, config: RunConfig, log_dir: Path, label: str | None = None,
+                     repeats: int = 10, tag: str = "02_profiling") -> Profile:
+    """Measure the plain step, log the timed steps of a second run, parse and project.
+
+    The replay runs on the plain run's cores with its thread count. A failed run gives a
+    Profile with ``parsed=None``; its RunResult says why.
+    """
+    label = label or config.workload
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = str(log_dir / f"{safe_name(label)}_{config.preset}.log")
+    plain = session.run(config)
+    session.store.save_result(plain, tag=tag)
+    traced = session.run(config.replace(onednn_verbose=log))
+    session.store.save_result(traced, tag=tag)
+    if plain["status"] != "ok" or traced["status"] != "ok":
+        return Profile(label, config, plain, traced, log, None, None)
+    parsed = parse_log(log)
+    inst = plain["instances"][0]
+    projection = None
+    if not parsed.exec.empty:
+        projection = project_log(log, config.steps, plain["step_ms"]["median"], inst["torch_threads"],
+                                 inst["cores"], repeats)
+    return Profile(label, config, plain, traced, log, parsed, projection)
+
+
+def profile_table(profiles: list[Profile]) -> pd.DataFrame:
+    """One row per profiled workload: step time, oneDNN coverage, kernel time, efficiency."""
+    rows = []
+    for p in profiles:
+        if not p.ok:
+            continue
+        proj = p.projection or {}
+        rows.append({
+            "workload": p.label, "step_ms": p.plain["step_ms"]["median"],
+            "traced_step_ms": p.traced["step_ms"]["median"],
+            "onednn_calls_per_step": len(p.parsed.exec) / p.steps,
+            "logged_onednn_ms_per_step": p.parsed.exec["time_ms"].sum() / p.steps,
+            "coverage": p.coverage(),
+            "kernel_ms_per_step": proj.get("kernel_ms_per_step"),
+            "efficiency": proj.get("efficiency"),
+            "replayed": proj.get("replayed"), "not_replayed": proj.get("not_replayed"),
+        })
+    return pd.DataFrame(rows).set_index("workload") if rows else pd.DataFrame()
+
+
+def kind_shares(profiles: list[Profile], by: str = "kind") -> dict[str, pd.Series]:
+    """Share of logged oneDNN time per kind (or direction), for the donut charts."""
+    return {p.label: breakdown(p.parsed.exec, by)["share"] for p in profiles if p.ok and not p.parsed.exec.empty}
+
+
+def profiling_findings(profiles: list[Profile]) -> list[str]:
+    """Sentences comparing the workloads' profiles, from their numbers."""
+    table = profile_table(profiles)
+    lines = []
+    for p in profiles:
+        if not p.ok:
+            reason = (p.plain if p.plain["status"] != "ok" else p.traced)["reason"].splitlines()[0]
+            lines.append(f"{p.label}: not profiled ({reason}).")
+    for name, row in table.iterrows():
+        eff = f"; efficiency ratio {row.efficiency:.0%}" if pd.notna(row.efficiency) else ""
+        lines.append(f"{name}: oneDNN primitives account for {row.coverage:.0%} of the {row.step_ms:.1f} ms step "
+                     f"({row.onednn_calls_per_step:.0f} calls per step){eff}.")
+    if len(table) and (table["coverage"] < 0.3).any():
+        low = ", ".join(table.index[table["coverage"] < 0.3])
+        lines.append(f"For {low} most of the step runs outside oneDNN (GEMMs through MKL, PyTorch's own kernels): "
+                     "the oneDNN log alone does not explain it; the framework profiler trace does.")
+    return lines
+
+
+@dataclass
+class Comparison:
+    """Two profiles of one workload in two settings, and what differs."""
+
+    base: Profile
+    other: Profile
+    labels: tuple[str, str]
+
+    @property
+    def ok(self) -> bool:
+        return self.base.ok and self.other.ok
+
+    def table(self) -> pd.DataFrame:
+        return compare(self.base.parsed.exec, self.other.parsed.exec, "kind_direction", self.labels,
+                       (self.base.steps, self.other.steps))
+
+    def findings(self) -> list[str]:
+        b, o = self.base.plain["step_ms"]["median"], self.other.plain["step_ms"]["median"]
+        head = (f"{self.base.label}, {self.labels[0]} vs {self.labels[1]}: measured step {b:.2f} ms vs {o:.2f} ms "
+                f"({b / o:.2f}x in one run each; the optimisation notebooks measure it with repeats).")
+        return [head] + compare_findings(self.base.parsed.exec, self.other.parsed.exec, self.labels,
+                                         (self.base.steps, self.other.steps))
+
+
+def answer(profiles: list[Profile], comparisons: list[Comparison]) -> list[str]:
+    """The notebook's answer: every sentence computed from this run's profiles."""
+    lines = profiling_findings(profiles + [c.other for c in comparisons])
+    for p in profiles:
+        if p.ok:
+            details = findings(p.parsed.exec, p.steps)
+            if p.projection:
+                details += projection_findings(p.projection)
+            lines += [f"{p.label}: {line}" for line in details]
+    for c in comparisons:
+        if c.ok:
+            lines += c.findings()
+    return lines
+
+
+def profile_summary(profile: Profile) -> dict:
+    """What later notebooks need of a profile, as plain JSON-able values."""
+    row = profile_table([profile]).iloc[0].to_dict()
+    return {k: (None if v != v else v) for k, v in row.items()}  # NaN -> None
