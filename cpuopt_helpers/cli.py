@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--channels-last", action="store_true", help="channels-last memory format (CNNs)")
     bench.add_argument("--onednn-verbose", metavar="FILE",
                        help="write the oneDNN verbose log of the timed steps (not the warm-up) to FILE")
+    bench.add_argument("--trace", metavar="FILE",
+                       help="record the timed steps with torch.profiler: Chrome trace to FILE, operators to FILE.ops.json")
     bench.add_argument("--timeout", type=float, default=600, help="seconds before the run is stopped")
     bench.add_argument("--dry-run", action="store_true", help="print the launch plan as shell commands and exit")
     bench.add_argument("--save", action="store_true", help="also write the result to the results store")
@@ -53,10 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--compare", metavar="LOG2", help="a second log to compare against (the reference first)")
     prof.add_argument("--by", default="kind", help="kind | direction | kind_direction | impl | isa | shape")
     prof.add_argument("--steps", type=int, help="training steps the log covers (per-step figures)")
-    prof.add_argument("--replay", action="store_true",
+    prof.add_argument("--project", "--replay", dest="project", action="store_true",
                       help="replay every distinct primitive in isolation and report the efficiency ratio")
     prof.add_argument("--step-ms", type=float, help="measured step time, for the efficiency ratio")
     prof.add_argument("--threads", type=int, help="threads for the replay (default: physical cores)")
+    prof.add_argument("--trace", metavar="TRACE", help="also read a trace from `cpuopt bench --trace TRACE`")
     prof.add_argument("--csv", metavar="FILE", help="also write the parsed table as CSV")
     prof.add_argument("--json", action="store_true", help="print the breakdown as JSON")
 
@@ -89,7 +92,7 @@ def _bench(args) -> int:
                        warmup=args.warmup, threads=args.threads, instances=args.instances, mode=args.mode,
                        allocator=args.allocator, omp_runtime=args.omp_runtime, kmp_blocktime=args.kmp_blocktime,
                        dtype=args.dtype, channels_last=args.channels_last, timeout_s=args.timeout,
-                       onednn_verbose=args.onednn_verbose)
+                       onednn_verbose=args.onednn_verbose, trace=args.trace)
     plan = launch.build_plan(config, launch.Machine.this())
     if args.dry_run:
         print(plan.shell_command())
@@ -131,12 +134,14 @@ def _profile(args) -> int:
 
     if args.steps is not None and args.steps <= 0:
         raise CpuoptError(f"--steps must be a positive integer, got {args.steps}")
-    if args.replay and not args.steps:
-        raise CpuoptError("--replay needs --steps N (how many training steps the log covers)")
+    if args.project and not args.steps:
+        raise CpuoptError("--project needs --steps N (how many training steps the log covers)")
     parsed = profiledn.parse_log(args.log)
     if parsed.exec.empty:
-        raise CpuoptError(f"{args.log} holds no oneDNN exec lines ({parsed.counts['lines']} lines read); capture one "
-                          "with `cpuopt bench --onednn-verbose FILE` or ONEDNN_VERBOSE=1")
+        why = ("it is empty" if parsed.counts["lines"] == 0 else
+               f"none of its {parsed.counts['lines']} lines is an executed primitive")
+        raise CpuoptError(f"{args.log} holds no oneDNN primitive: {why}; usually no op reached oneDNN (fp32 GEMMs go "
+                          "to MKL), or verbose mode was off: capture with `cpuopt bench --onednn-verbose FILE`")
     if args.csv:
         parsed.exec.to_csv(args.csv, index=False)
     table = profiledn.breakdown(parsed.exec, args.by, args.steps)
@@ -150,12 +155,19 @@ def _profile(args) -> int:
         out["compare"] = profiledn.compare(parsed.exec, other.exec, args.by, labels).reset_index().to_dict(
             orient="records")
         out["compare_findings"] = profiledn.compare_findings(parsed.exec, other.exec, labels)
-    if args.replay:
+    if args.project:
         topo = system.topology()
         threads = args.threads or topo.physical_cores
         proj = replay.project_log(args.log, args.steps, args.step_ms, threads, sorted(topo.core_order()[:threads]))
         out["projection"] = {k: v for k, v in proj.items() if k != "table"}
         out["projection_findings"] = replay.projection_findings(proj)
+    if args.trace:
+        from cpuopt_helpers.profiledn import trace
+
+        summary = trace.summarize_trace(args.trace)
+        out["trace"] = {k: v for k, v in summary.items() if k != "top_ops"}
+        out["trace"]["top_ops"] = summary["top_ops"].to_dict(orient="records")
+        out["trace_findings"] = trace.trace_findings(summary)
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return 0
@@ -167,7 +179,7 @@ def _profile(args) -> int:
         if args.compare:
             print(f"\nA = {args.log}, B = {args.compare}")
             print(pd.DataFrame(out["compare"]).round(3).to_string(index=False))
-    for key in ("findings", "compare_findings", "projection_findings"):
+    for key in ("findings", "compare_findings", "projection_findings", "trace_findings"):
         for line in out.get(key, []):
             print(f"- {line}")
     if parsed.counts["malformed"]:

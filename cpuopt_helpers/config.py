@@ -28,7 +28,8 @@ class RunConfig:
     ``cores`` pins instance i to cores[i]; None lets the launcher hand out cores.
     ``env`` adds extra environment variables (as sorted key/value pairs).
     ``onednn_verbose`` is a file that receives the oneDNN verbose log of the timed steps
-    (``FILE.N`` for instance N when several run).
+    (``FILE.N`` for instance N when several run); ``trace`` a file that receives the
+    torch.profiler Chrome trace of the timed steps (and ``FILE.ops.json``, its operators).
     """
 
     workload: str = "cnn"
@@ -47,6 +48,7 @@ class RunConfig:
     channels_last: bool = False
     seed: int = 0
     onednn_verbose: str | None = None
+    trace: str | None = None
     timeout_s: float = 600.0
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
@@ -95,8 +97,8 @@ class RunConfig:
         """Stable id of what is measured (the timeout does not change the measurement)."""
         d = self.to_dict()
         d.pop("timeout_s")
-        if d["onednn_verbose"]:
-            d["onednn_verbose"] = True  # where the log goes does not change the measurement
+        for key in ("onednn_verbose", "trace"):  # where a log goes does not change the measurement
+            d[key] = bool(d[key]) if d[key] else d[key]
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def label(self) -> str:

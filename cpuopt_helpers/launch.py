@@ -287,6 +287,7 @@ def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict
         "startup_s": max(i["startup_s"] for i in per_instance),
         "onednn_logs": [r["onednn_log"] for r in instances if r.get("onednn_log")],
         "onednn_log_steps": config.steps if config.onednn_verbose else None,
+        "traces": [r["trace"] for r in instances if r.get("trace")],
         "instances": per_instance,
         "versions": first["versions"],
     })

@@ -116,3 +116,20 @@ def efficiency_bars(table):
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def top_ops_bars(tops: dict, title: str = "Top operators by self CPU time (torch.profiler)"):
+    """One panel per workload: the operators with the largest share of self CPU time."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    n = max(1, len(tops))
+    fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 3.4), squeeze=False)
+    for ax, (name, table) in zip(axes[0], tops.items()):
+        table = table.head(8)
+        ax.barh([s.replace("aten::", "")[:28] for s in table["name"]], table["share"] * 100, color="#4C72B0")
+        ax.invert_yaxis()
+        ax.set_xlabel("% of self CPU time")
+        ax.set_title(name, fontsize=10)
+        ax.tick_params(axis="y", labelsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -62,9 +62,9 @@ def count_flops(step, *args) -> float | None:
     return float(counter.get_total_flops()) or None
 
 
-def log_path(config: dict) -> str | None:
-    """Where this instance writes its oneDNN verbose log, if asked to."""
-    path = config.get("onednn_verbose")
+def log_path(config: dict, key: str = "onednn_verbose") -> str | None:
+    """Where this instance writes its oneDNN verbose log (or trace), if asked to."""
+    path = config.get(key)
     if not path:
         return None
     if int(os.environ.get("CPUOPT_INSTANCES", "1")) > 1:
@@ -98,6 +98,23 @@ def onednn_verbose_to(path: str | None):
             libc.fflush(None)
             os.dup2(saved, 1)
             os.close(saved)
+
+
+@contextlib.contextmanager
+def profiler_trace_to(path: str | None, steps: int):
+    """Record the block with torch.profiler; save the Chrome trace and an operator table."""
+    if path is None:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        yield
+    prof.export_chrome_trace(path)
+    ops = [{"name": e.key, "count": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3,
+            "cpu_total_ms": e.cpu_time_total / 1e3} for e in prof.key_averages()]
+    with open(f"{path}.ops.json", "w") as f:
+        json.dump({"steps": steps, "ops": ops}, f)
 
 
 def onednn_version(build_info: str) -> str | None:
@@ -180,8 +197,8 @@ def train(config: dict) -> dict:
                       else count_flops(step))
     wait_for_peers()
     steps, phases = [], []
-    verbose_log = log_path(config)
-    with onednn_verbose_to(verbose_log):
+    verbose_log, trace = log_path(config), log_path(config, "trace")
+    with onednn_verbose_to(verbose_log), profiler_trace_to(trace, config["steps"]):
         for _ in range(config["steps"]):
             t = clock()
             loss, phase = step()
@@ -196,6 +213,7 @@ def train(config: dict) -> dict:
         "loss_last": losses[-1],
         "flops_per_step": flops_per_step,
         "onednn_log": verbose_log,
+        "trace": trace,
         "first_step_wall": first_step_wall,
         "torch_threads": torch.get_num_threads(),
         "versions": {"python": sys.version.split()[0], "torch": torch.__version__,

@@ -173,3 +173,45 @@ def test_bench_captures_the_timed_steps_only(tmp_path):
     per_step = parse("onednn_312_cnn_two_steps.log").exec
     fwd_per_step = ((per_step.kind == "convolution") & (per_step.direction == "forward")).sum() / 2
     assert ((p.exec.kind == "convolution") & (p.exec.direction == "forward")).sum() == 3 * fwd_per_step
+
+
+def test_real_log_total_equals_an_independent_sum_of_last_fields():
+    path = Path(__file__).resolve().parents[1] / "data" / "onednn_logs" / "cnn_quick_nchw.log"
+    independent = sum(float(line.rsplit(",", 1)[1]) for line in path.read_text().splitlines() if ",exec," in line)
+    calls = sum(1 for line in path.read_text().splitlines() if ",exec," in line)
+    p = profiledn.parse_log(path)
+    assert p.exec.time_ms.sum() == pytest.approx(independent, rel=1e-12)
+    assert len(p.exec) == calls and p.counts["malformed"] == 0
+
+
+def write_trace(path, spans, steps, ops):
+    events = [{"ph": "X", "cat": "cpu_op", "name": n, "tid": 1, "ts": ts, "dur": dur} for n, ts, dur in spans]
+    events.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep", "tid": 1, "ts": 0, "dur": 10})
+    Path(path).write_text(json.dumps({"traceEvents": events}))
+    Path(f"{path}.ops.json").write_text(json.dumps({"steps": steps, "ops": ops}))
+
+
+def test_trace_summary_fragmentation_and_onednn_share(tmp_path):
+    from cpuopt_helpers.profiledn import trace
+
+    # two steps; each: a convolution (with a nested mkldnn call) and two short elementwise ops
+    spans = []
+    for step in range(2):
+        t0 = step * 1000.0
+        spans += [("aten::conv2d", t0, 500.0), ("aten::mkldnn_convolution", t0 + 10, 480.0),
+                  ("aten::relu", t0 + 600, 5.0), ("aten::add_", t0 + 700, 5.0)]
+    ops = [{"name": "aten::mkldnn_convolution", "count": 2, "self_cpu_ms": 0.96, "cpu_total_ms": 0.96},
+           {"name": "aten::conv2d", "count": 2, "self_cpu_ms": 0.04, "cpu_total_ms": 1.0},
+           {"name": "aten::relu", "count": 2, "self_cpu_ms": 0.01, "cpu_total_ms": 0.01},
+           {"name": "aten::add_", "count": 2, "self_cpu_ms": 0.01, "cpu_total_ms": 0.01}]
+    path = tmp_path / "t.json"
+    write_trace(path, spans, 2, ops)
+    s = trace.summarize_trace(path)
+    assert s["steps"] == 2 and s["ops_per_step"] == 4 and s["top_level_per_step"] == 3
+    assert s["wall_ms_per_step"] == pytest.approx(1.705 / 2)
+    assert s["median_top_level_us"] == 5.0
+    assert s["outside_onednn_share"] == pytest.approx(0.06 / 1.02)
+    assert s["top_ops"].iloc[0]["name"] == "aten::mkldnn_convolution"
+    assert "operator spans per step" in " ".join(trace.trace_findings(s))
+    with pytest.raises(CpuoptError, match="cannot read trace"):
+        trace.summarize_trace(tmp_path / "missing.json")

@@ -12,6 +12,7 @@ from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.profiledn.breakdown import breakdown, compare, compare_findings, findings
 from cpuopt_helpers.profiledn.parse import ParsedLog, parse_log
 from cpuopt_helpers.profiledn.replay import project_log, projection_findings
+from cpuopt_helpers.profiledn.trace import summarize_trace, trace_findings
 
 
 @dataclass
@@ -25,6 +26,7 @@ class Profile:
     log: str
     parsed: ParsedLog | None
     projection: dict | None
+    trace: dict | None = None  # trace.summarize_trace of a third run, when asked
 
     @property
     def ok(self) -> bool:
@@ -44,11 +46,12 @@ def safe_name(text: str) -> str:
 
 
 def profile_workload(session, config: RunConfig, log_dir: Path, label: str | None = None,
-                     repeats: int = 10, tag: str = "02_profiling") -> Profile:
+                     repeats: int = 10, tag: str = "02_profiling", trace: bool = False) -> Profile:
     """Measure the plain step, log the timed steps of a second run, parse and project.
 
-    The replay runs on the plain run's cores with its thread count. A failed run gives a
-    Profile with ``parsed=None``; its RunResult says why.
+    The replay runs on the plain run's cores with its thread count. With ``trace=True`` a
+    third run records its timed steps with torch.profiler. A failed run gives a Profile
+    with ``parsed=None``; its RunResult says why.
     """
     label = label or config.workload
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -65,7 +68,14 @@ def profile_workload(session, config: RunConfig, log_dir: Path, label: str | Non
     if not parsed.exec.empty:
         projection = project_log(log, config.steps, plain["step_ms"]["median"], inst["torch_threads"],
                                  inst["cores"], repeats)
-    return Profile(label, config, plain, traced, log, parsed, projection)
+    summary = None
+    if trace:
+        path = str(log_dir / f"{safe_name(label)}_{config.preset}.trace.json")
+        traced_run = session.run(config.replace(trace=path))
+        session.store.save_result(traced_run, tag=tag)
+        if traced_run["status"] == "ok":
+            summary = summarize_trace(path)
+    return Profile(label, config, plain, traced, log, parsed, projection, summary)
 
 
 def profile_table(profiles: list[Profile]) -> pd.DataFrame:
@@ -84,6 +94,8 @@ def profile_table(profiles: list[Profile]) -> pd.DataFrame:
             "kernel_ms_per_step": proj.get("kernel_ms_per_step"),
             "efficiency": proj.get("efficiency"),
             "replayed": proj.get("replayed"), "not_replayed": proj.get("not_replayed"),
+            **({"trace_outside_onednn": p.trace["outside_onednn_share"], "ops_per_step": p.trace["ops_per_step"],
+                "median_span_us": p.trace["median_span_us"]} if p.trace else {}),
         })
     return pd.DataFrame(rows).set_index("workload") if rows else pd.DataFrame()
 
@@ -144,6 +156,8 @@ def answer(profiles: list[Profile], comparisons: list[Comparison]) -> list[str]:
             details = findings(p.parsed.exec, p.steps)
             if p.projection:
                 details += projection_findings(p.projection)
+            if p.trace:
+                details += trace_findings(p.trace)
             lines += [f"{p.label}: {line}" for line in details]
     for c in comparisons:
         if c.ok:

@@ -1,0 +1,95 @@
+"""Tracing: a torch.profiler capture of the timed steps, read for where time goes between kernels.
+
+The paper's third profiling tool: for memory- or cache-bound steps, the ordered spans of
+the step. A step broken into very many short operator spans spends its time in dispatch
+and context switches; a merged custom operator may pay. ``cpuopt bench --trace FILE``
+records the timed steps (Chrome trace in FILE, open it in chrome://tracing or Perfetto;
+operator totals in FILE.ops.json); this module reads both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pandas as pd
+
+from cpuopt_helpers.errors import CpuoptError
+
+# Operators that hand their work to oneDNN on CPU (convolutions and mkldnn_* ops).
+ONEDNN_OPS = re.compile(r"mkldnn|onednn|convolution_backward|_convolution\b")
+
+
+def load_spans(path: str | Path) -> pd.DataFrame:
+    """The operator spans (name, thread, start and duration in µs) of a Chrome trace."""
+    try:
+        events = json.loads(Path(path).read_text())["traceEvents"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise CpuoptError(f"cannot read trace {path}: {exc}; record one with `cpuopt bench --trace FILE`") from None
+    rows = [(e["name"], e.get("tid"), float(e["ts"]), float(e["dur"])) for e in events
+            if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    return pd.DataFrame(rows, columns=["name", "tid", "ts_us", "dur_us"]).sort_values(["tid", "ts_us"])
+
+
+def top_level(spans: pd.DataFrame) -> pd.DataFrame:
+    """Spans not nested inside another span of the same thread: what the step is a sequence of."""
+    keep, end = [], {}
+    for row in spans.itertuples():
+        if row.ts_us >= end.get(row.tid, float("-inf")):
+            keep.append(row.Index)
+            end[row.tid] = row.ts_us + row.dur_us
+    return spans.loc[keep]
+
+
+def load_ops(path: str | Path) -> tuple[pd.DataFrame, int]:
+    """Operator totals written beside the trace (count, self and total CPU ms), and its steps."""
+    try:
+        data = json.loads(Path(f"{path}.ops.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise CpuoptError(f"cannot read {path}.ops.json ({exc}); record the trace with `cpuopt bench --trace`") from None
+    ops = pd.DataFrame(data["ops"])
+    return ops.sort_values("self_cpu_ms", ascending=False).reset_index(drop=True), data["steps"]
+
+
+def summarize_trace(path: str | Path, top: int = 10) -> dict:
+    """Top operators by self CPU time, the share outside oneDNN, and span fragmentation."""
+    spans = load_spans(path)
+    if spans.empty:
+        raise CpuoptError(f"trace {path} holds no operator spans")
+    ops, steps = load_ops(path)
+    total_self = ops["self_cpu_ms"].sum()
+    ops["share"] = ops["self_cpu_ms"] / total_self
+    onednn = ops["name"].str.contains(ONEDNN_OPS)
+    outer = top_level(spans)
+    wall_ms = (spans["ts_us"] + spans["dur_us"]).max() / 1e3 - spans["ts_us"].min() / 1e3
+    return {
+        "steps": steps,
+        "wall_ms_per_step": wall_ms / steps,
+        "top_ops": ops.head(top)[["name", "count", "self_cpu_ms", "share"]],
+        "outside_onednn_share": float(1 - ops.loc[onednn, "self_cpu_ms"].sum() / total_self),
+        "ops_per_step": len(spans) / steps,
+        "ops_per_ms": len(spans) / wall_ms,
+        "median_span_us": statistics.median(spans["dur_us"]),
+        "top_level_per_step": len(outer) / steps,
+        "median_top_level_us": statistics.median(outer["dur_us"]),
+        "short_span_share": float((spans["dur_us"] < 10).mean()),
+    }
+
+
+def trace_findings(summary: dict, label: str = "") -> list[str]:
+    """Sentences about one trace, from its numbers."""
+    who = f"{label}: " if label else ""
+    top = summary["top_ops"].head(3)
+    lines = [
+        f"{who}top operators by self CPU time: "
+        + ", ".join(f"{r['name']} {r['share']:.0%}" for _, r in top.iterrows()) + ".",
+        f"{who}{summary['outside_onednn_share']:.0%} of self CPU time is in operators that do not call oneDNN.",
+        f"{who}{summary['ops_per_step']:.0f} operator spans per step ({summary['ops_per_ms']:.1f} per ms), median "
+        f"{summary['median_span_us']:.0f} µs; {summary['short_span_share']:.0%} are shorter than 10 µs.",
+    ]
+    if summary["ops_per_ms"] > 20 or summary["median_span_us"] < 20:
+        lines.append(f"{who}the step is fragmented into many short spans: dispatch overhead is a large part of it, "
+                     "and fusing operators (a compiled graph or a custom kernel) may pay.")
+    return lines
