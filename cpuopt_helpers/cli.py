@@ -1,4 +1,4 @@
-"""The `cpuopt` command: doctor, bench, profile and workbook.
+"""The `cpuopt` command: doctor, bench, launch, profile and workbook.
 
 Exit codes: 0 ok, 1 a run or notebook failed, 2 bad input (one line on stderr).
 """
@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, help="threads per instance (default: physical cores / instances)")
     bench.add_argument("--instances", type=int, default=1, help="independent instances on disjoint cores")
     bench.add_argument("--mode", default="independent", help="independent (ddp: not yet)")
+    bench.add_argument("--affinity", default="compact", help="compact | scatter | none (no pinning)")
+    bench.add_argument("--oversubscribe", action="store_true", help="allow more threads than cores (to measure it)")
+    bench.add_argument("--loader-workers", type=int, default=0, help="feed batches through a DataLoader with N workers")
+    bench.add_argument("--launcher", default="cpuopt",
+                       help="cpuopt | run_cpu (PyTorch's torch.backends.xeon.run_cpu with its defaults)")
     bench.add_argument("--allocator", default="default", help="default | jemalloc | tcmalloc")
     bench.add_argument("--omp-runtime", default="gnu", help="gnu | intel")
     bench.add_argument("--kmp-blocktime", type=int, help="ms an Intel OpenMP thread spins (needs --omp-runtime intel)")
@@ -49,6 +54,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dry-run", action="store_true", help="print the launch plan as shell commands and exit")
     bench.add_argument("--save", action="store_true", help="also write the result to the results store")
     bench.add_argument("--json", action="store_true", help="print the RunResult as JSON")
+
+    launch = sub.add_parser("launch", help="run any command with cpuopt's threads, pinning, allocator and OpenMP",
+                            usage="cpuopt launch [options] -- COMMAND ...")
+    launch.add_argument("--ninstances", type=int, default=1, help="instances of the command, on disjoint cores")
+    launch.add_argument("--ncores-per-instance", type=int, help="cores (and threads) per instance")
+    launch.add_argument("--cores", help="cores to use, e.g. 0-3,8-11 (split evenly between instances)")
+    launch.add_argument("--allocator", default="default", help="default | jemalloc | tcmalloc")
+    launch.add_argument("--omp-runtime", default="gnu", help="gnu | intel")
+    launch.add_argument("--kmp-blocktime", type=int, help="ms an Intel OpenMP thread spins (with --omp-runtime intel)")
+    launch.add_argument("--affinity", default="compact", help="compact | scatter | none")
+    launch.add_argument("--log-dir", default="build/launch", help="one log per instance here (default build/launch)")
+    launch.add_argument("--dry-run", action="store_true", help="print the plan as shell commands and exit")
+    launch.add_argument("program", nargs=argparse.REMAINDER, metavar="COMMAND", help="-- then the command to run")
 
     prof = sub.add_parser("profile", help="break a oneDNN verbose log down, compare two, project the ceiling")
     prof.add_argument("log", help="a oneDNN verbose log (any version), e.g. from `cpuopt bench --onednn-verbose`")
@@ -92,7 +110,8 @@ def _bench(args) -> int:
                        warmup=args.warmup, threads=args.threads, instances=args.instances, mode=args.mode,
                        allocator=args.allocator, omp_runtime=args.omp_runtime, kmp_blocktime=args.kmp_blocktime,
                        dtype=args.dtype, channels_last=args.channels_last, timeout_s=args.timeout,
-                       onednn_verbose=args.onednn_verbose, trace=args.trace)
+                       onednn_verbose=args.onednn_verbose, trace=args.trace, affinity=args.affinity,
+                       oversubscribe=args.oversubscribe, loader_workers=args.loader_workers, launcher=args.launcher)
     plan = launch.build_plan(config, launch.Machine.this())
     if args.dry_run:
         print(plan.shell_command())
@@ -126,6 +145,42 @@ def format_result(r: dict) -> str:
                      + (f", LD_PRELOAD={i['ld_preload']}" if i["ld_preload"] else ""))
     lines += [f"  warning: {w}" for w in r["warnings"]]
     return "\n".join(lines)
+
+
+def _launch(args) -> int:
+    from cpuopt_helpers import launch
+    from cpuopt_helpers.config import RunConfig
+
+    command = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not command:
+        raise CpuoptError("no command given; write it after --, e.g. cpuopt launch --allocator jemalloc -- python train.py")
+    machine = launch.Machine.this()
+    cores = None
+    threads = args.ncores_per_instance
+    if args.cores:
+        listed = launch.parse_core_list(args.cores)
+        if len(listed) % args.ninstances:
+            raise CpuoptError(f"{len(listed)} cores do not split evenly into {args.ninstances} instances")
+        per = len(listed) // args.ninstances
+        if threads is not None and threads != per:
+            raise CpuoptError(f"--cores gives {per} cores per instance but --ncores-per-instance says {threads}")
+        threads = per
+        cores = [listed[i * per:(i + 1) * per] for i in range(args.ninstances)]
+    config = RunConfig(instances=args.ninstances, threads=threads, cores=cores, allocator=args.allocator,
+                       omp_runtime=args.omp_runtime, kmp_blocktime=args.kmp_blocktime, affinity=args.affinity)
+    plan = launch.build_plan(config, machine, command=command)
+    if args.dry_run:
+        print(plan.shell_command())
+        return 0
+    outcome = launch.run_command_plan(plan, args.log_dir)
+    for inst in outcome["instances"]:
+        print(f"cpuopt: instance {inst['index']} on cores {inst['cores']}: exit code {inst['returncode']}, "
+              f"log {inst['log']}", file=sys.stderr)
+    if outcome["failed"] is not None:
+        print(f"cpuopt: instance {outcome['failed']} failed with exit code {outcome['returncode']}; "
+              "the other instances were stopped", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _profile(args) -> int:
@@ -209,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="cpuopt: %(levelname)s: %(message)s")
     try:
         args = build_parser().parse_args(argv)
-        return {"doctor": _doctor, "bench": _bench, "profile": _profile, "workbook": _workbook}[args.command](args)
+        commands = {"doctor": _doctor, "bench": _bench, "launch": _launch, "profile": _profile, "workbook": _workbook}
+        return commands[args.command](args)
     except CpuoptError as exc:
         print(f"cpuopt: error: {exc}", file=sys.stderr)
         return 2

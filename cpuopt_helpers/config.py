@@ -16,6 +16,8 @@ ALLOCATORS = ("default", "jemalloc", "tcmalloc")
 OMP_RUNTIMES = ("gnu", "intel")
 DTYPES = ("fp32", "bf16")
 MODES = ("independent",)
+AFFINITIES = ("compact", "scatter", "none")
+LAUNCHERS = ("cpuopt", "run_cpu")
 # preset -> (timed steps, warm-up steps) used by the notebooks
 PRESET_STEPS = {"quick": (20, 3), "standard": (15, 3), "full": (30, 5)}
 
@@ -27,6 +29,11 @@ class RunConfig:
     ``threads`` is per instance; None means the physical cores divided by the instances.
     ``cores`` pins instance i to cores[i]; None lets the launcher hand out cores.
     ``env`` adds extra environment variables (as sorted key/value pairs).
+    ``affinity``: compact (consecutive cores), scatter (spread across sockets) or none (no
+    pinning). ``oversubscribe`` allows more threads than cores, to measure what that costs.
+    ``loader_workers`` > 0 feeds batches through a DataLoader with that many worker
+    processes. ``launcher="run_cpu"`` runs the worker under PyTorch's own launcher with its
+    defaults (the comparison users ask for).
     ``onednn_verbose`` is a file that receives the oneDNN verbose log of the timed steps
     (``FILE.N`` for instance N when several run); ``trace`` a file that receives the
     torch.profiler Chrome trace of the timed steps (and ``FILE.ops.json``, its operators).
@@ -49,6 +56,10 @@ class RunConfig:
     seed: int = 0
     onednn_verbose: str | None = None
     trace: str | None = None
+    affinity: str = "compact"
+    oversubscribe: bool = False
+    loader_workers: int = 0
+    launcher: str = "cpuopt"
     timeout_s: float = 600.0
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
@@ -135,7 +146,7 @@ def check_workload_spec(spec: str) -> None:
                           "package.module:function with function(preset) -> Workload")
 
 
-def validate(config: RunConfig, logical_cores: int, physical_cores: int) -> RunConfig:
+def validate(config: RunConfig, logical_cores: int, physical_cores: int, check_workload: bool = True) -> RunConfig:
     """Check a config against the machine; return it with `threads` filled in.
 
     Every error says what is wrong and what to do, in one line.
@@ -144,7 +155,8 @@ def validate(config: RunConfig, logical_cores: int, physical_cores: int) -> RunC
         raise CpuoptError(f"unknown preset {config.preset!r}; use one of {', '.join(PRESETS)}")
     for name, value, allowed in (("allocator", config.allocator, ALLOCATORS),
                                  ("omp runtime", config.omp_runtime, OMP_RUNTIMES),
-                                 ("dtype", config.dtype, DTYPES), ("mode", config.mode, MODES)):
+                                 ("dtype", config.dtype, DTYPES), ("mode", config.mode, MODES),
+                                 ("affinity", config.affinity, AFFINITIES), ("launcher", config.launcher, LAUNCHERS)):
         if value not in allowed:
             raise CpuoptError(f"unknown {name} {value!r}; use one of {', '.join(allowed)}")
     if config.batch_size is not None and config.batch_size <= 0:
@@ -157,6 +169,8 @@ def validate(config: RunConfig, logical_cores: int, physical_cores: int) -> RunC
         raise CpuoptError(f"instances must be at least 1, got {config.instances}")
     if config.timeout_s <= 0:
         raise CpuoptError(f"timeout must be positive, got {config.timeout_s}")
+    if config.loader_workers < 0:
+        raise CpuoptError(f"DataLoader workers cannot be negative, got {config.loader_workers}")
     if config.kmp_blocktime is not None and config.kmp_blocktime < 0:
         raise CpuoptError(f"KMP_BLOCKTIME must be >= 0 ms, got {config.kmp_blocktime}")
     if config.instances > logical_cores:
@@ -167,10 +181,10 @@ def validate(config: RunConfig, logical_cores: int, physical_cores: int) -> RunC
         threads = max(1, physical_cores // config.instances)
     if threads <= 0:
         raise CpuoptError(f"threads must be at least 1, got {threads}")
-    if threads > logical_cores:
+    if threads > logical_cores and not config.oversubscribe:
         raise CpuoptError(f"--threads {threads} is more than the {logical_cores} logical cores here; "
-                          f"use at most {logical_cores} (see `cpuopt doctor`)")
-    if threads * config.instances > logical_cores:
+                          f"use at most {logical_cores} (see `cpuopt doctor`), or --oversubscribe to measure that")
+    if threads * config.instances > logical_cores and not config.oversubscribe:
         raise CpuoptError(f"{config.instances} instances x {threads} threads = {threads * config.instances} "
                           f"cores, but this machine has {logical_cores}; lower --threads or --instances")
     if config.cores is not None:
@@ -183,5 +197,6 @@ def validate(config: RunConfig, logical_cores: int, physical_cores: int) -> RunC
         bad = [c for c in flat if not 0 <= c < 4096]
         if bad:
             raise CpuoptError(f"core ids {bad} are not valid CPU numbers")
-    check_workload_spec(config.workload)
+    if check_workload:
+        check_workload_spec(config.workload)
     return config.replace(threads=threads)

@@ -94,12 +94,22 @@ class LaunchPlan:
         return "\n".join(lines)
 
 
-def assign_cores(topology: system.Topology, instances: int, threads: int) -> list[tuple[int, ...]]:
-    """Disjoint core sets: one thread per physical core first, SMT siblings after."""
+def assign_cores(topology: system.Topology, instances: int, threads: int,
+                 affinity: str = "compact") -> list[tuple[int, ...]]:
+    """Disjoint core sets, one thread per physical core first and SMT siblings after.
+
+    compact: each instance takes consecutive cores (inside one socket where it fits);
+    scatter: cores are dealt round-robin across sockets, so each instance spreads out.
+    """
     order = topology.core_order()
     if instances * threads > len(order):
         raise CpuoptError(f"{instances} x {threads} threads need {instances * threads} cores; "
                           f"{len(order)} are available")
+    if affinity == "scatter":
+        sockets = sorted({c.socket for c in topology.cpus})
+        by_socket = [[c for c in order if next(x.socket for x in topology.cpus if x.cpu == c) == s] for s in sockets]
+        dealt = [c for group in zip(*by_socket) for c in group] or order
+        order = dealt + [c for c in order if c not in dealt]  # sockets alternate: s0, s1, s0, s1, ...
     return [tuple(sorted(order[i * threads:(i + 1) * threads])) for i in range(instances)]
 
 
@@ -111,21 +121,8 @@ def _library(machine: Machine, kind: str) -> str:
     return path
 
 
-def build_plan(config: RunConfig, machine: Machine, base_env: dict | None = None,
-               python: str | None = None) -> LaunchPlan:
-    """Decide argv, environment and cores of every instance. Pure: spawns nothing."""
-    base_env = dict(os.environ if base_env is None else base_env)
-    topo = machine.topology
-    config = validate(config, topo.logical_cores, topo.physical_cores)
-    if config.kmp_blocktime is not None and config.omp_runtime != "intel":
-        raise CpuoptError("KMP_BLOCKTIME only applies to Intel OpenMP; add --omp-runtime intel")
-    cores = list(config.cores) if config.cores else assign_cores(topo, config.instances, config.threads)
-    known = {c.cpu for c in topo.cpus}
-    for group in cores:
-        if not set(group) <= known:
-            raise CpuoptError(f"cores {sorted(set(group) - known)} are not available here; "
-                              f"use cores from {sorted(known)}")
-
+def plan_env(config: RunConfig, machine: Machine, base_env: dict) -> tuple[dict, list[str]]:
+    """The variables a launch sets (see the table above), and warnings where the user's win."""
     env: dict[str, str] = {"OMP_NUM_THREADS": str(config.threads), "MKL_NUM_THREADS": str(config.threads)}
     preload = []
     if config.allocator != "default":
@@ -134,10 +131,10 @@ def build_plan(config: RunConfig, machine: Machine, base_env: dict | None = None
             env["MALLOC_CONF"] = JEMALLOC_CONF
     if config.omp_runtime == "intel":
         preload.append(_library(machine, "iomp"))
-        env["KMP_AFFINITY"] = KMP_AFFINITY
+        if config.affinity != "none":
+            env["KMP_AFFINITY"] = KMP_AFFINITY
         env["KMP_BLOCKTIME"] = str(config.kmp_blocktime if config.kmp_blocktime is not None else 1)
     env.update(dict(config.env))
-
     warnings = []
     for key in USER_WINS:
         if key in base_env and key in env and base_env[key] != env[key]:
@@ -147,24 +144,72 @@ def build_plan(config: RunConfig, machine: Machine, base_env: dict | None = None
     user_preload = base_env.get("LD_PRELOAD", "")
     if preload or user_preload:
         env["LD_PRELOAD"] = ":".join([p for p in user_preload.split(":") if p] + preload)
-    env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in base_env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in base_env.get("PYTHONPATH", "").split(os.pathsep)
+                                                         if p])
+    return env, warnings
 
-    pinning = "numactl" if machine.numactl else "taskset" if machine.taskset else "sched_setaffinity"
+
+def pin_prefix(pinning: str, group: tuple[int, ...], topo: system.Topology) -> list[str]:
+    """The command prefix that binds a process to its cores (and their NUMA nodes)."""
+    csv = ",".join(map(str, group))
+    if pinning == "numactl":
+        nodes = ",".join(str(n) for n in sorted({topo.node_of(c) for c in group}))
+        return ["numactl", f"--physcpubind={csv}", f"--membind={nodes}"]
+    if pinning == "taskset":
+        return ["taskset", "-c", csv]
+    return []
+
+
+def run_cpu_argv(config: RunConfig, python: str) -> list[str]:
+    """PyTorch's own launcher with its defaults, running the worker script (run_cpu wants a .py file)."""
+    from cpuopt_helpers import worker
+
+    return [python, "-m", "torch.backends.xeon.run_cpu", worker.__file__, "--config", config.to_json()]
+
+
+def build_plan(config: RunConfig, machine: Machine, base_env: dict | None = None, python: str | None = None,
+               command: list[str] | None = None) -> LaunchPlan:
+    """Decide argv, environment and cores of every instance. Pure: spawns nothing.
+
+    ``command`` replaces the worker (``cpuopt launch -- COMMAND``); the config's workload
+    is then not used.
+    """
+    base_env = dict(os.environ if base_env is None else base_env)
+    topo = machine.topology
+    config = validate(config, topo.logical_cores, topo.physical_cores, check_workload=command is None)
+    if config.kmp_blocktime is not None and config.omp_runtime != "intel":
+        raise CpuoptError("KMP_BLOCKTIME only applies to Intel OpenMP; add --omp-runtime intel")
     python = python or sys.executable
+    if config.launcher == "run_cpu":  # measured as users run it: run_cpu decides everything itself
+        env = {"PYTHONPATH": os.pathsep.join([os.getcwd()] + [p for p in base_env.get("PYTHONPATH", "").split(
+            os.pathsep) if p])}
+        if sys.prefix != sys.base_prefix:  # as in an activated venv, where run_cpu looks for libraries
+            env["VIRTUAL_ENV"] = sys.prefix
+        inst = InstancePlan(0, tuple(c.cpu for c in topo.cpus), tuple(run_cpu_argv(config, python)), env)
+        return LaunchPlan(config, (inst,), "run_cpu")
+    if config.cores:
+        cores = list(config.cores)
+    else:
+        per_instance = min(config.threads, topo.logical_cores // config.instances)  # oversubscribed: share
+        cores = assign_cores(topo, config.instances, per_instance, config.affinity)
+    known = {c.cpu for c in topo.cpus}
+    for group in cores:
+        if not set(group) <= known:
+            raise CpuoptError(f"cores {sorted(set(group) - known)} are not available here; "
+                              f"use cores from {sorted(known)}")
+    env, warnings = plan_env(config, machine, base_env)
+    if config.affinity == "none":
+        pinning = "none"
+    else:
+        pinning = "numactl" if machine.numactl else "taskset" if machine.taskset else "sched_setaffinity"
+    argv_tail = command or [python, "-m", "cpuopt_helpers.worker", "--config", config.to_json()]
     instances = []
     for i, group in enumerate(cores):
-        csv = ",".join(map(str, group))
-        if pinning == "numactl":
-            nodes = ",".join(str(n) for n in sorted({topo.node_of(c) for c in group}))
-            prefix = ["numactl", f"--physcpubind={csv}", f"--membind={nodes}"]
-        elif pinning == "taskset":
-            prefix = ["taskset", "-c", csv]
-        else:
-            prefix = []
-        argv = prefix + [python, "-m", "cpuopt_helpers.worker", "--config", config.to_json()]
-        inst_env = dict(env, CPUOPT_CORES=csv, CPUOPT_INSTANCE=str(i),
-                        CPUOPT_INSTANCES=str(len(cores)), CPUOPT_PINNING=pinning)
-        instances.append(InstancePlan(i, tuple(group), tuple(argv), inst_env))
+        inst_env = dict(env, CPUOPT_INSTANCE=str(i), CPUOPT_INSTANCES=str(len(cores)), CPUOPT_PINNING=pinning)
+        if pinning != "none":
+            inst_env["CPUOPT_CORES"] = ",".join(map(str, group))
+        prefix = pin_prefix(pinning, group, topo) if pinning != "none" else []
+        instances.append(InstancePlan(i, tuple(group), tuple(prefix + list(argv_tail)), inst_env))
     for w in warnings:
         log.warning(w)
     return LaunchPlan(config, tuple(instances), pinning, tuple(warnings))
@@ -216,7 +261,7 @@ def run_plan(plan: LaunchPlan, facts: dict | None = None) -> dict:
     deadline = time.monotonic() + config.timeout_s
     status, reason = "ok", ""
     try:
-        while any(p.poll() is None for p in procs):
+        while any([p.poll() is None for p in procs]):  # a list: poll every process, not just the first
             failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
             if failed:
                 status, reason = "failed", f"instance {failed[0]} exited with code {procs[failed[0]].returncode}"
@@ -232,13 +277,20 @@ def run_plan(plan: LaunchPlan, facts: dict | None = None) -> dict:
         if failed:
             status, reason = "failed", f"instance {failed[0]} exited with code {procs[failed[0]].returncode}"
     results = [_parse_instance(open(o, errors="replace").read()) for o in outs]
+    launcher_log = ""
+    if plan.pinning == "run_cpu":  # what run_cpu decided, from its own log lines
+        launcher_log = "\n".join(line for line in open(errs[0], errors="replace").read().splitlines()
+                                 if " - INFO - " in line or " - WARNING - " in line)
     if status == "ok" and any(r is None for r in results):
         status, reason = "failed", "a worker exited without printing its result"
     if status != "ok":
         bad = next((i for i, p in enumerate(procs) if p.returncode not in (0, None, -9)), 0)
         reason = f"{reason}; stderr tail of instance {bad}:\n{_tail(errs[bad])}"
     shutil.rmtree(workdir, ignore_errors=True)
-    return make_result(plan, status, reason, [r for r in results if r], facts)
+    result = make_result(plan, status, reason, [r for r in results if r], facts)
+    if launcher_log:
+        result["launcher_log"] = launcher_log
+    return result
 
 
 def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict], facts: dict | None) -> dict:
@@ -297,3 +349,75 @@ def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict
 def run(config: RunConfig, facts: dict | None = None) -> dict:
     """Plan and run one configuration on this machine."""
     return run_plan(build_plan(config, Machine.this()), facts)
+
+
+def parse_core_list(text: str) -> list[int]:
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]."""
+    cores = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cores += list(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise CpuoptError(f"cannot read core list {text!r}; write it like 0-3,8,10-11") from None
+    if len(set(cores)) != len(cores):
+        raise CpuoptError(f"core list {text!r} names a core twice")
+    return cores
+
+
+def _pump(stream, prefix: str, log_file, echo) -> None:
+    for raw in iter(stream.readline, b""):
+        log_file.write(raw)
+        log_file.flush()
+        if echo is not None:
+            echo.write(f"{prefix}{raw.decode(errors='replace')}")
+            echo.flush()
+
+
+def run_command_plan(plan: LaunchPlan, log_dir: str, echo=sys.stdout, grace_s: float = 5.0) -> dict:
+    """Run a user command plan: each instance's output to its own log (and echoed with a prefix).
+
+    When an instance fails, the others are stopped (SIGTERM, then SIGKILL after a grace
+    period). Returns {"returncode", "instances": [{index, cores, returncode, log}], "failed"}.
+    """
+    import threading
+
+    os.makedirs(log_dir, exist_ok=True)
+    procs, pumps, files = [], [], []
+    for inst in plan.instances:
+        path = os.path.join(log_dir, f"instance_{inst.index}.log")
+        f = open(path, "wb")
+        files.append((f, path))
+        proc = subprocess.Popen(list(inst.argv), env=dict(os.environ, **inst.env), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        procs.append(proc)
+        t = threading.Thread(target=_pump, args=(proc.stdout, f"[{inst.index}] ", f, echo), daemon=True)
+        t.start()
+        pumps.append(t)
+    failed = None
+    try:
+        while any([p.poll() is None for p in procs]):  # a list: poll every process, not just the first
+            bad = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
+            if bad:
+                failed = bad[0]
+                break
+            time.sleep(0.05)
+    finally:
+        if failed is not None or any(p.poll() is None for p in procs):
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            _kill(procs)
+        for t in pumps:
+            t.join(5)
+        for f, _ in files:
+            f.close()
+    if failed is None:
+        failed = next((i for i, p in enumerate(procs) if p.returncode != 0), None)
+    instances = [{"index": inst.index, "cores": list(inst.cores), "returncode": p.returncode, "log": path}
+                 for inst, p, (_, path) in zip(plan.instances, procs, files)]
+    return {"returncode": procs[failed].returncode if failed is not None else 0, "failed": failed,
+            "instances": instances}

@@ -132,6 +132,47 @@ class Prepared:
     bare_step: Callable[[], object]
 
 
+def batch_source(workload, batch_size: int, loader_workers: int, channels_last: bool):
+    """A function returning (model args, targets) for each step.
+
+    Without loader workers: one synthetic batch, built once (data loading is not measured).
+    With N > 0: a DataLoader with N worker processes over a pool of samples, each sample
+    lightly augmented (noise on float inputs), so the loader competes with the training
+    threads for cores as a real input pipeline does.
+    """
+    import torch
+
+    def arrange(inputs, targets):
+        inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+        if channels_last:
+            inputs = tuple(t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in inputs)
+        return inputs, targets
+
+    if not loader_workers:
+        fixed = arrange(*workload.make_batch(batch_size))
+        return lambda: fixed
+    pool_inputs, pool_targets = workload.make_batch(batch_size * 4)
+    pool_inputs = pool_inputs if isinstance(pool_inputs, tuple) else (pool_inputs,)
+
+    class Samples(torch.utils.data.Dataset):
+        def __len__(self):
+            return 1 << 30
+
+        def __getitem__(self, i):
+            i %= len(pool_targets)
+            xs = tuple(x[i] + 0.01 * torch.randn_like(x[i]) if x.is_floating_point() else x[i] for x in pool_inputs)
+            return xs, pool_targets[i]
+
+    loader = iter(torch.utils.data.DataLoader(Samples(), batch_size=batch_size, num_workers=loader_workers,
+                                              persistent_workers=True, prefetch_factor=2))
+
+    def next_batch():
+        inputs, targets = next(loader)
+        return arrange(tuple(inputs), targets)
+
+    return next_batch
+
+
 def prepare(config: dict) -> Prepared:
     """Build the workload, apply the config's optimisations, return the step functions.
 
@@ -148,17 +189,20 @@ def prepare(config: dict) -> Prepared:
     batch_size = config["batch_size"] or workload.default_batch_size
     model = workload.model
     model.train()
-    inputs, targets = workload.make_batch(batch_size)
-    if config["channels_last"] and workload.image_like:
+    channels_last = config["channels_last"] and workload.image_like
+    if channels_last:
         model = model.to(memory_format=torch.channels_last)
-        inputs = inputs.contiguous(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    args = inputs if isinstance(inputs, tuple) else (inputs,)
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if config["dtype"] == "bf16" \
         else contextlib.nullcontext
     clock = time.perf_counter
+    next_batch = batch_source(workload, batch_size, config.get("loader_workers", 0), channels_last)
+    args, targets = next_batch()
 
     def step():
+        nonlocal args, targets
+        if config.get("loader_workers"):
+            args, targets = next_batch()  # a fresh batch from the loader's worker processes
         t0 = clock()
         optimizer.zero_grad(set_to_none=True)
         with autocast():
@@ -172,6 +216,7 @@ def prepare(config: dict) -> Prepared:
         return loss.item(), (t1 - t0, t2 - t1, t3 - t2)
 
     def bare_step():
+        args, targets = next_batch()
         optimizer.zero_grad(set_to_none=True)
         with autocast():
             outputs = model(*args)

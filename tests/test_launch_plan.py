@@ -113,3 +113,50 @@ def test_shell_command_can_be_pasted():
     assert words[0] == "env" and f"LD_PRELOAD={LIBS['tcmalloc']}" in words
     config_json = words[words.index("--config") + 1]
     assert RunConfig.from_json(config_json).allocator == "tcmalloc"
+
+
+def test_scatter_spreads_each_instance_across_sockets():
+    p = plan(RunConfig(instances=2, threads=4, affinity="scatter"))
+    sockets = [{0 if c < 28 else 1 for c in inst.cores} for inst in p.instances]
+    assert sockets == [{0, 1}, {0, 1}]
+    assert not set(p.instances[0].cores) & set(p.instances[1].cores)
+    compact = plan(RunConfig(instances=2, threads=4))
+    assert [set(i.cores) for i in compact.instances] == [{0, 1, 2, 3}, {4, 5, 6, 7}]
+
+
+def test_affinity_none_pins_nothing():
+    p = plan(RunConfig(threads=4, affinity="none", omp_runtime="intel"))
+    inst = p.instances[0]
+    assert p.pinning == "none" and inst.argv[0] == "/py" and "CPUOPT_CORES" not in inst.env
+    assert "KMP_AFFINITY" not in inst.env and inst.env["OMP_NUM_THREADS"] == "4"
+
+
+def test_oversubscription_only_when_asked():
+    with pytest.raises(CpuoptError, match="--oversubscribe"):
+        plan(RunConfig(threads=4), fixture="lscpu_p_epyc_2core.txt")
+    p = plan(RunConfig(threads=4, oversubscribe=True), fixture="lscpu_p_epyc_2core.txt")
+    assert p.instances[0].env["OMP_NUM_THREADS"] == "4" and p.instances[0].cores == (0, 1)
+
+
+def test_run_cpu_plan_leaves_every_choice_to_run_cpu():
+    p = plan(RunConfig(launcher="run_cpu", allocator="jemalloc"))
+    (inst,) = p.instances
+    assert p.pinning == "run_cpu" and inst.argv[1:3] == ("-m", "torch.backends.xeon.run_cpu")
+    assert inst.argv[3].endswith("worker.py")
+    assert not {"OMP_NUM_THREADS", "LD_PRELOAD", "CPUOPT_CORES"} & set(inst.env)
+
+
+def test_user_command_plan():
+    p = launch.build_plan(RunConfig(instances=2, threads=2, allocator="tcmalloc"), machine(), base_env={},
+                          command=["python", "train.py", "--epochs", "1"])
+    assert [i.argv[3:] for i in p.instances] == [("python", "train.py", "--epochs", "1")] * 2
+    assert p.instances[1].argv[:3] == ("numactl", "--physcpubind=2,3", "--membind=0")
+    assert p.instances[1].env["LD_PRELOAD"] == LIBS["tcmalloc"]
+
+
+def test_parse_core_list():
+    assert launch.parse_core_list("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
+    with pytest.raises(CpuoptError, match="cannot read core list"):
+        launch.parse_core_list("0-x")
+    with pytest.raises(CpuoptError, match="twice"):
+        launch.parse_core_list("0-2,1")

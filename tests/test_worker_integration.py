@@ -86,3 +86,33 @@ def test_hanging_worker_times_out_and_leaves_no_process(tmp_path):
     pid = int(pidfile.read_text().split()[0])
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_one_failing_instance_stops_the_others_at_once():
+    start = time.monotonic()
+    r = run(RunConfig(workload="tests.user_workloads:crash_second", instances=2, threads=1, timeout_s=120,
+                      steps=2000, warmup=1))
+    assert r["status"] == "failed" and "instance 1 exited with code 1" in r["reason"]
+    assert "instance 1 fails on purpose" in r["reason"]
+    assert time.monotonic() - start < 60  # not the 120 s timeout: instance 0 was stopped
+
+
+def test_dataloader_workers_feed_the_steps():
+    r = run(RunConfig(loader_workers=2, **QUICK))
+    assert r["status"] == "ok", r["reason"]
+    assert r["loss_first"] != r["loss_last"]
+
+
+def test_affinity_none_leaves_pinning_to_the_os():
+    r = run(RunConfig(affinity="none", **QUICK))
+    assert r["status"] == "ok" and r["pinning"] == "none"
+    assert r["instances"][0]["pinned_by"] == "none" and "numactl" not in r["argv"][0]
+    assert r["instances"][0]["affinity"] == sorted(os.sched_getaffinity(0))
+
+
+def test_run_cpu_launcher_with_its_defaults():
+    r = run(RunConfig(launcher="run_cpu", **QUICK))
+    assert r["status"] == "ok", r["reason"]
+    assert r["argv"][0][1:3] == ["-m", "torch.backends.xeon.run_cpu"]
+    assert "run_cpu" in r["launcher_log"]  # what run_cpu itself logged about its choices

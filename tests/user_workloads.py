@@ -32,3 +32,10 @@ def hang(preset: str = "quick") -> Workload:
     with open(os.environ["CPUOPT_TEST_PIDFILE"], "a") as f:
         f.write(f"{os.getpid()}\n")
     time.sleep(3600)
+
+
+def crash_second(preset: str = "quick") -> Workload:
+    """Instance 1 fails while instance 0 trains normally: one rank of a job dying."""
+    if os.environ.get("CPUOPT_INSTANCE") == "1":
+        raise RuntimeError("instance 1 fails on purpose")
+    return build(preset)

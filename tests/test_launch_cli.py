@@ -1,0 +1,62 @@
+"""`cpuopt launch -- COMMAND`: plans for any script, real instances, per-instance logs."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cpuopt_helpers import system
+
+SCRIPT = "import os; print('AFFINITY', sorted(os.sched_getaffinity(0)), 'PRELOAD', os.environ.get('LD_PRELOAD'))"
+
+
+def launch(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "cpuopt_helpers", "launch", *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+def test_dry_run_preloads_the_versioned_jemalloc():
+    lib = system.locate_library("jemalloc")
+    if lib is None:
+        pytest.skip("jemalloc not installed here (make setup installs it as root)")
+    proc = launch("--allocator", "jemalloc", "--dry-run", "--", "python", "train.py")
+    assert proc.returncode == 0, proc.stderr
+    assert f"LD_PRELOAD={lib}" in proc.stdout and proc.stdout.strip().endswith("python train.py")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_two_real_instances_print_their_affinity_and_preload(tmp_path):
+    lib = system.locate_library("tcmalloc")
+    args = ["--ninstances", "2", "--log-dir", str(tmp_path)] + (["--allocator", "tcmalloc"] if lib else [])
+    proc = launch(*args, "--", sys.executable, "-c", SCRIPT)
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(line for line in proc.stdout.splitlines() if "AFFINITY" in line)
+    assert len(lines) == 2 and lines[0].startswith("[0] ") and lines[1].startswith("[1] ")
+    cores = [line.split("AFFINITY ")[1].split(" PRELOAD")[0] for line in lines]
+    assert cores[0] != cores[1] and all(c.count(",") == 0 for c in cores)  # one core each, disjoint
+    if lib:
+        assert all(line.endswith(lib) for line in lines)
+    for i in range(2):
+        assert "AFFINITY" in (tmp_path / f"instance_{i}.log").read_text()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_failing_instance_is_reported_and_the_other_stopped(tmp_path):
+    script = ("import os, sys, time\n"
+              "sys.exit(3) if os.environ['CPUOPT_INSTANCE'] == '1' else time.sleep(60)")
+    proc = launch("--ninstances", "2", "--log-dir", str(tmp_path), "--", sys.executable, "-c", script)
+    assert proc.returncode == 1
+    assert "instance 1 failed with exit code 3; the other instances were stopped" in proc.stderr
+    assert "instance 0 on cores" in proc.stderr and "exit code -15" in proc.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([], "no command given"),
+    (["--cores", "0-1", "--ninstances", "3", "--", "true"], "do not split evenly"),
+    (["--allocator", "hoard", "--", "true"], "unknown allocator"),
+    (["--affinity", "diagonal", "--", "true"], "unknown affinity"),
+])
+def test_bad_launch_input_exits_2(args, needle):
+    proc = launch(*args)
+    assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
