@@ -84,3 +84,157 @@ def system_findings(facts: dict, roofline: dict) -> list[str]:
         lines.append(f"numactl is installed but refused here ({facts['numactl']['reason']}); "
                      "runs pin with taskset or sched_setaffinity instead.")
     return lines
+
+
+def setting_label(config: dict, baseline: dict) -> str:
+    """What a configuration changes against the baseline, e.g. 'omp_runtime=intel kmp_blocktime=0'."""
+    skip = {"timeout_s", "onednn_verbose", "trace"}
+    parts = [f"{k}={v}" for k, v in config.items() if k not in skip and v != baseline.get(k)]
+    return " ".join(parts).replace("env={", "env={") or "baseline"
+
+
+def compare_configs(results: list[dict], baseline: dict, workload: str | None = None) -> pd.DataFrame:
+    """One row per configuration: median samples/s with CI, peak RSS, and the interleaved
+    ratio to the baseline (paired by repeat: each pair ran back to back)."""
+    groups: dict[str, list[dict]] = {}
+    for r in results:
+        if r["status"] == "ok" and (workload is None or r["config"]["workload"] == workload):
+            groups.setdefault(r["config_hash"], []).append(r)
+    base_hash = next((h for h, rs in groups.items() if setting_label(rs[0]["config"], baseline) == "baseline"), None)
+    base_by_repeat = {r["repeat"]: r["samples_per_s"] for r in groups.get(base_hash, [])}
+    rows = []
+    for config_hash, runs in groups.items():
+        sps = [r["samples_per_s"] for r in runs]
+        low, high = stats.bootstrap_ci(sps)
+        row = {"setting": setting_label(runs[0]["config"], baseline), "samples_per_s": stats.summarize(sps)["median"],
+               "ci_low": low, "ci_high": high, "runs": len(runs),
+               "peak_rss_mb": stats.summarize([r["peak_rss_mb"] for r in runs])["median"],
+               "config_hash": config_hash, "config": runs[0]["config"]}
+        pairs = [(base_by_repeat[r["repeat"]], r["samples_per_s"]) for r in runs if r["repeat"] in base_by_repeat]
+        if pairs:
+            ratio = stats.interleaved_ratio([a for a, _ in pairs], [b for _, b in pairs])
+            row.update(ratio=ratio["median"], ratio_low=ratio["ci_low"], ratio_high=ratio["ci_high"])
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    return table.sort_values("samples_per_s", ascending=False).reset_index(drop=True) if len(table) else table
+
+
+def choose(table: pd.DataFrame, what: str) -> tuple[dict | None, str]:
+    """The configuration to hand on, and the sentence that says why.
+
+    The fastest setting wins only when its interleaved ratio to the baseline is above 1
+    over the whole confidence interval; otherwise the baseline stays (a win inside the
+    noise is not a win).
+    """
+    if table.empty:
+        return None, f"{what}: no setting produced a result."
+    base = table[table["setting"] == "baseline"]
+    best = table.iloc[0]
+    if base.empty:
+        return best["config"], f"{what}: baseline missing; the fastest measured setting is {best['setting']}."
+    base = base.iloc[0]
+    if best["setting"] == "baseline":
+        return base["config"], (f"{what}: the baseline ({base['samples_per_s']:.1f} samples/s) is the fastest; "
+                                "no setting beat it.")
+    verdict = f"{best['ratio']:.2f}x (95% CI {best['ratio_low']:.2f}-{best['ratio_high']:.2f})"
+    if best["ratio_low"] > 1.0:
+        return best["config"], (f"{what}: {best['setting']} is fastest at {best['samples_per_s']:.1f} samples/s, "
+                                f"{verdict} the baseline: handed on.")
+    return base["config"], (f"{what}: {best['setting']} measured fastest ({verdict} the baseline) but the interval "
+                            "includes 1.0, so the baseline is kept.")
+
+
+def scaling_table(results: list[dict], workload: str) -> pd.DataFrame:
+    """Samples/s by thread count (one instance), with ideal linear scaling from 1 thread."""
+    rows = {}
+    for r in results:
+        c = r["config"]
+        if (r["status"] == "ok" and c["workload"] == workload and c["instances"] == 1 and not c["env"]
+                and c["affinity"] == "compact" and c["omp_runtime"] == "gnu" and not c["oversubscribe"]
+                and not c["loader_workers"] and c["allocator"] == "default"):
+            rows.setdefault(c["threads"], []).append(r["samples_per_s"])
+    table = pd.DataFrame([{"threads": t, "samples_per_s": stats.summarize(v)["median"], "runs": len(v)}
+                          for t, v in sorted(rows.items())])
+    if len(table):
+        one = table.loc[table["threads"] == table["threads"].min(), "samples_per_s"].iloc[0] / table["threads"].min()
+        table["ideal"] = one * table["threads"]
+        table["efficiency"] = table["samples_per_s"] / table["ideal"]
+    return table
+
+
+def scaling_findings(table: pd.DataFrame, workload: str) -> list[str]:
+    """How throughput grows with threads, from the scaling table."""
+    if len(table) < 2:
+        return [f"{workload}: only one thread count measured."]
+    best = table.loc[table["samples_per_s"].idxmax()]
+    top = table.iloc[-1]
+    return [f"{workload}: {int(top.threads)} threads give {top.samples_per_s:.1f} samples/s, "
+            f"{top.samples_per_s / table.iloc[0].samples_per_s:.2f}x of {int(table.iloc[0].threads)} thread(s) "
+            f"({top.efficiency:.0%} of ideal linear scaling); the fastest count is {int(best.threads)}."]
+
+
+def settings_findings(table: pd.DataFrame, workload: str) -> list[str]:
+    """Which settings were faster or slower than the baseline over their whole interval."""
+    if table.empty or "ratio" not in table:
+        return [f"{workload}: no comparison with the baseline was possible."]
+    others = table[table["setting"] != "baseline"].dropna(subset=["ratio"])
+    faster = others[others["ratio_low"] > 1]
+    slower = others[others["ratio_high"] < 1]
+    same = others[(others["ratio_low"] <= 1) & (others["ratio_high"] >= 1)]
+    lines = []
+    if len(faster):
+        lines.append(f"{workload}: faster than the baseline: "
+                     + "; ".join(f"{r.setting} {r.ratio:.2f}x" for r in faster.itertuples()) + ".")
+    if len(slower):
+        lines.append(f"{workload}: slower: " + "; ".join(f"{r.setting} {r.ratio:.2f}x" for r in slower.itertuples())
+                     + ".")
+    if len(same):
+        lines.append(f"{workload}: within the noise of the baseline: "
+                     + ", ".join(r.setting for r in same.itertuples()) + ".")
+    return lines
+
+
+def memory_findings(table: pd.DataFrame, workload: str) -> list[str]:
+    """Peak resident memory of each setting against the baseline's."""
+    base = table[table["setting"] == "baseline"]
+    if base.empty:
+        return []
+    rss = base.iloc[0]["peak_rss_mb"]
+    parts = [f"{r.setting} {r.peak_rss_mb:.0f} MB ({r.peak_rss_mb / rss - 1:+.0%})"
+             for r in table.itertuples() if r.setting != "baseline"]
+    return [f"{workload}: peak RSS {rss:.0f} MB with glibc; " + "; ".join(parts) + "."] if parts else []
+
+
+def run_cpu_choices(results: list[dict]) -> str:
+    """What run_cpu decided in its own words (allocator, OpenMP, binding), from its log."""
+    logs = [r.get("launcher_log", "") for r in results if r.get("launcher_log")]
+    if not logs:
+        return "run_cpu did not run (or logged nothing)."
+    lines = [line.split(" - ", 3)[-1] for line in logs[0].splitlines()]
+    return "run_cpu's log of its choices:\n" + "\n".join(f"  {line[:200]}" for line in lines)
+
+
+def launcher_findings(table: pd.DataFrame, workload: str) -> list[str]:
+    """The measured ratio of run_cpu's defaults and of the best setting to PyTorch's defaults."""
+    lines = []
+    for r in table.itertuples():
+        if r.setting == "baseline" or not hasattr(r, "ratio") or r.ratio != r.ratio:
+            continue
+        who = "run_cpu's defaults" if "launcher=run_cpu" in r.setting else f"the best setting ({r.setting})"
+        lines.append(f"{workload}: {who}: {r.ratio:.2f}x PyTorch's defaults "
+                     f"(95% CI {r.ratio_low:.2f}-{r.ratio_high:.2f}).")
+    if not lines:
+        lines.append(f"{workload}: the best setting is PyTorch's defaults; compared with run_cpu only.")
+    return lines
+
+
+def allocator_summary(tables: dict, missing: dict) -> list[str]:
+    """One sentence across workloads: which allocator wins where, and what was not measured."""
+    wins = {}
+    for w, t in tables.items():
+        chosen, _ = choose(t, w)
+        wins.setdefault(chosen["allocator"] if chosen else "none", []).append(w)
+    lines = [f"{alloc} is handed on for {', '.join(ws)}." for alloc, ws in wins.items()]
+    if missing:
+        lines.append("Not measured (not installed): " + ", ".join(missing) + ".")
+    return lines

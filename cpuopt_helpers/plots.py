@@ -133,3 +133,46 @@ def top_ops_bars(tops: dict, title: str = "Top operators by self CPU time (torch
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def scaling_figure(tables: dict):
+    """Samples/s against threads per workload, with the ideal linear-scaling line."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    n = max(1, len(tables))
+    fig, axes = plt.subplots(1, n, figsize=(4 * n, 3.4), squeeze=False)
+    for ax, (name, t) in zip(axes[0], tables.items()):
+        if len(t):
+            ax.plot(t["threads"], t["samples_per_s"], "o-", label="measured", color="#4C72B0")
+            ax.plot(t["threads"], t["ideal"], "--", label="ideal", color="#8C8C8C")
+            ax.set_xticks(list(t["threads"]))
+        ax.set_xlabel("threads")
+        ax.set_ylabel("samples/s")
+        ax.set_title(name, fontsize=10)
+        ax.legend(fontsize=8)
+    fig.suptitle("Thread scaling (one instance, compact pinning)")
+    fig.tight_layout()
+    return fig
+
+
+def settings_figure(tables: dict, title: str, value: str = "ratio"):
+    """Per workload: each setting's throughput relative to the baseline, with its CI."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    n = max(1, len(tables))
+    height = max(2.8, 0.38 * max((len(t) for t in tables.values()), default=4) + 1.2)
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, height), squeeze=False)
+    for ax, (name, t) in zip(axes[0], tables.items()):
+        t = t.dropna(subset=[value]) if value in t else t.iloc[0:0]
+        if len(t):
+            labels = [s[:42] for s in t["setting"]]
+            err = [t[value] - t[f"{value}_low"], t[f"{value}_high"] - t[value]]
+            colors = ["#55A868" if lo > 1 else "#C44E52" if hi < 1 else "#8C8C8C"
+                      for lo, hi in zip(t[f"{value}_low"], t[f"{value}_high"])]
+            ax.barh(labels, t[value], xerr=err, color=colors, capsize=3)
+            ax.axvline(1.0, color="black", lw=0.8)
+            ax.invert_yaxis()
+            ax.tick_params(axis="y", labelsize=8)
+        ax.set_xlabel("throughput / baseline (95% CI)")
+        ax.set_title(name, fontsize=10)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,77 @@
+"""The configurations each optimisation notebook measures, built from the best one so far."""
+
+from __future__ import annotations
+
+from cpuopt_helpers.config import RunConfig
+
+JEMALLOC_DEFAULT_CONF = (("MALLOC_CONF", ""),)  # jemalloc with its own defaults, not run_cpu's tuning
+
+
+def thread_counts(physical: int, logical: int) -> list[int]:
+    """1, 2, 4, ... up to the physical cores, the physical count itself, and the logical one with SMT."""
+    counts = [t for t in (2**i for i in range(16)) if t < physical] + [physical]
+    if logical > physical:
+        counts.append(logical)
+    return counts
+
+
+def unique(configs: list[RunConfig]) -> list[RunConfig]:
+    """Drop configurations that measure the same thing (same hash), keeping the first."""
+    seen, out = set(), []
+    for c in configs:
+        if c.config_hash() not in seen:
+            seen.add(c.config_hash())
+            out.append(c)
+    return out
+
+
+def normalise(base: RunConfig, physical: int) -> RunConfig:
+    """Spell out the thread count so that equal settings hash equally."""
+    return base.replace(threads=base.threads or max(1, physical // base.instances))
+
+
+def threading_configs(base: RunConfig, facts: dict) -> list[RunConfig]:
+    """Notebook 03: thread scaling, affinity, OpenMP runtime and KMP_BLOCKTIME, OMP_PROC_BIND,
+    oversubscription and DataLoader workers, each against the base configuration."""
+    physical, logical = facts["physical_cores"], facts["logical_cores"]
+    base = normalise(base, physical)
+    configs = [base] + [base.replace(threads=t) for t in thread_counts(physical, logical)]
+    if facts["sockets"] > 1:  # on one socket scatter hands out the same cores as compact
+        configs.append(base.replace(affinity="scatter"))
+    configs.append(base.replace(affinity="none"))
+    if facts["openmp"].get("intel"):
+        configs += [base.replace(omp_runtime="intel", kmp_blocktime=b) for b in (0, 1, 200)]
+    configs.append(base.replace(env={"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}))
+    configs.append(base.replace(threads=2 * logical, oversubscribe=True))
+    configs += [base.replace(loader_workers=w) for w in sorted({1, physical})]
+    return unique(configs)
+
+
+def allocator_configs(base: RunConfig, facts: dict) -> tuple[list[RunConfig], dict]:
+    """Notebook 04: glibc, jemalloc with run_cpu's MALLOC_CONF and without, tcmalloc.
+
+    Returns the configurations that can run here and, for each missing allocator, the
+    command that installs it.
+    """
+    from cpuopt_helpers.system import INSTALL_HINTS
+
+    base = normalise(base, facts["physical_cores"]).replace(allocator="default")
+    base = base.replace(env={k: v for k, v in base.env if k != "MALLOC_CONF"})
+    configs, missing = [base], {}
+    if facts["allocators"].get("jemalloc"):
+        configs += [base.replace(allocator="jemalloc"),
+                    base.replace(allocator="jemalloc", env=dict(base.env) | dict(JEMALLOC_DEFAULT_CONF))]
+    else:
+        missing["jemalloc"] = INSTALL_HINTS["jemalloc"]
+    if facts["allocators"].get("tcmalloc"):
+        configs.append(base.replace(allocator="tcmalloc"))
+    else:
+        missing["tcmalloc"] = INSTALL_HINTS["tcmalloc"]
+    return configs, missing
+
+
+def launcher_configs(best: RunConfig, facts: dict) -> list[RunConfig]:
+    """PyTorch's defaults, run_cpu's defaults and the best setting found, to be interleaved."""
+    default = RunConfig.for_preset(best.workload, best.preset)
+    default = normalise(default.replace(steps=best.steps, warmup=best.warmup), facts["physical_cores"])
+    return unique([default, default.replace(launcher="run_cpu"), best])

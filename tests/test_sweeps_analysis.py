@@ -1,0 +1,84 @@
+"""Sweep plans for notebooks 03/04 and the statistics that choose what is handed on."""
+
+import pytest
+
+from cpuopt_helpers import analysis, sweeps
+from cpuopt_helpers.config import RunConfig
+
+FACTS = {"physical_cores": 4, "logical_cores": 8, "sockets": 2, "openmp": {"intel": "/x/libiomp5.so"},
+         "allocators": {"jemalloc": "/x/libjemalloc.so.2", "tcmalloc": None}}
+
+
+def test_thread_counts():
+    assert sweeps.thread_counts(2, 2) == [1, 2]
+    assert sweeps.thread_counts(6, 12) == [1, 2, 4, 6, 12]
+    assert sweeps.thread_counts(1, 1) == [1]
+
+
+def test_threading_configs_cover_every_setting_once():
+    configs = sweeps.threading_configs(RunConfig.for_preset("cnn", "quick"), FACTS)
+    labels = [c.label() for c in configs]
+    assert len(set(c.config_hash() for c in configs)) == len(configs)
+    assert configs[0].threads == 4  # the base, spelled out
+    assert {c.threads for c in configs if not c.oversubscribe} == {1, 2, 4, 8}
+    assert any("affinity=scatter" in x for x in labels) and any("affinity=none" in x for x in labels)
+    assert {c.kmp_blocktime for c in configs if c.omp_runtime == "intel"} == {0, 1, 200}
+    assert any(c.oversubscribe and c.threads == 16 for c in configs)
+    assert {c.loader_workers for c in configs} == {0, 1, 4}
+    one_socket = dict(FACTS, sockets=1, openmp={"intel": None})
+    configs = sweeps.threading_configs(RunConfig.for_preset("cnn", "quick"), one_socket)
+    assert not any(c.affinity == "scatter" or c.omp_runtime == "intel" for c in configs)
+
+
+def test_allocator_configs_and_missing_ones():
+    base = RunConfig.for_preset("rnn", "quick", allocator="tcmalloc", omp_runtime="intel")
+    configs, missing = sweeps.allocator_configs(base, FACTS)
+    assert [c.allocator for c in configs] == ["default", "jemalloc", "jemalloc"]
+    assert dict(configs[2].env)["MALLOC_CONF"] == "" and all(c.omp_runtime == "intel" for c in configs)
+    assert list(missing) == ["tcmalloc"] and "apt-get install libtcmalloc-minimal4" in missing["tcmalloc"]
+
+
+def test_launcher_configs():
+    best = RunConfig.for_preset("cnn", "quick", threads=4, allocator="jemalloc")
+    default, run_cpu, chosen = sweeps.launcher_configs(best, FACTS)
+    assert default.allocator == "default" and default.threads == 4 and run_cpu.launcher == "run_cpu"
+    assert chosen == best
+    assert len(sweeps.launcher_configs(default, FACTS)) == 2  # the best is the default: measured once
+
+
+def result(config, repeat, sps, rss=100.0):
+    return {"status": "ok", "config": config.to_dict(), "config_hash": config.config_hash(), "repeat": repeat,
+            "samples_per_s": sps, "peak_rss_mb": rss, "label": config.label()}
+
+
+def test_compare_and_choose_need_the_whole_interval_above_one():
+    base = RunConfig(threads=2)
+    fast, noisy = base.replace(allocator="jemalloc"), base.replace(allocator="tcmalloc")
+    results = []
+    for i, drift in enumerate([1.0, 0.7, 1.3, 0.9, 1.1]):  # the machine drifts; ratios are paired per round
+        results += [result(base, i, 100 * drift), result(fast, i, 120 * drift, rss=130),
+                    result(noisy, i, 100 * drift * (1.3 if i % 2 else 0.8))]
+    table = analysis.compare_configs(results, base.to_dict())
+    row = table.set_index("setting").loc["allocator=jemalloc"]
+    assert row.ratio == pytest.approx(1.2) and row.ratio_low == pytest.approx(1.2)
+    chosen, sentence = analysis.choose(table, "cnn")
+    assert chosen["allocator"] == "jemalloc" and "handed on" in sentence
+    lines = " ".join(analysis.settings_findings(table, "cnn"))
+    assert "faster than the baseline: allocator=jemalloc 1.20x" in lines
+    assert "within the noise of the baseline: allocator=tcmalloc" in lines
+    assert "+30%" in analysis.memory_findings(table, "cnn")[0]
+    only_noisy = [r for r in results if r["config"]["allocator"] != "jemalloc"]
+    table = analysis.compare_configs(only_noisy, base.to_dict())
+    chosen, sentence = analysis.choose(table, "cnn")
+    if table.iloc[0]["setting"] != "baseline":
+        assert "baseline is kept" in sentence
+    assert chosen["allocator"] == "default"
+
+
+def test_scaling_table_and_findings():
+    results = [result(RunConfig(threads=t), 0, 100 * t ** 0.8) for t in (1, 2, 4)]
+    results.append(result(RunConfig(threads=4, allocator="jemalloc"), 0, 999))  # not part of the scaling line
+    t = analysis.scaling_table(results, "cnn")
+    assert list(t.threads) == [1, 2, 4] and t.ideal.tolist() == [100, 200, 400]
+    assert t.efficiency.iloc[-1] == pytest.approx(4 ** 0.8 / 4)
+    assert "76% of ideal" in analysis.scaling_findings(t, "cnn")[0]
