@@ -92,18 +92,30 @@ def run_workbook(preset: str = "standard", only: list[str] | None = None, out: s
     Executed notebooks go to OUT/notebooks, figures to OUT/figures, results to
     OUT/results.sqlite (OUT defaults to build/). Returns one report row per notebook.
     """
-    import papermill
-    from tqdm.auto import tqdm
-
     if preset not in PRESETS:
         raise CpuoptError(f"unknown preset {preset!r}; use one of {', '.join(PRESETS)}")
     books = list_notebooks(only, folder)
     check_kernel()
     out_dir = Path(out).resolve() if out else build_dir().resolve()
+    saved = {k: os.environ.get(k) for k in ("CPUOPT_BUILD", "CPUOPT_RESULTS")}
     os.environ["CPUOPT_BUILD"] = str(out_dir)  # the kernels inherit it: figures and store land there
     if out:
         os.environ.pop("CPUOPT_RESULTS", None)  # results of this run belong beside its notebooks
     (out_dir / "notebooks").mkdir(parents=True, exist_ok=True)
+    try:
+        return _execute(books, out_dir, preset, parameters, progress)
+    finally:
+        for key, value in saved.items():  # leave the caller's environment as it was
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _execute(books: list[Path], out_dir: Path, preset: str, parameters: dict | None, progress: bool) -> list[dict]:
+    import papermill
+    from tqdm.auto import tqdm
+
     report = []
     for book in tqdm(books, desc="workbook", unit="notebook", disable=not progress):
         target = out_dir / "notebooks" / book.name

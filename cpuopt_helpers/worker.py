@@ -27,6 +27,22 @@ from typing import Callable
 RESULT_KEY = "cpuopt_instance"
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM).
+
+    Not getrusage's ru_maxrss: Linux carries that across fork and exec, so a worker started
+    from a large notebook kernel would report the kernel's peak instead of its own.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def pin_to_cores() -> tuple[list[int], str]:
     """Pin to CPUOPT_CORES unless numactl/taskset already did; return (cores, how)."""
     wanted = os.environ.get("CPUOPT_CORES")
@@ -280,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         "pinned_by": pinned_by,
         "ld_preload": os.environ.get("LD_PRELOAD", ""),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
         "launch_wall": float(os.environ.get("CPUOPT_LAUNCH_TIME", "nan")),
     })
     sys.stdout.flush()

@@ -80,7 +80,7 @@ def test_from_dict_rejects_unknown_fields():
 
 def test_for_preset_and_label():
     c = RunConfig.for_preset("transformer", "standard", allocator="tcmalloc")
-    assert (c.steps, c.warmup, c.allocator) == (15, 3, "tcmalloc")
+    assert (c.steps, c.warmup, c.allocator) == (10, 2, "tcmalloc")
     assert c.label().startswith("transformer[standard]") and "allocator=tcmalloc" in c.label()
     with pytest.raises(CpuoptError, match="unknown preset"):
         RunConfig.for_preset("cnn", "medium")

@@ -1,6 +1,8 @@
 """Notebooks executed headless with papermill on the quick preset; recorded values checked."""
 
 import json
+import os
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -21,8 +23,13 @@ def outputs_text(nb_path):
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("workbook")
+def quick_run():
+    """The whole workbook on the quick preset, into the test session's build folder.
+
+    The nbval pass over notebooks/ runs later in the same session against the same store,
+    so it resumes the sweeps measured here instead of measuring them twice.
+    """
+    out = Path(os.environ["CPUOPT_BUILD"])
     report = workbook.run_workbook(preset="quick", out=str(out), parameters=None, progress=False)
     return out, report
 
@@ -100,3 +107,46 @@ def test_profiling_breaks_down_projects_and_compares(quick_run):
     assert 0 <= prof["trace_outside_onednn"] <= 1 and prof["ops_per_step"] > 10
     assert (out / "onednn_logs" / "cnn_quick.trace.json").exists()
     assert (out / "figures" / "02_trace_top_ops.png").stat().st_size > 1000
+
+
+def machine_id():
+    from cpuopt_helpers import system
+
+    return system.collect_facts()["fingerprint"]
+
+
+def test_threading_sweeps_and_hands_on_a_measured_choice(quick_run):
+    out, _ = quick_run
+    store = ResultStore(out / "results.sqlite")
+    df = store.load(tag="03_threading")
+    assert set(df.workload) == {"cnn", "transformer", "rnn"} and (df.status == "ok").all()
+    assert {"threads=1", "affinity=none", "oversubscribe=True", "loader_workers=1"} <= {
+        part for label in df.label for part in label.split()}
+    ladder = store.get_fact(machine_id(), "ladder/cnn/quick")
+    assert [s["step"] for s in ladder][:2] == ["baseline", "threading"]
+    text = outputs_text(out / "notebooks" / "03_threading.ipynb")
+    sentence = ladder[1]["evidence"]["sentence"]
+    assert sentence in text  # what was handed on is what the notebook said
+    from cpuopt_helpers import system
+
+    baseline = dict(ladder[0]["config"])
+    baseline["threads"] = baseline["threads"] or system.topology().physical_cores
+    assert ("handed on" in sentence) == (ladder[1]["config"] != baseline)  # a kept baseline is the baseline
+    for name in ("03_scaling", "03_settings"):
+        assert (out / "figures" / f"{name}.png").stat().st_size > 1000
+
+
+def test_allocators_and_launchers_compared(quick_run):
+    out, _ = quick_run
+    store = ResultStore(out / "results.sqlite")
+    df = store.load(tag="04_allocator")
+    assert (df.status == "ok").all()
+    allocators = set(df["config.allocator"])
+    assert "default" in allocators and len(allocators) >= 2
+    launchers = store.load(tag="04_launchers")
+    assert "run_cpu" in set(launchers["config.launcher"]) and (launchers.status == "ok").all()
+    text = outputs_text(out / "notebooks" / "04_allocator.ipynb")
+    assert "run_cpu's log of its choices" in text and "run_cpu's defaults:" in text
+    assert "x PyTorch's defaults (95% CI" in text
+    for name in ("04_allocators", "04_launchers"):
+        assert (out / "figures" / f"{name}.png").stat().st_size > 1000

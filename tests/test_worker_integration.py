@@ -116,3 +116,11 @@ def test_run_cpu_launcher_with_its_defaults():
     assert r["status"] == "ok", r["reason"]
     assert r["argv"][0][1:3] == ["-m", "torch.backends.xeon.run_cpu"]
     assert "run_cpu" in r["launcher_log"]  # what run_cpu itself logged about its choices
+
+
+def test_peak_rss_is_the_workers_own_not_its_parents():
+    parent = bytearray(700 * 1024 * 1024)  # a large parent, as a notebook kernel can be
+    parent[::4096] = b"\x01" * len(parent[::4096])
+    r = run(RunConfig(**QUICK))
+    assert r["status"] == "ok" and 20 < r["peak_rss_mb"] < 650
+    del parent

@@ -10,7 +10,7 @@ from cpuopt_helpers.workloads import Workload, preset_value
 # preset -> (block, blocks per stage, stem width, image size, classes, batch size)
 PRESETS = {
     "quick": ("basic", (1, 1), 16, 32, 10, 16),              # tiny ResNet, seconds a run
-    "standard": ("basic", (2, 2, 2, 2), 64, 112, 100, 32),   # ResNet-18 layout at 112 px
+    "standard": ("basic", (2, 2, 2, 2), 64, 112, 100, 16),   # ResNet-18 layout at 112 px
     "full": ("bottleneck", (3, 4, 6, 3), 64, 224, 1000, 64), # ResNet-50 at 224 px
 }
 

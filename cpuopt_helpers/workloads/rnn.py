@@ -10,7 +10,7 @@ from cpuopt_helpers.workloads import Workload, preset_value
 # preset -> (embedding, hidden, layers, sequence length, vocabulary, batch size)
 PRESETS = {
     "quick": (64, 128, 1, 32, 1000, 16),
-    "standard": (256, 512, 2, 64, 10000, 32),
+    "standard": (256, 512, 2, 64, 10000, 16),
     "full": (512, 1024, 2, 128, 33000, 64),
 }
 

@@ -10,7 +10,7 @@ from cpuopt_helpers.workloads import Workload, preset_value
 # preset -> (d_model, layers, heads, sequence length, vocabulary, batch size)
 PRESETS = {
     "quick": (64, 2, 2, 32, 1000, 8),
-    "standard": (256, 4, 4, 128, 8000, 16),
+    "standard": (256, 4, 4, 128, 8000, 8),
     "full": (768, 12, 12, 512, 30522, 16),   # BERT-base
 }
 MASK_FRACTION = 0.15
