@@ -238,3 +238,62 @@ def allocator_summary(tables: dict, missing: dict) -> list[str]:
     if missing:
         lines.append("Not measured (not installed): " + ", ".join(missing) + ".")
     return lines
+
+
+def accuracy_table(runs: list[dict]) -> pd.DataFrame:
+    """Final test accuracy and loss of each precision mode on the digits."""
+    return pd.DataFrame([{"mode": r["mode"], "final_accuracy": r["final_accuracy"], "final_loss": r["final_loss"],
+                          "best_accuracy": max(h["accuracy"] for h in r["history"]), "epochs": r["epochs"]}
+                         for r in runs]).set_index("mode")
+
+
+def precision_findings(tables: dict, accuracy: pd.DataFrame, gate: dict, tolerance: float = 0.01) -> list[str]:
+    """bf16 against fp32: speed per workload and layout, accuracy, and the recommendation."""
+    lines = [f"bf16 fast path on this CPU: {'yes, ' + gate['path'] if gate['accelerated'] else 'no'} "
+             f"({gate['reason']})."]
+    faster = []
+    for w, t in tables.items():
+        for r in t.itertuples():
+            if "dtype=bf16" in r.setting and getattr(r, "ratio", None) == getattr(r, "ratio", None):
+                lines.append(f"{w}: {r.setting}: {r.ratio:.2f}x fp32 (95% CI {r.ratio_low:.2f}-{r.ratio_high:.2f}).")
+                if r.ratio_low > 1 and "channels_last" not in r.setting:
+                    faster.append(w)
+    if "fp32" in accuracy.index:
+        base = accuracy.loc["fp32", "final_accuracy"]
+        for mode, row in accuracy.iterrows():
+            if mode != "fp32":
+                lines.append(f"digits, {mode}: final test accuracy {row.final_accuracy:.1%} vs {base:.1%} in fp32 "
+                             f"({(row.final_accuracy - base) * 100:+.1f} points); final loss {row.final_loss:.4f}.")
+        ok = "bf16" in accuracy.index and accuracy.loc["bf16", "final_accuracy"] >= base - tolerance
+    else:
+        ok = False
+    if faster and ok:
+        lines.append(f"Recommendation: bf16 autocast with the loss in fp32 for {', '.join(faster)}: faster over the "
+                     f"whole interval and within {tolerance:.0%} of fp32's accuracy on the digits.")
+    else:
+        why = "not faster than fp32 over its whole interval" if not faster else "it lost accuracy on the digits"
+        lines.append(f"Recommendation: keep fp32 here: bf16 was {why}.")
+    return lines
+
+
+def slow_kernels(df: pd.DataFrame, top: int = 5) -> list[str]:
+    """The implementations that take the most oneDNN time, with their ISA: names the slow kernels."""
+    if df.empty:
+        return ["No oneDNN primitive ran."]
+    by_impl = df.groupby(["kind", "impl"])["time_ms"].agg(["sum", "count"]).sort_values("sum", ascending=False)
+    total = by_impl["sum"].sum()
+    return ["Slowest kernels: " + "; ".join(f"{kind} {impl} {row['sum'] / total:.0%} ({int(row['count'])} calls)"
+                                            for (kind, impl), row in by_impl.head(top).iterrows()) + "."]
+
+
+def choose_precision(table: pd.DataFrame, accuracy: pd.DataFrame, gate: dict, tolerance: float = 0.01) -> dict | None:
+    """The bf16 configuration to hand on, or None to keep fp32.
+
+    bf16 is handed on only with a fast path, faster than fp32 over the whole interval, and
+    within `tolerance` of fp32's accuracy on the digits.
+    """
+    rows = table[table["setting"] == "dtype=bf16"] if len(table) else table
+    if not gate["accelerated"] or rows.empty or not {"fp32", "bf16"} <= set(accuracy.index):
+        return None
+    keeps = accuracy.loc["bf16", "final_accuracy"] >= accuracy.loc["fp32", "final_accuracy"] - tolerance
+    return rows.iloc[0]["config"] if rows.iloc[0]["ratio_low"] > 1 and keeps else None

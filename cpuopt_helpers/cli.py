@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--omp-runtime", default="gnu", help="gnu | intel")
     bench.add_argument("--kmp-blocktime", type=int, help="ms an Intel OpenMP thread spins (needs --omp-runtime intel)")
     bench.add_argument("--dtype", default="fp32", help="fp32 | bf16 (autocast; loss in fp32)")
+    bench.add_argument("--bf16-loss", action="store_true", help="with --dtype bf16: the loss in bf16 too (not advised)")
     bench.add_argument("--channels-last", action="store_true", help="channels-last memory format (CNNs)")
     bench.add_argument("--onednn-verbose", metavar="FILE",
                        help="write the oneDNN verbose log of the timed steps (not the warm-up) to FILE")
@@ -111,7 +112,8 @@ def _bench(args) -> int:
                        allocator=args.allocator, omp_runtime=args.omp_runtime, kmp_blocktime=args.kmp_blocktime,
                        dtype=args.dtype, channels_last=args.channels_last, timeout_s=args.timeout,
                        onednn_verbose=args.onednn_verbose, trace=args.trace, affinity=args.affinity,
-                       oversubscribe=args.oversubscribe, loader_workers=args.loader_workers, launcher=args.launcher)
+                       oversubscribe=args.oversubscribe, loader_workers=args.loader_workers, launcher=args.launcher,
+                       bf16_loss=args.bf16_loss)
     plan = launch.build_plan(config, launch.Machine.this())
     if args.dry_run:
         print(plan.shell_command())

@@ -31,6 +31,8 @@ class RunConfig:
     ``env`` adds extra environment variables (as sorted key/value pairs).
     ``affinity``: compact (consecutive cores), scatter (spread across sockets) or none (no
     pinning). ``oversubscribe`` allows more threads than cores, to measure what that costs.
+    ``dtype="bf16"`` trains under ``torch.autocast("cpu", dtype=torch.bfloat16)`` with the
+    loss in fp32, unless ``bf16_loss`` (to show why the paper keeps it in fp32).
     ``loader_workers`` > 0 feeds batches through a DataLoader with that many worker
     processes. ``launcher="run_cpu"`` runs the worker under PyTorch's own launcher with its
     defaults (the comparison users ask for).
@@ -60,6 +62,7 @@ class RunConfig:
     oversubscribe: bool = False
     loader_workers: int = 0
     launcher: str = "cpuopt"
+    bf16_loss: bool = False
     timeout_s: float = 600.0
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
@@ -169,6 +172,8 @@ def validate(config: RunConfig, logical_cores: int, physical_cores: int, check_w
         raise CpuoptError(f"instances must be at least 1, got {config.instances}")
     if config.timeout_s <= 0:
         raise CpuoptError(f"timeout must be positive, got {config.timeout_s}")
+    if config.bf16_loss and config.dtype != "bf16":
+        raise CpuoptError("--bf16-loss only applies with --dtype bf16")
     if config.loader_workers < 0:
         raise CpuoptError(f"DataLoader workers cannot be negative, got {config.loader_workers}")
     if config.kmp_blocktime is not None and config.kmp_blocktime < 0:

@@ -317,7 +317,7 @@ def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict
         per_instance.append({
             "index": r["index"], "pid": r["pid"], "cores": r["cores"], "affinity": r["affinity"],
             "pinned_by": r["pinned_by"], "ld_preload": r["ld_preload"], "omp_num_threads": r["omp_num_threads"],
-            "torch_threads": r["torch_threads"], "batch_size": r["batch_size"],
+            "torch_threads": r["torch_threads"], "batch_size": r["batch_size"], "output_dtype": r.get("output_dtype"),
             "samples_per_s": r["batch_size"] * len(r["step_s"]) / total,
             "step_ms": stats.summarize([s * 1e3 for s in r["step_s"]]),
             "peak_rss_mb": r["peak_rss_mb"],

@@ -176,3 +176,22 @@ def settings_figure(tables: dict, title: str, value: str = "ratio"):
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def accuracy_figure(runs: list[dict]):
+    """Training loss and test accuracy per epoch, one line per precision mode."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    for r in runs:
+        epochs = range(1, len(r["history"]) + 1)
+        ax1.plot(epochs, [h["loss"] for h in r["history"]], "o-", ms=3, label=r["mode"])
+        ax2.plot(epochs, [h["accuracy"] * 100 for h in r["history"]], "o-", ms=3, label=r["mode"])
+    ax1.set_xlabel("epoch")
+    ax1.set_ylabel("training loss")
+    ax1.set_yscale("log")
+    ax2.set_xlabel("epoch")
+    ax2.set_ylabel("test accuracy (%)")
+    ax2.legend(fontsize=8)
+    fig.suptitle("UCI digits: fp32 vs bf16 (loss in fp32) vs bf16 (loss in bf16)")
+    fig.tight_layout()
+    return fig

@@ -12,20 +12,11 @@ import os
 import statistics
 import subprocess
 import sys
-import time
+
+from cpuopt_helpers.stats import time_calls
 
 # preset -> (square GEMM size, bytes copied per repeat, repeats)
 PRESETS = {"quick": (1024, 64 << 20, 5), "standard": (2048, 256 << 20, 7), "full": (4096, 1 << 30, 7)}
-
-
-def _best_of(fn, repeats: int) -> list[float]:
-    fn()  # warm-up: first call pays allocation and JIT dispatch
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return times
 
 
 def measure_here(size: int, copy_bytes: int, repeats: int) -> dict:
@@ -34,10 +25,10 @@ def measure_here(size: int, copy_bytes: int, repeats: int) -> dict:
 
     a, b = torch.randn(size, size), torch.randn(size, size)
     out = torch.empty(size, size)
-    gemm = _best_of(lambda: torch.mm(a, b, out=out), repeats)
+    gemm = time_calls(lambda: torch.mm(a, b, out=out), repeats)
     src = torch.ones(copy_bytes // 4)
     dst = torch.empty_like(src)
-    copy = _best_of(lambda: dst.copy_(src), repeats)
+    copy = time_calls(lambda: dst.copy_(src), repeats)
     flops = 2 * size**3
     return {
         "gemm_gflops": flops / statistics.median(gemm) / 1e9,

@@ -5,10 +5,23 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from typing import Sequence
+import time
+from typing import Callable, Sequence
 
 # Spread (p90 - p10) / median above which a measurement is flagged as untrustworthy.
 WIDE_SPREAD = 0.5
+
+
+def time_calls(fn: Callable[[], object], repeats: int, warmup: int = 1) -> list[float]:
+    """Seconds per call of `fn`, after untimed warm-up calls (first calls pay allocation and JIT)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def quantile(values: Sequence[float], q: float) -> float:

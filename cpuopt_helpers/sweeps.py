@@ -75,3 +75,16 @@ def launcher_configs(best: RunConfig, facts: dict) -> list[RunConfig]:
     default = RunConfig.for_preset(best.workload, best.preset)
     default = normalise(default.replace(steps=best.steps, warmup=best.warmup), facts["physical_cores"])
     return unique([default, default.replace(launcher="run_cpu"), best])
+
+
+def precision_configs(base: RunConfig, facts: dict, channels_last: bool) -> list[RunConfig]:
+    """Notebook 06: fp32 and bf16 (autocast, loss in fp32), with channels-last off and on.
+
+    Without a bf16 fast path the comparison runs on the quick preset with few steps, so
+    that a 10-20x slower bf16 still finishes: it is measured, not skipped.
+    """
+    base = normalise(base, facts["physical_cores"]).replace(dtype="fp32", bf16_loss=False)
+    if not facts["bf16"]["accelerated"]:
+        base = base.replace(preset="quick", steps=5, warmup=1)
+    layouts = [False, True] if channels_last else [base.channels_last]
+    return unique([base.replace(channels_last=cl, dtype=dt) for cl in layouts for dt in ("fp32", "bf16")])

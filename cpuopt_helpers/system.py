@@ -251,6 +251,50 @@ def torch_facts() -> dict:
     }
 
 
+# A convolution large enough for PyTorch to hand to oneDNN (small ones take another path).
+ONEDNN_ISA_PROBE = "import torch; torch.nn.functional.conv2d(torch.randn(4, 16, 32, 32), torch.randn(16, 16, 3, 3))"
+
+
+@functools.lru_cache(maxsize=1)
+def onednn_isa() -> str | None:
+    """The ISA oneDNN dispatches to, from the header of its verbose log (a tiny probe process)."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", ONEDNN_ISA_PROBE], capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, ONEDNN_VERBOSE="1"))
+    except (OSError, subprocess.TimeoutExpired):
+        proc = None
+    if proc is None:
+        return None
+    match = re.search(r"isa:([^\n]+)", proc.stdout)
+    return match.group(1).strip() if match else None
+
+
+def bf16_gate(isa: dict, onednn_bf16_supported: bool, onednn_isa_line: str | None) -> dict:
+    """Whether this CPU has a bf16 fast path for training, which one, and why (or why not).
+
+    A fast path needs native bf16 arithmetic in the ISA (AMX tiles, or AVX512-BF16 dot
+    products) and oneDNN willing to use it. oneDNN also "supports" bf16 on plain AVX-512 by
+    emulation, and AVX-NE-CONVERT only converts: neither makes bf16 faster than fp32.
+    """
+    onednn_says = f"oneDNN reports bf16 support: {'yes' if onednn_bf16_supported else 'no'}"
+    if onednn_isa_line:
+        onednn_says += f"; oneDNN dispatches to: {onednn_isa_line}"
+    if isa.get("amx_bf16") and isa.get("amx_tile"):
+        path, why = "amx", "AMX tiles with bf16 (amx_bf16, amx_tile)"
+    elif isa.get("avx512_bf16"):
+        path, why = "avx512_bf16", "AVX512-BF16 dot-product instructions (avx512_bf16)"
+    else:
+        path = None
+        why = ("only bf16 conversions (avx_ne_convert), no bf16 arithmetic" if isa.get("avx_ne_convert")
+               else "no AVX512-BF16, AMX or AVX-NE-CONVERT")
+    if path and onednn_bf16_supported:
+        return {"accelerated": True, "path": path, "reason": f"{why}; {onednn_says}"}
+    if path:
+        return {"accelerated": False, "path": None, "reason": f"the CPU has {why} but {onednn_says}"}
+    return {"accelerated": False, "path": None,
+            "reason": f"{why}: bf16 runs on emulated or reference kernels, slower than fp32; {onednn_says}"}
+
+
 def fingerprint(facts: dict) -> str:
     """A short id of the machine and software a result was measured on."""
     key = {k: facts.get(k) for k in ("hostname", "cpu_model", "physical_cores", "logical_cores", "memory_gib")}
@@ -286,6 +330,7 @@ def collect_facts() -> dict:
         "versions": versions,
         "missing": missing,
     }
+    facts["bf16"] = bf16_gate(facts["isa"], versions["onednn_bf16_supported"], onednn_isa())
     facts["fingerprint"] = fingerprint(facts)
     return facts
 
@@ -302,7 +347,8 @@ def format_facts(facts: dict) -> str:
         f"memory       {facts['memory_gib']} GiB",
         f"software     python {v['python']}, torch {v['torch']}, oneDNN {v['onednn']}, MKL {v['mkl']}, "
         f"OpenMP {v['openmp_runtime']}, capability {v['cpu_capability']}",
-        f"bf16         oneDNN reports bf16 support: {'yes' if v['onednn_bf16_supported'] else 'no'}",
+        f"bf16         {'accelerated (' + facts['bf16']['path'] + ')' if facts['bf16']['accelerated'] else 'not accelerated'}:"
+        f" {facts['bf16']['reason']}",
     ]
     for kind, path in facts["allocators"].items():
         lines.append(f"{kind:<12} {path or 'not found'}")

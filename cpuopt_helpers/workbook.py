@@ -176,7 +176,44 @@ def results_markdown(store: ResultStore, facts: dict, preset: str = "standard") 
     lines += ["", *[f"- {line}" for line in analysis.system_findings(facts, roof)[:2]],
               *[f"- {line}" for line in analysis.baseline_findings(table, peak)],
               "", "![baseline](docs/01_baseline.png)"]
+    lines += _profile_lines(store, machine, table.index, preset) + _launcher_lines(store, machine, preset)
     return "\n".join(lines)
+
+
+def _profile_lines(store: ResultStore, machine: str, workloads, preset: str) -> list[str]:
+    rows = [(w, store.get_fact(machine, f"profile/{w}/{preset}")) for w in workloads]
+    rows = [(w, p) for w, p in rows if p]
+    if not rows:
+        return []
+    lines = ["", "ProfileDNN (notebook 02): share of the measured step in oneDNN primitives, and the efficiency "
+             "ratio (replayed kernel-only time / measured step).", "",
+             "| workload | step ms | oneDNN coverage | efficiency ratio | operator spans per step |", "|---|---|---|---|---|"]
+    for w, p in rows:
+        eff = f"{p['efficiency']:.0%}" if p.get("efficiency") is not None else "n/a"
+        spans = f"{p['ops_per_step']:.0f}" if p.get("ops_per_step") is not None else "n/a"
+        lines.append(f"| {w} | {p['step_ms']:.1f} | {p['coverage']:.0%} | {eff} | {spans} |")
+    return lines
+
+
+def _launcher_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
+    from cpuopt_helpers import analysis
+
+    runs = [r for r in store.results(tag="04_launchers", machine=machine) if r["config"]["preset"] == preset]
+    if not runs:
+        return []
+    lines = ["", "Threading, allocator and launchers (notebooks 03-04): the best setting handed on, as a ratio to "
+             "PyTorch's defaults measured in interleaved rounds, next to `run_cpu`'s defaults.", "",
+             "| workload | setting | vs PyTorch's defaults (95% CI) |", "|---|---|---|"]
+    for w in dict.fromkeys(r["config"]["workload"] for r in runs):
+        default = next(r["config"] for r in runs if r["config"]["workload"] == w)
+        table = analysis.compare_configs(runs, default, w)
+        for row in table.itertuples():
+            ratio = (f"{row.ratio:.2f}x ({row.ratio_low:.2f}-{row.ratio_high:.2f})" if row.setting != "baseline"
+                     else "1.00x")
+            name = ("PyTorch's defaults" if row.setting == "baseline" else
+                    "run_cpu's defaults" if "launcher=run_cpu" in row.setting else f"best: {row.setting}")
+            lines.append(f"| {w} | {name} | {ratio} |")
+    return lines
 
 
 def update_readme(readme: Path, section: str) -> None:

@@ -146,6 +146,7 @@ class Prepared:
     batch_size: int
     step: Callable[[], tuple[float, tuple[float, float, float]]]
     bare_step: Callable[[], object]
+    seen: dict  # what the step actually ran with (the forward's output dtype)
 
 
 def batch_source(workload, batch_size: int, loader_workers: int, channels_last: bool):
@@ -212,6 +213,15 @@ def prepare(config: dict) -> Prepared:
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if config["dtype"] == "bf16" \
         else contextlib.nullcontext
     clock = time.perf_counter
+    seen: dict = {}
+
+    def to_loss(outputs, targets):
+        if config.get("bf16_loss") and config["dtype"] == "bf16":
+            # the loss in bf16 too, what the paper advises against; outside autocast, which
+            # would otherwise run the loss in fp32 whatever its input
+            return workload.loss_fn(outputs.to(torch.bfloat16), targets)
+        return workload.loss_fn(outputs.float(), targets)  # loss and reductions in fp32
+
     next_batch = batch_source(workload, batch_size, config.get("loader_workers", 0), channels_last)
     args, targets = next_batch()
 
@@ -223,7 +233,8 @@ def prepare(config: dict) -> Prepared:
         optimizer.zero_grad(set_to_none=True)
         with autocast():
             outputs = model(*args)
-        loss = workload.loss_fn(outputs.float(), targets)  # loss and reductions in fp32
+        seen["output_dtype"] = str(outputs.dtype).replace("torch.", "")
+        loss = to_loss(outputs, targets)
         t1 = clock()
         loss.backward()
         t2 = clock()
@@ -236,12 +247,12 @@ def prepare(config: dict) -> Prepared:
         optimizer.zero_grad(set_to_none=True)
         with autocast():
             outputs = model(*args)
-        loss = workload.loss_fn(outputs.float(), targets)
+        loss = to_loss(outputs, targets)
         loss.backward()
         optimizer.step()
         return loss
 
-    return Prepared(workload, batch_size, step, bare_step)
+    return Prepared(workload, batch_size, step, bare_step, seen)
 
 
 def train(config: dict) -> dict:
@@ -273,6 +284,7 @@ def train(config: dict) -> dict:
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "flops_per_step": flops_per_step,
+        "output_dtype": prepared.seen.get("output_dtype"),
         "onednn_log": verbose_log,
         "trace": trace,
         "first_step_wall": first_step_wall,

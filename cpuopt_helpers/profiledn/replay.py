@@ -29,12 +29,12 @@ import re
 import statistics
 import subprocess
 import sys
-import time
 
 import pandas as pd
 
 from cpuopt_helpers.profiledn.breakdown import distinct_primitives
 from cpuopt_helpers.profiledn.parse import parse_log
+from cpuopt_helpers.stats import time_calls
 
 CHANNELS_LAST = {"acdb", "acdeb"}
 CONV_KEYS = re.compile(r"(mb|g|ic|oc|id|ih|iw|od|oh|ow|kd|kh|kw|sd|sh|sw|dd|dh|dw|pd|ph|pw)(\d+)")
@@ -133,14 +133,8 @@ def time_primitives(prims: pd.DataFrame, repeats: int = 10, warmup: int = 2) -> 
             if fn is None:
                 out.append({"replayed": False, "replay_ms": None, "note": note})
                 continue
-            for _ in range(warmup):
-                fn()
-            times = []
-            for _ in range(repeats):
-                t = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t) * 1e3)
-            out.append({"replayed": True, "replay_ms": statistics.median(times), "note": note})
+            times = time_calls(fn, repeats, warmup)
+            out.append({"replayed": True, "replay_ms": statistics.median(times) * 1e3, "note": note})
     return out
 
 

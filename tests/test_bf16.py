@@ -1,0 +1,81 @@
+"""The bf16 hardware gate on other machines' flags, a bf16 worker run, the digits experiment."""
+
+from pathlib import Path
+
+import pytest
+
+from cpuopt_helpers import accuracy, analysis, launch, system
+from cpuopt_helpers.config import RunConfig
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def flags(name):
+    return system.parse_isa_flags((FIX / name).read_text())
+
+
+def test_gate_sapphire_rapids_uses_amx():
+    gate = system.bf16_gate(flags("cpuinfo_sapphire_rapids.txt"), True, "Intel AVX-512 with Intel AMX")
+    assert gate["accelerated"] and gate["path"] == "amx" and "AMX" in gate["reason"]
+
+
+def test_gate_cooper_lake_uses_avx512_bf16():
+    gate = system.bf16_gate(flags("cpuinfo_cooperlake.txt"), True, None)
+    assert gate["accelerated"] and gate["path"] == "avx512_bf16"
+
+
+def test_gate_amd_without_bf16_is_not_accelerated():
+    gate = system.bf16_gate(flags("cpuinfo_epyc_avx2.txt"), False, "Intel AVX2")
+    assert not gate["accelerated"] and gate["path"] is None
+    assert "no AVX512-BF16, AMX or AVX-NE-CONVERT" in gate["reason"] and "Intel AVX2" in gate["reason"]
+
+
+def test_gate_needs_onednn_to_agree_and_conversion_only_is_not_a_fast_path():
+    assert not system.bf16_gate(flags("cpuinfo_cooperlake.txt"), False, None)["accelerated"]
+    gate = system.bf16_gate({"avx2": True, "avx_ne_convert": True}, True, None)
+    assert not gate["accelerated"] and "conversions" in gate["reason"]
+
+
+def test_doctor_reports_the_gate_for_this_machine():
+    facts = system.collect_facts()
+    gate = facts["bf16"]
+    assert set(gate) == {"accelerated", "path", "reason"} and gate["reason"]
+    native = facts["isa"]["avx512_bf16"] or (facts["isa"]["amx_bf16"] and facts["isa"]["amx_tile"])
+    assert gate["accelerated"] == (native and facts["versions"]["onednn_bf16_supported"])
+
+
+@pytest.mark.slow
+def test_bf16_worker_run_uses_bf16():
+    r = launch.run(RunConfig(dtype="bf16", steps=2, warmup=1))
+    assert r["status"] == "ok", r["reason"]
+    assert r["config"]["dtype"] == "bf16" and r["instances"][0]["output_dtype"] == "bfloat16"
+    fp32 = launch.run(RunConfig(steps=2, warmup=1))
+    assert fp32["instances"][0]["output_dtype"] == "float32"
+
+
+@pytest.mark.slow
+def test_digits_accuracy_experiment_on_a_tiny_setting():
+    runs = [accuracy.run_accuracy(mode, epochs=2, batch_size=128) for mode in accuracy.MODES]
+    table = analysis.accuracy_table(runs)
+    assert list(table.index) == ["fp32", "bf16", "bf16_loss"]
+    assert all(len(r["history"]) == 2 and r["train_samples"] + r["test_samples"] == 1797 for r in runs)
+    assert table.loc["fp32", "final_accuracy"] > 0.5  # learns real digits in two epochs
+    assert runs[0]["history"][1]["loss"] < runs[0]["history"][0]["loss"]
+    again = accuracy.run_accuracy("fp32", epochs=2, batch_size=128)
+    assert again["history"] == runs[0]["history"]  # seeded: reproducible
+
+
+def test_precision_choice_needs_speed_and_accuracy():
+    import pandas as pd
+
+    table = pd.DataFrame([{"setting": "baseline", "config": {"dtype": "fp32"}},
+                          {"setting": "dtype=bf16", "ratio": 1.5, "ratio_low": 1.2, "ratio_high": 1.8,
+                           "config": {"dtype": "bf16"}}])
+    acc = pd.DataFrame({"final_accuracy": [0.95, 0.948]}, index=["fp32", "bf16"])
+    fast = {"accelerated": True, "path": "amx", "reason": "x"}
+    assert analysis.choose_precision(table, acc, fast) == {"dtype": "bf16"}
+    assert analysis.choose_precision(table, acc, dict(fast, accelerated=False)) is None
+    worse = pd.DataFrame({"final_accuracy": [0.95, 0.90]}, index=["fp32", "bf16"])
+    assert analysis.choose_precision(table, worse, fast) is None
+    slow = table.assign(ratio_low=[None, 0.9])
+    assert analysis.choose_precision(slow, acc, fast) is None
