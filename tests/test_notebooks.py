@@ -150,3 +150,16 @@ def test_allocators_and_launchers_compared(quick_run):
     assert "x PyTorch's defaults (95% CI" in text
     for name in ("04_allocators", "04_launchers"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000
+
+
+def test_bf16_measured_with_accuracy_and_a_computed_choice(quick_run):
+    out, _ = quick_run
+    store = ResultStore(out / "results.sqlite")
+    df = store.load(tag="06_bf16")
+    assert {"fp32", "bf16"} <= set(df["config.dtype"]) and (df.status == "ok").all()
+    text = outputs_text(out / "notebooks" / "06_bf16.ipynb")
+    assert "the forward pass produced bfloat16" in text
+    assert "digits, bf16: final test accuracy" in text and "Recommendation:" in text
+    assert "Slowest kernels:" in text
+    for name in ("06_throughput", "06_accuracy"):
+        assert (out / "figures" / f"{name}.png").stat().st_size > 1000
