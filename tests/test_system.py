@@ -115,10 +115,12 @@ def test_doctor_text_lists_install_commands_for_missing():
                           "openmp_runtime": "gnu", "cpu_capability": "AVX2", "onednn_bf16_supported": False},
              "allocators": {"jemalloc": None, "tcmalloc": "/x/libtcmalloc.so.4"}, "openmp": {"intel": None},
              "numactl": {"present": False, "works": False, "reason": "numactl not installed"},
-             "missing": {"jemalloc": system.INSTALL_HINTS["jemalloc"], "numactl": system.INSTALL_HINTS["numactl"]}}
+             "missing": {"jemalloc": system.INSTALL_HINTS["jemalloc"], "numactl": system.INSTALL_HINTS["numactl"]},
+             "bf16": system.bf16_gate({"avx2": True}, False, None)}
     text = system.format_facts(facts)
     assert "apt-get install libjemalloc2" in text and "apt-get install numactl" in text
     assert "jemalloc     not found" in text
+    assert "bf16         not accelerated: no AVX512-BF16, AMX or AVX-NE-CONVERT" in text
 
 
 def test_loaded_openmp_runtime_from_maps():
