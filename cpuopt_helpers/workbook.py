@@ -177,7 +177,44 @@ def results_markdown(store: ResultStore, facts: dict, preset: str = "standard") 
               *[f"- {line}" for line in analysis.baseline_findings(table, peak)],
               "", "![baseline](docs/01_baseline.png)"]
     lines += _profile_lines(store, machine, table.index, preset) + _launcher_lines(store, machine, preset)
+    lines += _precision_lines(store, machine, preset) + _ladder_lines(store, machine, table.index, preset)
+    lines += ["", "![thread scaling](docs/03_scaling.png)", "![launchers](docs/04_launchers.png)",
+              "![bf16 throughput](docs/06_throughput.png)", "![bf16 accuracy](docs/06_accuracy.png)"]
     return "\n".join(lines)
+
+
+def _precision_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
+    from cpuopt_helpers import analysis
+
+    runs = store.results(tag="06_bf16", machine=machine)
+    if not runs:
+        return []
+    lines = ["", "bf16 autocast against fp32 (notebook 06, loss in fp32; on a CPU without a bf16 fast path "
+             "it runs on the quick preset):", "", "| workload | setting | vs fp32 (95% CI) |", "|---|---|---|"]
+    for w in dict.fromkeys(r["config"]["workload"] for r in runs):
+        first = next(r["config"] for r in runs if r["config"]["workload"] == w)
+        for row in analysis.compare_configs(runs, first, w).itertuples():
+            if row.setting != "baseline":
+                lines.append(f"| {w} | {row.setting} | {row.ratio:.2f}x ({row.ratio_low:.2f}-{row.ratio_high:.2f}) |")
+    return lines
+
+
+def _ladder_lines(store: ResultStore, machine: str, workloads, preset: str) -> list[str]:
+    from cpuopt_helpers import analysis
+
+    lines = ["", "The optimisation ladder so far: what each notebook handed on (a step that kept the previous "
+             "configuration says so).", "", "| workload | ladder |", "|---|---|"]
+    for w in workloads:
+        ladder = store.get_fact(machine, f"ladder/{w}/{preset}", [])
+        if not ladder:
+            continue
+        steps, previous = [], ladder[0]["config"]
+        for rung in ladder[1:]:
+            change = analysis.setting_label(rung["config"], dict(previous, threads=rung["config"]["threads"]))
+            steps.append(f"{rung['step']}: {'kept' if change == 'baseline' else change}")
+            previous = rung["config"]
+        lines.append(f"| {w} | baseline -> " + " -> ".join(steps) + " |")
+    return lines if len(lines) > 5 else []
 
 
 def _profile_lines(store: ResultStore, machine: str, workloads, preset: str) -> list[str]:
@@ -204,6 +241,7 @@ def _launcher_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
     lines = ["", "Threading, allocator and launchers (notebooks 03-04): the best setting handed on, as a ratio to "
              "PyTorch's defaults measured in interleaved rounds, next to `run_cpu`'s defaults.", "",
              "| workload | setting | vs PyTorch's defaults (95% CI) |", "|---|---|---|"]
+    notes = []
     for w in dict.fromkeys(r["config"]["workload"] for r in runs):
         default = next(r["config"] for r in runs if r["config"]["workload"] == w)
         table = analysis.compare_configs(runs, default, w)
@@ -213,7 +251,11 @@ def _launcher_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
             name = ("PyTorch's defaults" if row.setting == "baseline" else
                     "run_cpu's defaults" if "launcher=run_cpu" in row.setting else f"best: {row.setting}")
             lines.append(f"| {w} | {name} | {ratio} |")
-    return lines
+            if name.startswith("best") and row.ratio_low <= 1.0:
+                notes.append(f"- {w}: the setting handed on measured {row.ratio:.2f}x PyTorch's defaults in this "
+                             "later interleaved run, so its win in notebooks 03-04 did not replicate here; on a "
+                             "shared machine, raise REPEATS before trusting a gain of a few percent.")
+    return lines + ([""] + notes if notes else [])
 
 
 def update_readme(readme: Path, section: str) -> None:

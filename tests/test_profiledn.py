@@ -215,3 +215,10 @@ def test_trace_summary_fragmentation_and_onednn_share(tmp_path):
     assert "operator spans per step" in " ".join(trace.trace_findings(s))
     with pytest.raises(CpuoptError, match="cannot read trace"):
         trace.summarize_trace(tmp_path / "missing.json")
+
+
+def test_projection_above_one_is_worded_as_kernel_bound():
+    prims = pd.DataFrame({"kind": ["convolution"], "calls": [10], "time_ms": [20.0], "mean_ms": [2.0]})
+    proj = replay.projection(prims, [{"replayed": True, "replay_ms": 3.0, "note": ""}], steps=1, step_ms=25.0)
+    assert proj["efficiency"] == pytest.approx(1.2)
+    assert "kernel-bound" in " ".join(replay.projection_findings(proj))

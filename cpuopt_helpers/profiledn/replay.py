@@ -185,7 +185,11 @@ def projection_findings(proj: dict, label: str = "") -> list[str]:
     who = f"{label}: " if label else ""
     lines = [f"{who}oneDNN primitives replayed in isolation take {proj['kernel_ms_per_step']:.2f} ms per step "
              f"({proj['replayed']} distinct primitives replayed, {proj['not_replayed']} counted at logged time)."]
-    if proj["step_ms"]:
+    if proj["step_ms"] and proj["efficiency"] > 1:
+        lines.append(f"{who}measured step {proj['step_ms']:.2f} ms; efficiency ratio {proj['efficiency']:.0%}: "
+                     "replayed one by one, the kernels take longer than the whole step, so the step is kernel-bound "
+                     "and isolated replay (cold caches, no overlap between primitives) overstates them.")
+    elif proj["step_ms"]:
         lines.append(f"{who}measured step {proj['step_ms']:.2f} ms; efficiency ratio "
                      f"{proj['efficiency']:.0%}: the other {1 - proj['efficiency']:.0%} of the step is spent outside "
                      "oneDNN kernels (framework overhead, operators served by other libraries, Python).")
