@@ -20,6 +20,14 @@ class _Parser(argparse.ArgumentParser):
         raise CpuoptError(f"{message} (see `{self.prog} --help`)")
 
 
+def add_runtime_options(parser: argparse.ArgumentParser) -> None:
+    """What bench and launch both set before a process starts: pinning, allocator, OpenMP."""
+    parser.add_argument("--affinity", default="compact", help="compact | scatter | none (no pinning)")
+    parser.add_argument("--allocator", default="default", help="default | jemalloc | tcmalloc")
+    parser.add_argument("--omp-runtime", default="gnu", help="gnu | intel")
+    parser.add_argument("--kmp-blocktime", type=int, help="ms an Intel OpenMP thread spins (needs --omp-runtime intel)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="cpuopt", description="Measure what makes deep-learning training fast on this CPU.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -36,14 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, help="threads per instance (default: physical cores / instances)")
     bench.add_argument("--instances", type=int, default=1, help="independent instances on disjoint cores")
     bench.add_argument("--mode", default="independent", help="independent (ddp: not yet)")
-    bench.add_argument("--affinity", default="compact", help="compact | scatter | none (no pinning)")
+    add_runtime_options(bench)
     bench.add_argument("--oversubscribe", action="store_true", help="allow more threads than cores (to measure it)")
     bench.add_argument("--loader-workers", type=int, default=0, help="feed batches through a DataLoader with N workers")
     bench.add_argument("--launcher", default="cpuopt",
                        help="cpuopt | run_cpu (PyTorch's torch.backends.xeon.run_cpu with its defaults)")
-    bench.add_argument("--allocator", default="default", help="default | jemalloc | tcmalloc")
-    bench.add_argument("--omp-runtime", default="gnu", help="gnu | intel")
-    bench.add_argument("--kmp-blocktime", type=int, help="ms an Intel OpenMP thread spins (needs --omp-runtime intel)")
     bench.add_argument("--dtype", default="fp32", help="fp32 | bf16 (autocast; loss in fp32)")
     bench.add_argument("--bf16-loss", action="store_true", help="with --dtype bf16: the loss in bf16 too (not advised)")
     bench.add_argument("--channels-last", action="store_true", help="channels-last memory format (CNNs)")
@@ -61,10 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--ninstances", type=int, default=1, help="instances of the command, on disjoint cores")
     launch.add_argument("--ncores-per-instance", type=int, help="cores (and threads) per instance")
     launch.add_argument("--cores", help="cores to use, e.g. 0-3,8-11 (split evenly between instances)")
-    launch.add_argument("--allocator", default="default", help="default | jemalloc | tcmalloc")
-    launch.add_argument("--omp-runtime", default="gnu", help="gnu | intel")
-    launch.add_argument("--kmp-blocktime", type=int, help="ms an Intel OpenMP thread spins (with --omp-runtime intel)")
-    launch.add_argument("--affinity", default="compact", help="compact | scatter | none")
+    add_runtime_options(launch)
     launch.add_argument("--log-dir", default="build/launch", help="one log per instance here (default build/launch)")
     launch.add_argument("--dry-run", action="store_true", help="print the plan as shell commands and exit")
     launch.add_argument("program", nargs=argparse.REMAINDER, metavar="COMMAND", help="-- then the command to run")
