@@ -193,8 +193,11 @@ def _profile(args) -> int:
 
     if args.steps is not None and args.steps <= 0:
         raise CpuoptError(f"--steps must be a positive integer, got {args.steps}")
+    meta = replay.log_meta(args.log)
+    args.steps = args.steps or meta.get("steps")
     if args.project and not args.steps:
-        raise CpuoptError("--project needs --steps N (how many training steps the log covers)")
+        raise CpuoptError("--project needs --steps N (how many training steps the log covers); logs captured by "
+                          "`cpuopt bench --onednn-verbose` record it beside the log")
     parsed = profiledn.parse_log(args.log)
     if parsed.exec.empty:
         why = ("it is empty" if parsed.counts["lines"] == 0 else
@@ -216,8 +219,9 @@ def _profile(args) -> int:
         out["compare_findings"] = profiledn.compare_findings(parsed.exec, other.exec, labels)
     if args.project:
         topo = system.topology()
-        threads = args.threads or topo.physical_cores
-        proj = replay.project_log(args.log, args.steps, args.step_ms, threads, sorted(topo.core_order()[:threads]))
+        threads = args.threads or meta.get("threads") or topo.physical_cores
+        cores = meta.get("cores") if threads == meta.get("threads") else sorted(topo.core_order()[:threads])
+        proj = replay.project_log(args.log, args.steps, args.step_ms, threads, cores)
         out["projection"] = {k: v for k, v in proj.items() if k != "table"}
         out["projection_findings"] = replay.projection_findings(proj)
     if args.trace:

@@ -277,6 +277,10 @@ def train(config: dict) -> dict:
             steps.append(clock() - t)
             phases.append(phase)
             losses.append(loss)
+    if verbose_log:  # what the log covers, so `cpuopt profile LOG --project` needs no --steps
+        with open(f"{verbose_log}.meta.json", "w") as f:
+            json.dump({"steps": config["steps"], "threads": torch.get_num_threads(),
+                       "cores": sorted(os.sched_getaffinity(0)), "workload": config["workload"]}, f)
     return {
         "batch_size": batch_size,
         "step_s": steps,

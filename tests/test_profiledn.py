@@ -154,7 +154,7 @@ def test_cli_profile_json_and_bad_logs(tmp_path):
     assert {r["direction"] for r in out["breakdown"]} == {"forward", "backward_data", "backward_weights", "none"}
     assert len(pd.read_csv(tmp_path / "t.csv")) == 132
     (tmp_path / "junk.log").write_text("just program output\n")
-    for args in (["/nonexistent.log"], [str(tmp_path / "junk.log")], [str(log), "--replay"], [str(log), "--by", "x"]):
+    for args in (["/nonexistent.log"], [str(tmp_path / "junk.log")], [str(log), "--project"], [str(log), "--by", "x"]):
         proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers", "profile", *args],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (args, proc.stderr)
@@ -168,6 +168,7 @@ def test_bench_captures_the_timed_steps_only(tmp_path):
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     assert r["onednn_logs"] == [str(log)] and r["onednn_log_steps"] == 3
+    assert replay.log_meta(str(log))["steps"] == 3  # recorded beside the log
     p = profiledn.parse_log(log)
     # every forward convolution of the model runs once per step: 3 timed steps, no warm-up
     per_step = parse("onednn_312_cnn_two_steps.log").exec

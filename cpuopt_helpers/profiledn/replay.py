@@ -160,6 +160,15 @@ def projection(prims: pd.DataFrame, replays: list[dict], steps: int, step_ms: fl
     }
 
 
+def log_meta(log: str) -> dict:
+    """What `cpuopt bench --onednn-verbose` recorded beside the log: steps, threads, cores."""
+    try:
+        with open(f"{log}.meta.json") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
 def replay_log(log: str, threads: int, cores: list[int] | None = None, repeats: int = 10,
                timeout_s: float = 600) -> list[dict]:
     """Replay a log's distinct primitives in a fresh process with the given threads and cores."""
