@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
 
 MODES = ("fp32", "bf16", "bf16_loss")
@@ -87,12 +86,10 @@ def run_accuracy(mode: str, epochs: int, batch_size: int, lr: float = 0.05, seed
     env = dict(os.environ)
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers.accuracy", "--mode", mode, "--epochs", str(epochs),
-                           "--batch-size", str(batch_size), "--lr", str(lr), "--seed", str(seed)],
-                          env=env, capture_output=True, text=True, timeout=timeout_s)
-    if proc.returncode != 0:
-        raise RuntimeError(f"accuracy run {mode} failed: {proc.stderr[-1500:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    from cpuopt_helpers.launch import run_json_module
+
+    args = ["--mode", mode, "--epochs", str(epochs), "--batch-size", str(batch_size), "--lr", str(lr), "--seed", str(seed)]
+    return run_json_module("cpuopt_helpers.accuracy", args, env, timeout_s, f"accuracy run {mode}")
 
 
 def main(argv: list[str] | None = None) -> int:

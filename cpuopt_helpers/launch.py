@@ -351,6 +351,19 @@ def run(config: RunConfig, facts: dict | None = None) -> dict:
     return run_plan(build_plan(config, Machine.this()), facts)
 
 
+def run_json_module(module: str, args: list[str], env: dict, timeout_s: float, what: str) -> object:
+    """Run `python -m module args` in a fresh process with `env`; return its last stdout line as JSON.
+
+    For measurements outside the training worker (ceilings, replays, accuracy): the
+    process starts with its threads fixed, like every measured run.
+    """
+    proc = subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed: {proc.stderr[-1500:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def parse_core_list(text: str) -> list[int]:
     """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]."""
     cores = []

@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 from cpuopt_helpers.stats import time_calls
@@ -44,6 +43,7 @@ def measure(preset: str = "quick", threads: int | None = None, timeout_s: float 
     """Measure the ceilings in a fresh process pinned to the first `threads` cores."""
     from cpuopt_helpers import system
     from cpuopt_helpers.errors import CpuoptError
+    from cpuopt_helpers.launch import run_json_module
 
     if preset not in PRESETS:
         raise CpuoptError(f"unknown preset {preset!r}; use one of {', '.join(PRESETS)}")
@@ -52,11 +52,7 @@ def measure(preset: str = "quick", threads: int | None = None, timeout_s: float 
     cores = sorted(topo.core_order()[:threads])
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                CPUOPT_CORES=",".join(map(str, cores)))
-    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers.roofline", "--preset", preset],
-                          env=env, capture_output=True, text=True, timeout=timeout_s)
-    if proc.returncode != 0:
-        raise RuntimeError(f"roofline measurement failed: {proc.stderr[-1000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json_module("cpuopt_helpers.roofline", ["--preset", preset], env, timeout_s, "roofline measurement")
 
 
 def main(argv: list[str] | None = None) -> int:

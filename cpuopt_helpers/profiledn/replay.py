@@ -27,7 +27,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 
 import pandas as pd
@@ -175,11 +174,10 @@ def replay_log(log: str, threads: int, cores: list[int] | None = None, repeats: 
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     if cores:
         env["CPUOPT_CORES"] = ",".join(map(str, cores))
-    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers.profiledn.replay", log, "--repeats", str(repeats)],
-                          env=env, capture_output=True, text=True, timeout=timeout_s)
-    if proc.returncode != 0:
-        raise RuntimeError(f"replay of {log} failed: {proc.stderr[-1500:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    from cpuopt_helpers.launch import run_json_module
+
+    return run_json_module("cpuopt_helpers.profiledn.replay", [log, "--repeats", str(repeats)], env, timeout_s,
+                           f"replay of {log}")
 
 
 def project_log(log: str, steps: int, step_ms: float | None, threads: int, cores: list[int] | None = None,
