@@ -43,7 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (default 3)")
     bench.add_argument("--threads", type=int, help="threads per instance (default: physical cores / instances)")
     bench.add_argument("--instances", type=int, default=1, help="independent instances on disjoint cores")
-    bench.add_argument("--mode", default="independent", help="independent (ddp: not yet)")
+    bench.add_argument("--mode", default="independent",
+                       help="independent (instances train alone) | ddp (ranks of one DistributedDataParallel job)")
+    bench.add_argument("--batch-policy", default="per_rank",
+                       help="per_rank (each instance trains --batch-size) | global (--batch-size split between ranks)")
     add_runtime_options(bench)
     bench.add_argument("--oversubscribe", action="store_true", help="allow more threads than cores (to measure it)")
     bench.add_argument("--loader-workers", type=int, default=0, help="feed batches through a DataLoader with N workers")
@@ -52,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", default="fp32", help="fp32 | bf16 (autocast; loss in fp32)")
     bench.add_argument("--bf16-loss", action="store_true", help="with --dtype bf16: the loss in bf16 too (not advised)")
     bench.add_argument("--channels-last", action="store_true", help="channels-last memory format (CNNs)")
+    bench.add_argument("--runtime", default="main",
+                       help="main | ipex (.venv-ipex: torch 2.8 + IPEX, built by `make ipex`) | path of a python")
+    bench.add_argument("--ipex", action="store_true", help="apply ipex.optimize (needs --runtime ipex)")
+    bench.add_argument("--compile", nargs="?", const="default", metavar="MODE",
+                       help="torch.compile the model: default | max-autotune (compile time reported apart)")
+    bench.add_argument("--optimizer", default="sgd", help="sgd (momentum 0.9) | adamw")
+    bench.add_argument("--optimizer-impl", default="default", help="default | foreach | fused")
     bench.add_argument("--onednn-verbose", metavar="FILE",
                        help="write the oneDNN verbose log of the timed steps (not the warm-up) to FILE")
     bench.add_argument("--trace", metavar="FILE",
@@ -66,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--ninstances", type=int, default=1, help="instances of the command, on disjoint cores")
     launch.add_argument("--ncores-per-instance", type=int, help="cores (and threads) per instance")
     launch.add_argument("--cores", help="cores to use, e.g. 0-3,8-11 (split evenly between instances)")
+    launch.add_argument("--nproc-per-node", type=int,
+                        help="run the script under torchrun with N ranks here, each pinned to its own cores")
+    for flag, what in (("--nnodes", "machines in the job (torchrun)"), ("--node-rank", "this machine's rank (torchrun)"),
+                       ("--rdzv-backend", "rendezvous backend, e.g. c10d (torchrun)"),
+                       ("--rdzv-endpoint", "HOST:PORT of the rendezvous (torchrun)"),
+                       ("--rdzv-id", "job id shared by all machines (torchrun)")):
+        launch.add_argument(flag, help=what)
     add_runtime_options(launch)
     launch.add_argument("--log-dir", default="build/launch", help="one log per instance here (default build/launch)")
     launch.add_argument("--dry-run", action="store_true", help="print the plan as shell commands and exit")
@@ -97,9 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _doctor(args) -> int:
-    from cpuopt_helpers import system
+    from cpuopt_helpers import runtimes, system
 
     facts = system.collect_facts()
+    facts["ipex_runtime"] = runtimes.ipex_facts()
     print(json.dumps(facts, indent=2) if args.json else system.format_facts(facts))
     return 0
 
@@ -115,7 +133,8 @@ def _bench(args) -> int:
                        dtype=args.dtype, channels_last=args.channels_last, timeout_s=args.timeout,
                        onednn_verbose=args.onednn_verbose, trace=args.trace, affinity=args.affinity,
                        oversubscribe=args.oversubscribe, loader_workers=args.loader_workers, launcher=args.launcher,
-                       bf16_loss=args.bf16_loss)
+                       bf16_loss=args.bf16_loss, runtime=args.runtime, ipex=args.ipex, compile=args.compile,
+                       optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, batch_policy=args.batch_policy)
     plan = launch.build_plan(config, launch.Machine.this())
     if args.dry_run:
         print(plan.shell_command())
@@ -172,7 +191,19 @@ def _launch(args) -> int:
         cores = [listed[i * per:(i + 1) * per] for i in range(args.ninstances)]
     config = RunConfig(instances=args.ninstances, threads=threads, cores=cores, allocator=args.allocator,
                        omp_runtime=args.omp_runtime, kmp_blocktime=args.kmp_blocktime, affinity=args.affinity)
-    plan = launch.build_plan(config, machine, command=command)
+    if args.nproc_per_node is not None:
+        if args.nproc_per_node <= 0:
+            raise CpuoptError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
+        if args.ninstances != 1:
+            raise CpuoptError("--nproc-per-node and --ninstances are two ways to say the same; give one")
+        torchrun_args = [f"{flag}={getattr(args, flag[2:].replace('-', '_'))}"
+                         for flag in ("--nnodes", "--node-rank", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id")
+                         if getattr(args, flag[2:].replace("-", "_")) is not None]
+        if cores is not None:
+            raise CpuoptError("--cores with --nproc-per-node: use --ncores-per-instance; ranks get consecutive cores")
+        plan = launch.build_torchrun_plan(config, machine, command, args.nproc_per_node, torchrun_args)
+    else:
+        plan = launch.build_plan(config, machine, command=command)
     if args.dry_run:
         print(plan.shell_command())
         return 0

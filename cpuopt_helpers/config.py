@@ -15,7 +15,11 @@ PRESETS = ("quick", "standard", "full")
 ALLOCATORS = ("default", "jemalloc", "tcmalloc")
 OMP_RUNTIMES = ("gnu", "intel")
 DTYPES = ("fp32", "bf16")
-MODES = ("independent",)
+MODES = ("independent", "ddp")
+BATCH_POLICIES = ("per_rank", "global")
+OPTIMIZERS = ("sgd", "adamw")
+OPTIMIZER_IMPLS = ("default", "foreach", "fused")
+COMPILE_MODES = ("default", "max-autotune")
 AFFINITIES = ("compact", "scatter", "none")
 LAUNCHERS = ("cpuopt", "run_cpu")
 # preset -> (timed steps, warm-up steps) used by the notebooks
@@ -36,6 +40,15 @@ class RunConfig:
     ``loader_workers`` > 0 feeds batches through a DataLoader with that many worker
     processes. ``launcher="run_cpu"`` runs the worker under PyTorch's own launcher with its
     defaults (the comparison users ask for).
+    ``runtime``: the interpreter the worker runs under: main (this one), ipex (the
+    ``.venv-ipex`` built by ``make ipex``: torch 2.8 + IPEX 2.8) or a path to a python.
+    ``ipex`` applies ``ipex.optimize(model, optimizer, dtype)`` (needs an IPEX runtime).
+    ``compile`` wraps the model in ``torch.compile`` (default or max-autotune mode).
+    ``optimizer`` sgd (momentum 0.9) or adamw; ``optimizer_impl`` default (torch's choice:
+    a per-parameter loop on CPU), foreach or fused.
+    ``mode``: independent (instances train alone; throughput summed) or ddp (instances are
+    ranks of one DistributedDataParallel job on gloo). ``batch_policy``: per_rank (each
+    instance trains batch_size samples a step) or global (batch_size is split between ranks).
     ``onednn_verbose`` is a file that receives the oneDNN verbose log of the timed steps
     (``FILE.N`` for instance N when several run); ``trace`` a file that receives the
     torch.profiler Chrome trace of the timed steps (and ``FILE.ops.json``, its operators).
@@ -63,6 +76,12 @@ class RunConfig:
     loader_workers: int = 0
     launcher: str = "cpuopt"
     bf16_loss: bool = False
+    runtime: str = "main"
+    ipex: bool = False
+    compile: str | None = None
+    optimizer: str = "sgd"
+    optimizer_impl: str = "default"
+    batch_policy: str = "per_rank"
     timeout_s: float = 600.0
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
@@ -178,6 +197,24 @@ def validate(config: RunConfig, logical_cores: int, physical_cores: int, check_w
         raise CpuoptError(f"DataLoader workers cannot be negative, got {config.loader_workers}")
     if config.kmp_blocktime is not None and config.kmp_blocktime < 0:
         raise CpuoptError(f"KMP_BLOCKTIME must be >= 0 ms, got {config.kmp_blocktime}")
+    for name, value, allowed in (("optimizer", config.optimizer, OPTIMIZERS),
+                                 ("optimizer implementation", config.optimizer_impl, OPTIMIZER_IMPLS),
+                                 ("batch policy", config.batch_policy, BATCH_POLICIES)):
+        if value not in allowed:
+            raise CpuoptError(f"unknown {name} {value!r}; use one of {', '.join(allowed)}")
+    if config.compile is not None and config.compile not in COMPILE_MODES:
+        raise CpuoptError(f"unknown compile mode {config.compile!r}; use one of {', '.join(COMPILE_MODES)}")
+    if config.compile and config.warmup < 1:
+        raise CpuoptError("--compile needs at least one warm-up step (the compilation runs there, timed apart)")
+    if config.ipex and config.runtime == "main":
+        raise CpuoptError("--ipex needs the IPEX runtime: add --runtime ipex (built by `make ipex`)")
+    if config.ipex and config.compile:
+        raise CpuoptError("--ipex and --compile are separate rungs here; measure them one at a time")
+    if config.mode == "ddp" and config.launcher != "cpuopt":
+        raise CpuoptError("--mode ddp is launched by cpuopt itself; drop --launcher run_cpu")
+    if config.batch_policy == "global" and config.batch_size is not None and config.batch_size % config.instances:
+        raise CpuoptError(f"global batch {config.batch_size} does not split evenly into {config.instances} ranks; "
+                          "pick a multiple of --instances")
     if config.instances > logical_cores:
         raise CpuoptError(f"{config.instances} instances need at least {config.instances} cores; "
                           f"this machine has {logical_cores}: use --instances {logical_cores} or fewer")

@@ -18,7 +18,8 @@ with a warning, except LD_PRELOAD, to which ours are appended):
 | CPUOPT_CORES        | the instance's logical CPUs                             | always              |
 | CPUOPT_INSTANCE(S)  | index and count of instances                            | always              |
 | CPUOPT_PINNING      | numactl, taskset or sched_setaffinity                   | always              |
-| PYTHONPATH          | the current folder first, so user workloads import      | always              |
+| PYTHONPATH          | the current folder, then cpuopt_helpers' root           | always              |
+| MASTER_ADDR/PORT, RANK, LOCAL_RANK, WORLD_SIZE | torch.distributed's env:// rendezvous | mode ddp   |
 
 Pinning: ``numactl --physcpubind=CORES --membind=NODES`` when numactl works, else
 ``taskset -c CORES``, else the worker pins itself with ``os.sched_setaffinity``.
@@ -39,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from cpuopt_helpers import stats, system
+from cpuopt_helpers import runtimes, stats, system
 from cpuopt_helpers.config import RunConfig, validate
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.worker import RESULT_KEY
@@ -144,9 +145,14 @@ def plan_env(config: RunConfig, machine: Machine, base_env: dict) -> tuple[dict,
     user_preload = base_env.get("LD_PRELOAD", "")
     if preload or user_preload:
         env["LD_PRELOAD"] = ":".join([p for p in user_preload.split(":") if p] + preload)
-    env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in base_env.get("PYTHONPATH", "").split(os.pathsep)
-                                                         if p])
+    env["PYTHONPATH"] = python_path(base_env)
     return env, warnings
+
+
+def python_path(base_env: dict) -> str:
+    """The current folder (user workloads), then cpuopt_helpers' own root (other runtimes), then the user's."""
+    paths = [os.getcwd(), str(runtimes.PROJECT_ROOT)] + base_env.get("PYTHONPATH", "").split(os.pathsep)
+    return os.pathsep.join(dict.fromkeys(p for p in paths if p))
 
 
 def pin_prefix(pinning: str, group: tuple[int, ...], topo: system.Topology) -> list[str]:
@@ -167,6 +173,15 @@ def run_cpu_argv(config: RunConfig, python: str) -> list[str]:
     return [python, "-m", "torch.backends.xeon.run_cpu", worker.__file__, "--config", config.to_json()]
 
 
+def free_port() -> int:
+    """A TCP port nobody listens on now (for the DDP rendezvous)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def build_plan(config: RunConfig, machine: Machine, base_env: dict | None = None, python: str | None = None,
                command: list[str] | None = None) -> LaunchPlan:
     """Decide argv, environment and cores of every instance. Pure: spawns nothing.
@@ -179,10 +194,13 @@ def build_plan(config: RunConfig, machine: Machine, base_env: dict | None = None
     config = validate(config, topo.logical_cores, topo.physical_cores, check_workload=command is None)
     if config.kmp_blocktime is not None and config.omp_runtime != "intel":
         raise CpuoptError("KMP_BLOCKTIME only applies to Intel OpenMP; add --omp-runtime intel")
-    python = python or sys.executable
+    python = python or runtimes.resolve_python(config.runtime)
+    if config.ipex:
+        probed = runtimes.probe(python)
+        if not probed["ipex_usable"]:
+            raise CpuoptError(f"--ipex cannot run under {python}: {probed['reason']}")
     if config.launcher == "run_cpu":  # measured as users run it: run_cpu decides everything itself
-        env = {"PYTHONPATH": os.pathsep.join([os.getcwd()] + [p for p in base_env.get("PYTHONPATH", "").split(
-            os.pathsep) if p])}
+        env = {"PYTHONPATH": python_path(base_env)}
         if sys.prefix != sys.base_prefix:  # as in an activated venv, where run_cpu looks for libraries
             env["VIRTUAL_ENV"] = sys.prefix
         inst = InstancePlan(0, tuple(c.cpu for c in topo.cpus), tuple(run_cpu_argv(config, python)), env)
@@ -203,9 +221,13 @@ def build_plan(config: RunConfig, machine: Machine, base_env: dict | None = None
     else:
         pinning = "numactl" if machine.numactl else "taskset" if machine.taskset else "sched_setaffinity"
     argv_tail = command or [python, "-m", "cpuopt_helpers.worker", "--config", config.to_json()]
+    if config.mode == "ddp":  # torch.distributed's env:// rendezvous, as torchrun sets it
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(len(cores)))
     instances = []
     for i, group in enumerate(cores):
         inst_env = dict(env, CPUOPT_INSTANCE=str(i), CPUOPT_INSTANCES=str(len(cores)), CPUOPT_PINNING=pinning)
+        if config.mode == "ddp":
+            inst_env.update(RANK=str(i), LOCAL_RANK=str(i))
         if pinning != "none":
             inst_env["CPUOPT_CORES"] = ",".join(map(str, group))
         prefix = pin_prefix(pinning, group, topo) if pinning != "none" else []
@@ -213,6 +235,38 @@ def build_plan(config: RunConfig, machine: Machine, base_env: dict | None = None
     for w in warnings:
         log.warning(w)
     return LaunchPlan(config, tuple(instances), pinning, tuple(warnings))
+
+
+def build_torchrun_plan(config: RunConfig, machine: Machine, command: list[str], nproc: int,
+                        torchrun_args: list[str] = (), base_env: dict | None = None,
+                        python: str | None = None) -> LaunchPlan:
+    """``torch.distributed.run`` with every local rank pinned to its own cores.
+
+    torchrun starts the ranks itself; each runs ``cpuopt_helpers.rank_exec``, which pins
+    it to its group of CPUOPT_RANK_CORES (numactl where it works) and then runs the script.
+    OMP_NUM_THREADS is the cores per rank (a stock torchrun sets 1).
+    """
+    base_env = dict(os.environ if base_env is None else base_env)
+    if command and os.path.basename(command[0]).startswith("python"):
+        command = command[1:]
+    if not command or not command[0].endswith(".py"):
+        raise CpuoptError("--nproc-per-node runs a training script: write it as -- python train.py [ARGS]")
+    if not os.path.isfile(command[0]):
+        raise CpuoptError(f"no such script {command[0]!r}")
+    topo = machine.topology
+    config = validate(config.replace(instances=nproc), topo.logical_cores, topo.physical_cores, check_workload=False)
+    groups = list(config.cores) if config.cores else assign_cores(topo, nproc, config.threads, config.affinity)
+    env, warnings = plan_env(config, machine, base_env)
+    pinning = "numactl" if machine.numactl else "sched_setaffinity"
+    env.update(CPUOPT_RANK_CORES=";".join(",".join(map(str, g)) for g in groups), CPUOPT_PINNING=pinning,
+               CPUOPT_RANK_NODES=";".join(",".join(str(n) for n in sorted({topo.node_of(c) for c in g}))
+                                          for g in groups))
+    argv = [python or sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", *torchrun_args,
+            "-m", "cpuopt_helpers.rank_exec", *command]
+    cores = tuple(c for g in groups for c in g)
+    for w in warnings:
+        log.warning(w)
+    return LaunchPlan(config, (InstancePlan(0, cores, tuple(argv), env),), "torchrun+" + pinning, tuple(warnings))
 
 
 def _tail(path: str, limit: int = STDERR_TAIL) -> str:
@@ -319,6 +373,7 @@ def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict
             "pinned_by": r["pinned_by"], "ld_preload": r["ld_preload"], "omp_num_threads": r["omp_num_threads"],
             "torch_threads": r["torch_threads"], "batch_size": r["batch_size"], "output_dtype": r.get("output_dtype"),
             "samples_per_s": r["batch_size"] * len(r["step_s"]) / total,
+            "warmup_s": r.get("warmup_s", []), "python": r.get("python_executable"),
             "step_ms": stats.summarize([s * 1e3 for s in r["step_s"]]),
             "peak_rss_mb": r["peak_rss_mb"],
             "startup_s": r["first_step_wall"] - r["launch_wall"],
@@ -342,7 +397,13 @@ def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict
         "traces": [r["trace"] for r in instances if r.get("trace")],
         "instances": per_instance,
         "versions": first["versions"],
+        "notes": first.get("notes", []),
+        "compile_s": max(i["warmup_s"][0] for i in per_instance) if config.compile else None,
     })
+    if config.mode == "ddp":
+        result.update(backend=first["backend"], param_checksums=first["param_checksums"],
+                      params_in_sync=all(r["params_in_sync"] for r in instances),
+                      global_batch=sum(i["batch_size"] for i in per_instance))
     return result
 
 

@@ -355,6 +355,14 @@ def format_facts(facts: dict) -> str:
     lines.append(f"{'intel omp':<12} {facts['openmp']['intel'] or 'not found'}")
     n = facts["numactl"]
     lines.append(f"{'numactl':<12} {'works' if n['works'] else ('present but refused: ' + n['reason'] if n['present'] else 'not found')}")
+    ipex = facts.get("ipex_runtime")
+    if ipex:
+        if ipex["available"]:
+            isa = ipex.get("ipex_isa") or {}
+            lines.append(f"{'ipex':<12} {ipex['path']}: torch {ipex['torch']}, IPEX {ipex['ipex']}, "
+                         f"ISA {isa.get('current', '?')} (highest {isa.get('highest', '?')})")
+        else:
+            lines.append(f"{'ipex':<12} not available: {ipex['reason']}")
     if facts["missing"]:
         lines.append("missing      install with:")
         lines += [f"  {kind:<10} {hint}" for kind, hint in facts["missing"].items()]

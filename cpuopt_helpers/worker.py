@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from cpuopt_helpers.errors import CpuoptError
+
 RESULT_KEY = "cpuopt_instance"
 
 
@@ -146,10 +148,29 @@ class Prepared:
     batch_size: int
     step: Callable[[], tuple[float, tuple[float, float, float]]]
     bare_step: Callable[[], object]
-    seen: dict  # what the step actually ran with (the forward's output dtype)
+    seen: dict  # what the step actually ran with (output dtype, IPEX version and notes, DDP backend)
+    model: object = None
 
 
-def batch_source(workload, batch_size: int, loader_workers: int, channels_last: bool):
+def rank_batch(inputs, targets, rank: int):
+    """Rank r's own batch in DDP: noise on float inputs, shifted class targets (rank 0 unchanged).
+
+    Ranks must see different data: with identical batches their parameters would agree
+    even if gradients were never averaged, and the sync check would prove nothing.
+    """
+    import torch
+
+    if rank == 0:
+        return inputs, targets
+    g = torch.Generator().manual_seed(1000 + rank)
+    noisy = tuple(x + 0.5 * torch.randn(x.shape, generator=g, dtype=x.dtype) if x.is_floating_point() else x
+                  for x in (inputs if isinstance(inputs, tuple) else (inputs,)))
+    if not targets.is_floating_point():
+        targets = (targets + rank) % (int(targets.max()) + 1)
+    return (noisy if isinstance(inputs, tuple) else noisy[0]), targets
+
+
+def batch_source(workload, batch_size: int, loader_workers: int, channels_last: bool, rank: int = 0):
     """A function returning (model args, targets) for each step.
 
     Without loader workers: one synthetic batch, built once (data loading is not measured).
@@ -166,9 +187,9 @@ def batch_source(workload, batch_size: int, loader_workers: int, channels_last: 
         return inputs, targets
 
     if not loader_workers:
-        fixed = arrange(*workload.make_batch(batch_size))
+        fixed = arrange(*rank_batch(*workload.make_batch(batch_size), rank))
         return lambda: fixed
-    pool_inputs, pool_targets = workload.make_batch(batch_size * 4)
+    pool_inputs, pool_targets = rank_batch(*workload.make_batch(batch_size * 4), rank)
     pool_inputs = pool_inputs if isinstance(pool_inputs, tuple) else (pool_inputs,)
 
     class Samples(torch.utils.data.Dataset):
@@ -190,6 +211,37 @@ def batch_source(workload, batch_size: int, loader_workers: int, channels_last: 
     return next_batch
 
 
+def make_optimizer(params, name: str, impl: str):
+    """SGD (momentum 0.9) or AdamW; impl default (torch's choice), foreach or fused."""
+    import torch
+
+    kwargs = {} if impl == "default" else {impl: True}
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, **kwargs)
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9, **kwargs)
+
+
+def rank_and_world() -> tuple[int, int]:
+    return int(os.environ.get("CPUOPT_INSTANCE", "0")), int(os.environ.get("CPUOPT_INSTANCES", "1"))
+
+
+def ipex_optimize(model, optimizer, dtype: str, seen: dict):
+    """ipex.optimize for training; where IPEX refuses to prepack weights, retry without and say so."""
+    import torch
+
+    from cpuopt_helpers.runtimes import import_ipex
+
+    ipex = import_ipex()
+    seen["ipex"] = ipex.__version__
+    kind = torch.bfloat16 if dtype == "bf16" else torch.float32
+    try:
+        return ipex.optimize(model, optimizer=optimizer, dtype=kind)
+    except (RuntimeError, AssertionError, ValueError) as exc:
+        seen["ipex_note"] = f"ipex.optimize refused weight prepacking ({str(exc).splitlines()[0][:160]}); " \
+                            "ran with weights_prepack=False"
+        return ipex.optimize(model, optimizer=optimizer, dtype=kind, weights_prepack=False)
+
+
 def prepare(config: dict) -> Prepared:
     """Build the workload, apply the config's optimisations, return the step functions.
 
@@ -202,18 +254,32 @@ def prepare(config: dict) -> Prepared:
     from cpuopt_helpers.workloads import build_workload
 
     torch.manual_seed(config["seed"])
+    rank, world = rank_and_world()
+    ddp = config.get("mode") == "ddp"
     workload = build_workload(config["workload"], config["preset"])
     batch_size = config["batch_size"] or workload.default_batch_size
+    if config.get("batch_policy") == "global":
+        batch_size = max(1, batch_size // world)
     model = workload.model
     model.train()
     channels_last = config["channels_last"] and workload.image_like
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    seen: dict = {}
+    optimizer = make_optimizer(model.parameters(), config.get("optimizer", "sgd"), config.get("optimizer_impl", "default"))
+    if config.get("ipex"):
+        model, optimizer = ipex_optimize(model, optimizer, config["dtype"], seen)
+    if ddp:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        seen["backend"] = dist.get_backend()
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    if config.get("compile"):
+        model = torch.compile(model, mode=None if config["compile"] == "default" else config["compile"])
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if config["dtype"] == "bf16" \
         else contextlib.nullcontext
     clock = time.perf_counter
-    seen: dict = {}
 
     def to_loss(outputs, targets):
         if config.get("bf16_loss") and config["dtype"] == "bf16":
@@ -222,7 +288,8 @@ def prepare(config: dict) -> Prepared:
             return workload.loss_fn(outputs.to(torch.bfloat16), targets)
         return workload.loss_fn(outputs.float(), targets)  # loss and reductions in fp32
 
-    next_batch = batch_source(workload, batch_size, config.get("loader_workers", 0), channels_last)
+    next_batch = batch_source(workload, batch_size, config.get("loader_workers", 0), channels_last,
+                              rank if ddp else 0)
     args, targets = next_batch()
 
     def step():
@@ -252,7 +319,28 @@ def prepare(config: dict) -> Prepared:
         optimizer.step()
         return loss
 
-    return Prepared(workload, batch_size, step, bare_step, seen)
+    return Prepared(workload, batch_size, step, bare_step, seen, model)
+
+
+def param_checksum(model) -> float:
+    """A checksum of every parameter (float64 sums weighted by position), to compare ranks."""
+    import torch
+
+    with torch.no_grad():
+        return float(sum((p.detach().double().flatten() * torch.arange(1, p.numel() + 1, dtype=torch.float64)).sum()
+                         for p in model.parameters()))
+
+
+def ddp_sync_report(model) -> dict:
+    """Every rank's parameter checksum, gathered; in sync when all agree to float rounding."""
+    import torch.distributed as dist
+
+    mine = param_checksum(model)
+    checksums = [None] * dist.get_world_size()
+    dist.all_gather_object(checksums, mine)
+    scale = max(1.0, max(abs(c) for c in checksums))
+    in_sync = all(abs(c - checksums[0]) <= 1e-9 * scale for c in checksums)
+    return {"param_checksums": checksums, "params_in_sync": in_sync}
 
 
 def train(config: dict) -> dict:
@@ -262,9 +350,11 @@ def train(config: dict) -> dict:
     prepared = prepare(config)
     workload, batch_size, step = prepared.workload, prepared.batch_size, prepared.step
     clock = time.perf_counter
-    losses, first_step_wall = [], time.time()
+    losses, warmup_s, first_step_wall = [], [], time.time()
     for _ in range(config["warmup"]):
+        t = clock()
         losses.append(step()[0])
+        warmup_s.append(clock() - t)
     flops_per_step = (workload.flops_per_sample * batch_size if workload.flops_per_sample
                       else count_flops(step))
     wait_for_peers()
@@ -281,21 +371,37 @@ def train(config: dict) -> dict:
         with open(f"{verbose_log}.meta.json", "w") as f:
             json.dump({"steps": config["steps"], "threads": torch.get_num_threads(),
                        "cores": sorted(os.sched_getaffinity(0)), "workload": config["workload"]}, f)
-    return {
+    versions = {"python": sys.version.split()[0], "torch": torch.__version__,
+                "onednn": onednn_version(torch.__config__.show())}
+    if "ipex" in prepared.seen:
+        versions["ipex"] = prepared.seen["ipex"]
+    result = {
         "batch_size": batch_size,
         "step_s": steps,
+        "warmup_s": warmup_s,
         "phase_s": {name: [p[i] for p in phases] for i, name in enumerate(("forward", "backward", "optimizer"))},
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "flops_per_step": flops_per_step,
         "output_dtype": prepared.seen.get("output_dtype"),
+        "notes": [prepared.seen["ipex_note"]] if "ipex_note" in prepared.seen else [],
         "onednn_log": verbose_log,
         "trace": trace,
         "first_step_wall": first_step_wall,
         "torch_threads": torch.get_num_threads(),
-        "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
-                     "onednn": onednn_version(torch.__config__.show())},
+        "python_executable": sys.executable,
+        "versions": versions,
     }
+    if config.get("mode") == "ddp":
+        import gc
+
+        import torch.distributed as dist
+
+        result.update(ddp_sync_report(prepared.model), backend=prepared.seen["backend"])
+        del prepared, step  # the DDP reducer goes before its process group: the other order can hang
+        gc.collect()
+        dist.destroy_process_group()
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,7 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="RunConfig as JSON")
     config = json.loads(parser.parse_args(argv).config)
     cores, pinned_by = pin_to_cores()
-    result = train(config)
+    try:
+        result = train(config)
+    except CpuoptError as exc:  # e.g. an IPEX that does not match this torch: say so, exit 2
+        print(f"cpuopt worker: error: {exc}", file=sys.stderr)
+        return 2
     result.update({
         "index": int(os.environ.get("CPUOPT_INSTANCE", "0")),
         "pid": os.getpid(),

@@ -1,0 +1,52 @@
+"""Pin one torchrun rank to its own cores, then run the user's script in its place.
+
+``cpuopt launch --nproc-per-node N -- train.py ARGS`` runs
+``python -m torch.distributed.run --nproc-per-node N -m cpuopt_helpers.rank_exec train.py ARGS``.
+A stock torchrun sets OMP_NUM_THREADS=1 and pins nothing; here each rank reads its
+LOCAL_RANK, takes its core group from CPUOPT_RANK_CORES ("0,1;2,3": groups by local
+rank) and replaces itself with ``numactl --physcpubind=CORES --membind=NODES python
+train.py ARGS`` (or pins itself with sched_setaffinity where numactl is refused), before
+torch is imported, so the OpenMP pool starts on the right cores with OMP_NUM_THREADS
+threads (set by the launcher to the cores per rank).
+
+Standard library only: this runs before anything else in the rank.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+
+def rank_cores(spec: str, local_rank: int) -> list[int]:
+    groups = [g for g in spec.split(";") if g]
+    if local_rank >= len(groups):
+        raise SystemExit(f"cpuopt rank_exec: local rank {local_rank} has no core group in CPUOPT_RANK_CORES={spec!r}")
+    return [int(c) for c in groups[local_rank].split(",")]
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        raise SystemExit("usage: python -m cpuopt_helpers.rank_exec SCRIPT.py [ARGS...]")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    spec = os.environ.get("CPUOPT_RANK_CORES")
+    if spec:
+        cores = rank_cores(spec, local_rank)
+        os.environ["CPUOPT_CORES"] = ",".join(map(str, cores))
+        nodes = os.environ.get("CPUOPT_RANK_NODES", "").split(";")
+        if os.environ.get("CPUOPT_PINNING") == "numactl" and local_rank < len(nodes) and nodes[local_rank]:
+            argv_exec = ["numactl", f"--physcpubind={os.environ['CPUOPT_CORES']}", f"--membind={nodes[local_rank]}",
+                         sys.executable, *argv]
+            os.environ["CPUOPT_PINNING"] = "numactl"
+            os.execvp(argv_exec[0], argv_exec)
+        os.sched_setaffinity(0, cores)
+        os.environ["CPUOPT_PINNING"] = "sched_setaffinity"
+    sys.argv = list(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+    runpy.run_path(argv[0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,150 @@
+"""Python runtimes a worker can run under: this one, the IPEX venv, or any interpreter.
+
+Intel Extension for PyTorch (IPEX) is archived: its last CPU release, 2.8.0, needs
+torch 2.8.x, while the workbook's own environment has a newer torch. So IPEX lives in a
+second venv, ``.venv-ipex`` (built by ``make ipex`` from requirements-ipex.txt), and a
+worker started with that interpreter imports it there.
+
+IPEX checks the torch it is loaded into and calls ``os._exit`` on a mismatch, which
+would kill a notebook kernel or a worker without a word. ``import_ipex`` therefore
+compares the installed versions first (from package metadata, without importing IPEX)
+and raises a clear error instead.
+
+Imports only the standard library at module level: the probe (``python -m
+cpuopt_helpers.runtimes``) runs under the other interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+from cpuopt_helpers.errors import CpuoptError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+RUNTIMES = ("main", "ipex")
+SKIP_ENV = "IPEX"  # IPEX=0: the IPEX runtime is not built, and what needs it is skipped
+
+
+def ipex_venv() -> Path:
+    return Path(os.environ.get("CPUOPT_IPEX_VENV", PROJECT_ROOT / ".venv-ipex"))
+
+
+def ipex_status() -> dict:
+    """Whether the IPEX runtime is there; if not, why (for skips and notebook notes)."""
+    python = ipex_venv() / "bin" / "python"
+    if python.exists():
+        return {"available": True, "python": str(python), "reason": ""}
+    if os.environ.get(SKIP_ENV) == "0":
+        why = f"IPEX=0 was set, so {ipex_venv()} was not built; run `make ipex` to build it"
+    else:
+        why = f"the IPEX runtime {ipex_venv()} is not built; run `make ipex` (about 4 GB of downloads)"
+    return {"available": False, "python": str(python), "reason": why}
+
+
+def resolve_python(runtime: str) -> str:
+    """The interpreter for a runtime name (main, ipex) or a path to a python."""
+    if runtime == "main":
+        return sys.executable
+    if runtime == "ipex":
+        status = ipex_status()
+        if not status["available"]:
+            raise CpuoptError(status["reason"])
+        return status["python"]
+    path = Path(runtime)
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise CpuoptError(f"runtime {runtime!r} is neither main, ipex nor an executable python; "
+                          "give --runtime main, --runtime ipex or the path of a python interpreter")
+    return str(path)
+
+
+def _major_minor(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("+")[0].split(".")[:2])
+
+
+def ipex_mismatch(torch_version: str, ipex_version: str) -> str | None:
+    """Why IPEX would refuse this torch (it needs the same major.minor), or None."""
+    if _major_minor(torch_version) == _major_minor(ipex_version):
+        return None
+    want = ".".join(map(str, _major_minor(ipex_version)))
+    return (f"intel-extension-for-pytorch {ipex_version} needs torch {want}.x but this interpreter has torch "
+            f"{torch_version}; run IPEX in its own runtime (--runtime ipex, built by `make ipex`)")
+
+
+def installed_versions() -> dict:
+    """torch and IPEX versions of this interpreter, read from package metadata (nothing imported)."""
+    from importlib import metadata
+
+    out = {}
+    for name, dist in (("torch", "torch"), ("ipex", "intel-extension-for-pytorch")):
+        try:
+            out[name] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def import_ipex():
+    """Import IPEX after checking it matches this torch; a clear error instead of os._exit."""
+    versions = installed_versions()
+    if versions["ipex"] is None:
+        raise CpuoptError(f"intel-extension-for-pytorch is not installed in {sys.executable}; "
+                          "use --runtime ipex (built by `make ipex`)")
+    why = ipex_mismatch(versions["torch"], versions["ipex"])
+    if why:
+        raise CpuoptError(why)
+    import intel_extension_for_pytorch as ipex
+
+    return ipex
+
+
+def probe_here() -> dict:
+    """Facts of the running interpreter: versions, and the ISA levels IPEX sees."""
+    versions = installed_versions()
+    facts = {"python": sys.executable, "python_version": sys.version.split()[0], **versions,
+             "ipex_usable": False, "ipex_isa": None, "reason": ""}
+    if versions["ipex"] is None:
+        facts["reason"] = "intel-extension-for-pytorch is not installed here"
+        return facts
+    why = ipex_mismatch(versions["torch"], versions["ipex"])
+    if why:
+        facts["reason"] = why
+        return facts
+    ipex = import_ipex()
+    facts["ipex_usable"] = True
+    try:
+        facts["ipex_isa"] = {"current": str(ipex._C._get_current_isa_level()),
+                             "highest": str(ipex._C._get_highest_cpu_support_isa_level())}
+    except AttributeError:  # private API; report versions only
+        pass
+    return facts
+
+
+@lru_cache(maxsize=None)
+def probe(python: str) -> dict:
+    """Run probe_here() under another interpreter (cached per path)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([python, "-m", "cpuopt_helpers.runtimes"], env=env, capture_output=True, text=True,
+                          timeout=180)
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = (proc.stderr or proc.stdout).strip()[-300:]
+        raise CpuoptError(f"probing the runtime {python} failed (exit code {proc.returncode}): {tail}") from None
+
+
+def ipex_facts() -> dict:
+    """What `cpuopt doctor` reports about the IPEX runtime."""
+    status = ipex_status()
+    if not status["available"]:
+        return {"available": False, "path": str(ipex_venv()), "reason": status["reason"]}
+    facts = probe(status["python"])
+    return {"available": facts["ipex_usable"], "path": str(ipex_venv()), **facts}
+
+
+if __name__ == "__main__":
+    print(json.dumps(probe_here()))
