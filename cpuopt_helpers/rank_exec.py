@@ -4,8 +4,8 @@
 ``python -m torch.distributed.run --nproc-per-node N -m cpuopt_helpers.rank_exec train.py ARGS``.
 A stock torchrun sets OMP_NUM_THREADS=1 and pins nothing; here each rank reads its
 LOCAL_RANK, takes its core group from CPUOPT_RANK_CORES ("0,1;2,3": groups by local
-rank) and replaces itself with ``numactl --physcpubind=CORES --membind=NODES python
-train.py ARGS`` (or pins itself with sched_setaffinity where numactl is refused), before
+rank) and restarts itself under ``numactl --physcpubind=CORES --membind=NODES`` (or pins
+itself with sched_setaffinity where numactl is refused), then runs the script, before
 torch is imported, so the OpenMP pool starts on the right cores with OMP_NUM_THREADS
 threads (set by the launcher to the cores per rank).
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import traceback
 
 
 def rank_cores(spec: str, local_rank: int) -> list[int]:
@@ -26,26 +27,47 @@ def rank_cores(spec: str, local_rank: int) -> list[int]:
     return [int(c) for c in groups[local_rank].split(",")]
 
 
+def run_script(argv: list[str]) -> int:
+    """Run the script as __main__; then leave at once, with its exit code.
+
+    Leaving through os._exit skips the interpreter's teardown, where a gloo thread of a
+    rank pinned to few cores can still be joinable: seen here as "terminate called without
+    an active exception" (SIGABRT) in about one exit in four, after training had finished.
+    """
+    sys.argv = list(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+    code = 0
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, (int, type(None))):
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         raise SystemExit("usage: python -m cpuopt_helpers.rank_exec SCRIPT.py [ARGS...]")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    spec = os.environ.get("CPUOPT_RANK_CORES")
+    spec = os.environ.pop("CPUOPT_RANK_CORES", None)
     if spec:
         cores = rank_cores(spec, local_rank)
         os.environ["CPUOPT_CORES"] = ",".join(map(str, cores))
         nodes = os.environ.get("CPUOPT_RANK_NODES", "").split(";")
         if os.environ.get("CPUOPT_PINNING") == "numactl" and local_rank < len(nodes) and nodes[local_rank]:
+            # numactl binds memory too; it runs this module again, which then only runs the script
             argv_exec = ["numactl", f"--physcpubind={os.environ['CPUOPT_CORES']}", f"--membind={nodes[local_rank]}",
-                         sys.executable, *argv]
-            os.environ["CPUOPT_PINNING"] = "numactl"
+                         sys.executable, "-m", "cpuopt_helpers.rank_exec", *argv]
             os.execvp(argv_exec[0], argv_exec)
         os.sched_setaffinity(0, cores)
         os.environ["CPUOPT_PINNING"] = "sched_setaffinity"
-    sys.argv = list(argv)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-    runpy.run_path(argv[0], run_name="__main__")
-    return 0
+    return run_script(argv)
 
 
 if __name__ == "__main__":

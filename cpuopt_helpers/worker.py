@@ -400,6 +400,7 @@ def train(config: dict) -> dict:
         result.update(ddp_sync_report(prepared.model), backend=prepared.seen["backend"])
         del prepared, step  # the DDP reducer goes before its process group: the other order can hang
         gc.collect()
+        dist.barrier()  # every rank done with the job's collectives before any tears its connections down
         dist.destroy_process_group()
     return result
 
@@ -427,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     })
     sys.stdout.flush()
     print(json.dumps({RESULT_KEY: result}), flush=True)
+    if config.get("mode") == "ddp":  # skip the teardown, where gloo can abort a pinned rank (see rank_exec)
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

@@ -60,6 +60,7 @@ def main() -> None:
     if rank == 0:
         print(f"params_in_sync={len(set(checksums)) == 1}", flush=True)
     del model, optimizer
+    dist.barrier()  # every rank done with the job's collectives before any tears its connections down
     dist.destroy_process_group()
 
 

@@ -39,3 +39,19 @@ def crash_second(preset: str = "quick") -> Workload:
     if os.environ.get("CPUOPT_INSTANCE") == "1":
         raise RuntimeError("instance 1 fails on purpose")
     return build(preset)
+
+
+def crash_rank1_in_training(preset: str = "quick") -> Workload:
+    """Rank 1 of a DDP job dies in its third step, while rank 0 waits in the gradient all-reduce."""
+    workload = build(preset)
+    calls = {"n": 0}
+    loss_fn = workload.loss_fn
+
+    def failing_loss(outputs, targets):
+        calls["n"] += 1
+        if os.environ.get("CPUOPT_INSTANCE") == "1" and calls["n"] == 3:
+            raise RuntimeError("rank 1 fails on purpose in its third step")
+        return loss_fn(outputs, targets)
+
+    workload.loss_fn = failing_loss
+    return workload

@@ -1,0 +1,132 @@
+"""DDP ranks and torchrun launches: real processes on this machine's cores."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from cpuopt_helpers import launch, rank_exec, system, worker
+from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.errors import CpuoptError
+
+QUICK = dict(steps=4, warmup=1)
+TWO_CORES = system.topology().logical_cores >= 2
+
+
+def run(config):
+    return launch.run_plan(launch.build_plan(config, launch.Machine.this()))
+
+
+def cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "cpuopt_helpers.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_ranks_see_different_data_so_the_sync_check_means_something():
+    x, y = torch.randn(8, 3, 4, 4), torch.randint(0, 10, (8,))
+    x0, y0 = worker.rank_batch(x, y, 0)
+    x1, y1 = worker.rank_batch(x, y, 1)
+    assert torch.equal(x0, x) and torch.equal(y0, y)
+    assert not torch.allclose(x1, x) and not torch.equal(y1, y) and int(y1.max()) <= int(y.max())
+
+
+def test_param_checksum_sees_a_single_changed_weight():
+    model = torch.nn.Linear(4, 3)
+    before = worker.param_checksum(model)
+    with torch.no_grad():
+        model.weight[1, 2] += 1e-3
+    assert worker.param_checksum(model) != before
+
+
+def test_rank_exec_reads_its_core_group():
+    assert rank_exec.rank_cores("0,1;2,3", 1) == [2, 3]
+    with pytest.raises(SystemExit, match="no core group"):
+        rank_exec.rank_cores("0;1", 2)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TWO_CORES, reason="needs two cores")
+def test_two_ddp_ranks_on_two_cores_end_in_sync():
+    r = run(RunConfig(mode="ddp", instances=2, threads=1, **QUICK))
+    assert r["status"] == "ok", r["reason"]
+    assert r["params_in_sync"] is True and r["backend"] == "gloo"
+    assert len(r["param_checksums"]) == 2 and r["param_checksums"][0] == r["param_checksums"][1]
+    cores = [tuple(i["affinity"]) for i in r["instances"]]
+    assert len(cores) == 2 and not set(cores[0]) & set(cores[1])
+    assert all(i["torch_threads"] == 1 for i in r["instances"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TWO_CORES, reason="needs two cores")
+def test_global_batch_is_split_between_ranks():
+    r = run(RunConfig(mode="ddp", instances=2, threads=1, batch_size=16, batch_policy="global", **QUICK))
+    assert r["status"] == "ok", r["reason"]
+    assert [i["batch_size"] for i in r["instances"]] == [8, 8] and r["global_batch"] == 16
+
+
+def test_global_batch_must_split_evenly():
+    with pytest.raises(CpuoptError, match="split evenly"):
+        launch.build_plan(RunConfig(mode="ddp", instances=2, threads=1, batch_size=15, batch_policy="global"),
+                          launch.Machine.this())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TWO_CORES, reason="needs two cores")
+def test_a_crashing_rank_ends_the_job_and_leaves_no_process():
+    start = time.monotonic()
+    r = run(RunConfig(workload="tests.user_workloads:crash_rank1_in_training", mode="ddp", instances=2, threads=1,
+                      seed=4242, steps=6, warmup=1, timeout_s=120))
+    assert r["status"] == "failed" and "instance 1" in r["reason"] and "fails on purpose" in r["reason"]
+    assert time.monotonic() - start < 60  # rank 0, blocked in the all-reduce, was stopped
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", '"seed": 4242'], capture_output=True, text=True).stdout.split()
+    assert left == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TWO_CORES, reason="needs two cores")
+def test_cli_bench_ddp_reports_two_ranks_in_sync():
+    import json
+
+    proc = cli("bench", "--workload", "cnn", "--preset", "quick", "--instances", "2", "--threads", "1",
+               "--mode", "ddp", "--steps", "4", "--warmup", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["status"] == "ok" and r["params_in_sync"] is True
+    assert [i["cores"] for i in r["instances"]] == [[0], [1]]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TWO_CORES, reason="needs two cores")
+def test_torchrun_launch_pins_each_rank(tmp_path):
+    proc = cli("launch", "--nproc-per-node", "2", "--log-dir", str(tmp_path), "--",
+               "python", "examples/ddp_train.py", "--epochs", "1")
+    assert proc.returncode == 0, proc.stderr
+    log = (tmp_path / "instance_0.log").read_text()
+    assert "params_in_sync=True" in log
+    for rank, core in ((0, 0), (1, 1)):
+        assert f"rank {rank}/2 local_rank {rank} cores [{core}] OMP_NUM_THREADS=1 torch_threads=1" in log
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nproc-per-node", "0", "--", "python", "examples/ddp_train.py"], "at least 1"),
+    (["--nproc-per-node", "2", "--", "python", "-m", "train"], "training script"),
+    (["--nproc-per-node", "2", "--", "python", "missing.py"], "no such script"),
+    (["--nproc-per-node", "9999", "--", "python", "examples/ddp_train.py"], "instances"),
+])
+def test_torchrun_launch_bad_input_is_one_line_and_exit_2(args, message):
+    proc = cli("launch", *args)
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_torchrun_plan_passes_multi_node_options():
+    plan = launch.build_torchrun_plan(RunConfig(threads=1), launch.Machine.this(), ["python", "examples/ddp_train.py"],
+                                      2, ["--nnodes=2", "--rdzv-endpoint=head:29400"])
+    argv = plan.instances[0].argv
+    assert argv[1:4] == ("-m", "torch.distributed.run", "--nproc-per-node=2")
+    assert "--nnodes=2" in argv and "--rdzv-endpoint=head:29400" in argv
+    assert argv[-3:] == ("-m", "cpuopt_helpers.rank_exec", "examples/ddp_train.py")  # `python` dropped
+    assert plan.instances[0].env["CPUOPT_RANK_CORES"] == "0;1" and plan.instances[0].env["OMP_NUM_THREADS"] == "1"
