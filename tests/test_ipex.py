@@ -1,0 +1,97 @@
+"""The IPEX runtime: a real IPEX training step, the version-mismatch path, the skip path."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cpuopt_helpers import runtimes
+from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.errors import CpuoptError
+
+STATUS = runtimes.ipex_status()
+needs_ipex = pytest.mark.skipif(os.environ.get("IPEX") == "0" and not STATUS["available"],
+                                reason=f"skipped: {STATUS['reason']}")
+
+
+def cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "cpuopt_helpers.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+@pytest.fixture
+def mismatched_ipex(tmp_path):
+    """An IPEX 2.8 install seen by torch 2.13: its import exits the process, as the real one does."""
+    pkg = tmp_path / "intel_extension_for_pytorch"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import os\nos._exit(17)  # what IPEX's version check does\n")
+    dist = tmp_path / "intel_extension_for_pytorch-2.8.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: intel-extension-for-pytorch\nVersion: 2.8.0\n")
+    return dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+
+
+@pytest.mark.parametrize("torch_version, ipex_version, ok", [
+    ("2.8.0+cpu", "2.8.0+cpu", True), ("2.8.1", "2.8.0", True), ("2.13.0+cpu", "2.8.0", False),
+    ("2.7.1", "2.8.0", False)])
+def test_ipex_needs_the_same_torch_major_minor(torch_version, ipex_version, ok):
+    why = runtimes.ipex_mismatch(torch_version, ipex_version)
+    assert (why is None) == ok
+    if not ok:
+        assert "needs torch 2.8.x" in why and "--runtime ipex" in why
+
+
+def test_a_mismatched_ipex_is_a_clear_error_not_a_dead_process(mismatched_ipex):
+    proc = cli("bench", "--ipex", "--runtime", sys.executable, env=mismatched_ipex)
+    assert proc.returncode == 2, proc.stderr
+    assert "needs torch 2.8.x but this interpreter has torch 2.13" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_worker_checks_versions_before_importing_ipex(mismatched_ipex):
+    config = RunConfig(ipex=True, runtime=sys.executable, steps=1, warmup=0).to_json()
+    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers.worker", "--config", config],
+                          capture_output=True, text=True, env=mismatched_ipex, timeout=300)
+    assert proc.returncode == 2 and "needs torch 2.8.x" in proc.stderr  # not IPEX's exit code 17
+
+
+def test_skip_path_says_what_was_skipped_and_why(tmp_path):
+    env = dict(os.environ, IPEX="0", CPUOPT_IPEX_VENV=str(tmp_path / "none"))
+    proc = cli("bench", "--ipex", "--runtime", "ipex", env=env)
+    assert proc.returncode == 2 and "IPEX=0 was set" in proc.stderr and "make ipex" in proc.stderr
+    doctor = json.loads(cli("doctor", "--json", env=env).stdout)
+    assert doctor["ipex_runtime"]["available"] is False and "IPEX=0" in doctor["ipex_runtime"]["reason"]
+
+
+def test_ipex_without_its_runtime_is_refused():
+    with pytest.raises(CpuoptError, match="--runtime ipex"):
+        from cpuopt_helpers.config import validate
+
+        validate(RunConfig(ipex=True), 2, 2)
+
+
+def test_unknown_runtime_is_refused():
+    with pytest.raises(CpuoptError, match="neither main, ipex nor an executable python"):
+        runtimes.resolve_python("/no/such/python")
+
+
+@pytest.mark.slow
+@needs_ipex
+def test_a_real_ipex_training_step_in_its_runtime():
+    proc = cli("bench", "--workload", "cnn", "--preset", "quick", "--ipex", "--runtime", "ipex",
+               "--steps", "3", "--warmup", "1", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout)
+    assert r["status"] == "ok"
+    assert r["versions"]["ipex"].startswith("2.8") and r["versions"]["torch"].startswith("2.8")
+    assert r["instances"][0]["python"].startswith(str(runtimes.ipex_venv()))
+    assert r["loss_last"] < r["loss_first"] * 1.5 and r["samples_per_s"] > 0
+
+
+@needs_ipex
+def test_doctor_reports_the_ipex_runtime():
+    facts = runtimes.ipex_facts()
+    assert facts["available"] and facts["ipex"].startswith("2.8") and facts["torch"].startswith("2.8")
+    assert facts["ipex_isa"]["current"]  # the ISA level IPEX dispatches to on this CPU
