@@ -39,7 +39,6 @@ def test_threads_default_to_physical_cores_per_instance():
     (RunConfig(mode="ddp", launcher="run_cpu"), "drop --launcher run_cpu"),
     (RunConfig(instances=2, batch_size=9, batch_policy="global"), "split evenly"),
     (RunConfig(preset="huge"), "unknown preset"),
-    (RunConfig(mode="ddp"), "unknown mode"),
     (RunConfig(workload="nosuch"), "unknown workload 'nosuch'"),
     (RunConfig(workload="no_such_module_xyz:build"), "cannot import 'no_such_module_xyz'"),
     (RunConfig(workload="json:no_such_function"), "has no function 'no_such_function'"),
