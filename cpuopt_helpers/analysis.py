@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from cpuopt_helpers import stats
+from cpuopt_helpers.config import RunConfig
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -297,3 +298,213 @@ def choose_precision(table: pd.DataFrame, accuracy: pd.DataFrame, gate: dict, to
         return None
     keeps = accuracy.loc["bf16", "final_accuracy"] >= accuracy.loc["fp32", "final_accuracy"] - tolerance
     return rows.iloc[0]["config"] if rows.iloc[0]["ratio_low"] > 1 and keeps else None
+
+
+def paired_ratio(results: list[dict], a: str, b: str) -> dict | None:
+    """Throughput of config b over config a (hashes), paired by repeat; None without pairs."""
+    by = {h: {r["repeat"]: r["samples_per_s"] for r in results if r["status"] == "ok" and r["config_hash"] == h}
+          for h in (a, b)}
+    rounds = sorted(set(by[a]) & set(by[b]))
+    if not rounds:
+        return None
+    return stats.interleaved_ratio([by[a][k] for k in rounds], [by[b][k] for k in rounds])
+
+
+def named_table(results: list[dict], configs: dict) -> pd.DataFrame:
+    """compare_configs against the first named config, with a `name` column, in the given order."""
+    names = {c.config_hash(): n for n, c in configs.items()}
+    first = next(iter(configs.values()))
+    table = compare_configs([r for r in results if r["config_hash"] in names], first.to_dict(), first.workload)
+    if table.empty:
+        return table
+    table.insert(0, "name", table["config_hash"].map(names))
+    compile_s = {}
+    for r in results:
+        if r["status"] == "ok" and r.get("compile_s") and r["config_hash"] in names:
+            compile_s.setdefault(r["config_hash"], []).append(r["compile_s"])
+    table["compile_s"] = table["config_hash"].map(lambda h: max(compile_s[h]) if h in compile_s else None)
+    table["step_ms"] = [None] * len(table)
+    for i, h in enumerate(table["config_hash"]):
+        steps = [r["step_ms"]["median"] for r in results if r["status"] == "ok" and r["config_hash"] == h]
+        table.at[i, "step_ms"] = stats.summarize(steps)["median"] if steps else None
+    order = {n: i for i, n in enumerate(configs)}
+    return table.sort_values("name", key=lambda s: s.map(order)).reset_index(drop=True)
+
+
+def _verdict(ratio: dict | None) -> str:
+    if ratio is None:
+        return "not measured"
+    word = "faster" if ratio["ci_low"] > 1 else "slower" if ratio["ci_high"] < 1 else "no different (within noise)"
+    return f"{ratio['median']:.2f}x, 95% CI {ratio['ci_low']:.2f}-{ratio['ci_high']:.2f}: {word}"
+
+
+def breakeven_steps(compile_s: float, eager_step_ms: float, compiled_step_ms: float) -> float | None:
+    """Training steps after which compiling has paid for its compile time (None: it never does)."""
+    saving_s = (eager_step_ms - compiled_step_ms) / 1e3
+    return compile_s / saving_s if saving_s > 0 else None
+
+
+def runtime_findings(results: list[dict], configs: dict, table: pd.DataFrame, workload: str) -> list[str]:
+    """Notebook 05's answer for one workload, worded from its measurements."""
+    if table.empty:
+        return [f"{workload}: no configuration produced a result."]
+    h = {n: c.config_hash() for n, c in configs.items()}
+    lines = []
+    if "torch 2.8 + IPEX" in h:
+        lines.append(f"{workload}: IPEX over its own stock torch 2.8: "
+                     f"{_verdict(paired_ratio(results, h['torch 2.8 (stock)'], h['torch 2.8 + IPEX']))}.")
+        lines.append(f"{workload}: stock torch (this venv) over torch 2.8 + IPEX: "
+                     f"{_verdict(paired_ratio(results, h['torch 2.8 + IPEX'], h['torch (stock)']))}.")
+    upstream = table[~table["name"].isin(["torch 2.8 (stock)", "torch 2.8 + IPEX", "AdamW (default)",
+                                          "AdamW fused"])].dropna(subset=["ratio"])
+    best = upstream.sort_values("ratio", ascending=False).iloc[0] if len(upstream) else None
+    if best is not None:
+        lines.append(f"{workload}: fastest with this torch: {best['name']} at {best['samples_per_s']:.1f} samples/s, "
+                     f"{_verdict({'median': best['ratio'], 'ci_low': best['ratio_low'], 'ci_high': best['ratio_high']})}"
+                     " against stock.")
+        if "torch 2.8 + IPEX" in h:
+            lines.append(f"{workload}: {best['name']} over torch 2.8 + IPEX: "
+                         f"{_verdict(paired_ratio(results, h['torch 2.8 + IPEX'], best['config_hash']))}.")
+    if "AdamW fused" in h:
+        lines.append(f"{workload}: fused AdamW over the default AdamW: "
+                     f"{_verdict(paired_ratio(results, h['AdamW (default)'], h['AdamW fused']))}.")
+    eager = table[table["name"] == "torch (stock)"]
+    for row in table[table["compile_s"].notna()].itertuples():
+        if eager.empty:
+            break
+        steps = breakeven_steps(row.compile_s, eager.iloc[0]["step_ms"], row.step_ms)
+        lines.append(f"{workload}: {row.name} compiled in {row.compile_s:.0f} s; "
+                     + (f"it pays for itself after {steps:,.0f} steps." if steps else
+                        "its steps are not faster, so it never pays for itself."))
+    return lines
+
+
+def choose_upstream(table: pd.DataFrame, configs: dict) -> tuple[dict | None, str]:
+    """Notebook 05's hand-on: the fastest eager setting of this torch (no IPEX runtime, no compile).
+
+    IPEX is archived and runs only in its own torch 2.8 runtime; torch.compile costs its
+    compile time in every new process, and the later notebooks start many short ones.
+    Both are reported, neither is handed on; the choice is made like every other (ratio
+    above 1 over the whole interval).
+    """
+    eager = [n for n, c in configs.items() if c.runtime == "main" and not c.compile and c.optimizer == "sgd"]
+    candidates = table[table["name"].isin(eager)].sort_values("samples_per_s", ascending=False)
+    return choose(candidates.reset_index(drop=True), "runtime")
+
+
+# The paper's Table 2 (normalised throughput; rows threads per rank, columns ranks).
+PAPER_TABLE2 = pd.DataFrame(
+    {1: [1.00, 1.86, 3.27, 5.11], 2: [2.00, 3.70, 6.51, 10.18], 4: [3.82, 6.80, 11.20, None],
+     8: [7.04, 11.59, None, None], 16: [11.87, None, None, None]}, index=[7, 14, 28, 56])
+PAPER_TABLE2.index.name, PAPER_TABLE2.columns.name = "threads/rank", "ranks"
+
+
+def layout_table(results: list[dict], workload: str) -> pd.DataFrame:
+    """One row per (mode, threads per rank, ranks): median total samples/s, normalised to
+    one rank with the fewest threads (the paper's normalisation), and the ideal for it."""
+    rows = {}
+    for r in results:
+        if r["status"] == "ok" and r["config"]["workload"] == workload:
+            c = r["config"]
+            rows.setdefault((c["mode"], c["threads"], c["instances"]), []).append(r)
+    table = pd.DataFrame([{"mode": m, "threads": t, "ranks": n,
+                           "samples_per_s": stats.summarize([r["samples_per_s"] for r in rs])["median"],
+                           "in_sync": all(r.get("params_in_sync", True) for r in rs), "runs": len(rs),
+                           "config": rs[0]["config"]} for (m, t, n), rs in rows.items()])
+    if table.empty:
+        return table
+    ones = table[table["ranks"] == 1].sort_values("threads")
+    base_threads, base = int(ones.iloc[0]["threads"]), ones.iloc[0]["samples_per_s"]
+    table["normalised"] = table["samples_per_s"] / base
+    table["ideal"] = table["threads"] * table["ranks"] / base_threads
+    table["efficiency"] = table["normalised"] / table["ideal"]
+    return table.sort_values(["mode", "threads", "ranks"]).reset_index(drop=True)
+
+
+def layout_grid(table: pd.DataFrame, mode: str) -> pd.DataFrame:
+    """The heat-map form: threads per rank x ranks, normalised throughput; one rank from independent."""
+    rows = table[(table["mode"] == mode) | (table["ranks"] == 1)]
+    grid = rows.pivot_table(index="threads", columns="ranks", values="normalised", aggfunc="max")
+    grid.index.name, grid.columns.name = "threads/rank", "ranks"
+    return grid
+
+
+def layout_findings(table: pd.DataFrame, results: list[dict], workload: str) -> list[str]:
+    """Best layout, DDP against independent instances, scaling efficiency and the sync check."""
+    if table.empty:
+        return [f"{workload}: no layout produced a result."]
+    lines = []
+    for mode in ("independent", "ddp"):
+        rows = table[(table["mode"] == mode) & (table["ranks"] > 1)]
+        if rows.empty:
+            continue
+        best = rows.sort_values("samples_per_s", ascending=False).iloc[0]
+        lines.append(f"{workload}, {mode}: best multi-rank layout {int(best.ranks)} ranks x {int(best.threads)} "
+                     f"threads at {best.samples_per_s:.1f} samples/s = {best.normalised:.2f}x the single-rank "
+                     f"reference (ideal {best.ideal:.0f}x, efficiency {best.efficiency:.0%}).")
+    hashes = {}
+    for r in results:
+        if r["status"] == "ok" and r["config"]["workload"] == workload:
+            c = r["config"]
+            hashes[(c["mode"], c["threads"], c["instances"])] = r["config_hash"]
+    for (mode, threads, ranks), h in sorted(hashes.items()):
+        twin = hashes.get(("independent", threads, ranks))
+        if mode == "ddp" and twin:
+            ratio = paired_ratio(results, twin, h)
+            lines.append(f"{workload}: DDP over independent instances at {ranks} x {threads}: {_verdict(ratio)} "
+                         "(the difference is the gradient all-reduce).")
+    ddp = table[table["mode"] == "ddp"]
+    if len(ddp):
+        lines.append(f"{workload}: parameters identical on every rank after training in "
+                     f"{int(ddp['in_sync'].sum())} of {len(ddp)} DDP layouts.")
+    return lines
+
+
+def choose_layout(table: pd.DataFrame, results: list[dict]) -> tuple[dict | None, str]:
+    """The layout to hand on: the fastest DDP job if it beats one rank on all cores over its
+    whole interval (one model trained faster), else one rank on all cores."""
+    if table.empty:
+        return None, "layout: no result."
+    ones = table[table["ranks"] == 1].sort_values("threads")
+    single = ones.iloc[-1]
+    ddp = table[(table["mode"] == "ddp") & table["in_sync"]].sort_values("samples_per_s", ascending=False)
+    if ddp.empty:
+        return single["config"], "layout: no DDP layout fits here; one rank on all cores is kept."
+    best = ddp.iloc[0]
+    h = lambda c: RunConfig.from_dict(c).config_hash()  # noqa: E731
+    ratio = paired_ratio(results, h(single["config"]), h(best["config"]))
+    where = f"DDP {int(best.ranks)} ranks x {int(best.threads)} threads"
+    if ratio and ratio["ci_low"] > 1:
+        return best["config"], f"layout: {where} over one rank on all cores: {_verdict(ratio)}: handed on."
+    return single["config"], (f"layout: {where} against one rank x {int(single.threads)} threads: {_verdict(ratio)}; "
+                              "one rank on all cores is kept.")
+
+
+def epochs_to_target(history: list[dict], target: float) -> int | None:
+    """First epoch (1-based) whose test accuracy reaches the target; None if none does."""
+    return next((i + 1 for i, h in enumerate(history) if h["accuracy"] >= target), None)
+
+
+def convergence_table(runs: list[dict], target: float) -> pd.DataFrame:
+    return pd.DataFrame([{"global_batch": r["batch_size"], "lr": r["lr"], "steps_per_epoch":
+                          -(-r["train_samples"] // r["batch_size"]), "epochs_to_target": epochs_to_target(
+                              r["history"], target), "final_accuracy": r["final_accuracy"]} for r in runs])
+
+
+def convergence_findings(table: pd.DataFrame, target: float) -> list[str]:
+    reached = table.dropna(subset=["epochs_to_target"])
+    lines = [f"global batch {int(r.global_batch)}: "
+             + (f"{int(r.epochs_to_target)} epochs to {target:.0%} test accuracy"
+                if r.epochs_to_target == r.epochs_to_target and r.epochs_to_target is not None
+                else f"did not reach {target:.0%} (final {r.final_accuracy:.1%})")
+             for r in table.itertuples()]
+    if len(reached) >= 2:
+        small, large = reached.iloc[0], reached.iloc[-1]
+        trend = ("more" if large.epochs_to_target > small.epochs_to_target else
+                 "fewer" if large.epochs_to_target < small.epochs_to_target else "as many")
+        lines.append(f"a {int(large.global_batch / small.global_batch)}x larger global batch needed {trend} epochs "
+                     f"({int(small.epochs_to_target)} -> {int(large.epochs_to_target)}): adding ranks at a fixed "
+                     "per-rank batch grows the global batch, so "
+                     + ("lower the per-rank batch as ranks are added." if trend == "more" else
+                        "on this dataset that cost did not show."))
+    return lines

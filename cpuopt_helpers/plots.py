@@ -195,3 +195,35 @@ def accuracy_figure(runs: list[dict]):
     fig.suptitle("UCI digits: fp32 vs bf16 (loss in fp32) vs bf16 (loss in bf16)")
     fig.tight_layout()
     return fig
+
+
+def layout_heatmaps(grids: dict, paper=None):
+    """Normalised throughput as heat maps (threads per rank x ranks), the paper's beside them."""
+    sns.set_theme(style="white", context="notebook")
+    panels = dict(grids)
+    if paper is not None:
+        panels["paper (Table 2, 2x28-core Xeon)"] = paper
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    for ax, (name, grid) in zip(axes[0], panels.items()):
+        sns.heatmap(grid.astype(float), annot=True, fmt=".2f", cmap="viridis", cbar=False, ax=ax,
+                    annot_kws={"fontsize": 9})
+        ax.set_title(name, fontsize=10)
+    fig.suptitle("Normalised throughput by threads per rank and ranks")
+    fig.tight_layout()
+    return fig
+
+
+def convergence_figure(runs: list[dict], target: float):
+    """Test accuracy per epoch for each global batch, with the target line."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for r in runs:
+        ax.plot(range(1, len(r["history"]) + 1), [h["accuracy"] * 100 for h in r["history"]], "o-", ms=3,
+                label=f"global batch {r['batch_size']}")
+    ax.axhline(target * 100, color="black", lw=0.8, ls="--", label=f"target {target:.0%}")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy (%)")
+    ax.legend(fontsize=8)
+    ax.set_title("UCI digits: convergence against the global batch")
+    fig.tight_layout()
+    return fig

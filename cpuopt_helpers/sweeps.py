@@ -88,3 +88,47 @@ def precision_configs(base: RunConfig, facts: dict, channels_last: bool) -> list
         base = base.replace(preset="quick", steps=5, warmup=1)
     layouts = [False, True] if channels_last else [base.channels_last]
     return unique([base.replace(channels_last=cl, dtype=dt) for cl in layouts for dt in ("fp32", "bf16")])
+
+
+def runtime_configs(base: RunConfig, facts: dict, image_like: bool, ipex_available: bool,
+                    compile_modes: tuple[str, ...] = ("default", "max-autotune")) -> dict[str, RunConfig]:
+    """Notebook 05: stock torch 2.8, torch 2.8 + IPEX, stock torch (this venv), and this
+    torch's upstream replacements for what IPEX did, all on the same base setting.
+
+    Returns name -> config, the first being the stock runtime every ratio is taken against.
+    The AdamW pair measures the fused optimizer where it matters most (SGD's update is
+    one multiply-add per weight).
+    """
+    base = normalise(base, facts["physical_cores"]).replace(runtime="main", ipex=False, compile=None,
+                                                            optimizer="sgd", optimizer_impl="default")
+    configs = {"torch (stock)": base}
+    if ipex_available:
+        configs["torch 2.8 (stock)"] = base.replace(runtime="ipex")
+        configs["torch 2.8 + IPEX"] = base.replace(runtime="ipex", ipex=True)
+    if image_like and not base.channels_last:
+        configs["channels-last"] = base.replace(channels_last=True)
+    for mode in compile_modes:
+        configs[f"torch.compile ({mode})"] = base.replace(compile=mode, warmup=max(base.warmup, 1))
+    configs["SGD foreach"] = base.replace(optimizer_impl="foreach")
+    configs["SGD fused"] = base.replace(optimizer_impl="fused")
+    configs["AdamW (default)"] = base.replace(optimizer="adamw")
+    configs["AdamW fused"] = base.replace(optimizer="adamw", optimizer_impl="fused")
+    return configs
+
+
+def layouts(physical: int) -> list[tuple[int, int]]:
+    """(threads per rank, ranks) pairs that fit the physical cores: powers of two and the full count."""
+    counts = sorted(set(thread_counts(physical, physical)))
+    return [(t, n) for t in counts for n in counts if t * n <= physical]
+
+
+def multi_instance_configs(base: RunConfig, facts: dict, batch_policy: str = "per_rank") -> list[RunConfig]:
+    """Notebook 07: every layout as independent instances and, from two ranks, as one DDP job.
+
+    One rank is the same process either way, so it runs once (independent)."""
+    base = normalise(base, facts["physical_cores"]).replace(cores=None, batch_policy=batch_policy)
+    configs = []
+    for threads, ranks in layouts(facts["physical_cores"]):
+        for mode in ("independent", "ddp") if ranks > 1 else ("independent",):
+            configs.append(base.replace(threads=threads, instances=ranks, mode=mode))
+    return unique(configs)
