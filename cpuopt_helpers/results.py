@@ -106,6 +106,9 @@ class ResultStore:
                                                "samples_per_s", "peak_rss_mb", "loss_first", "loss_last",
                                                "achieved_gflops", "flops_per_step", "startup_s", "system",
                                                "created_at")})
+            row.update({"compile_s": r.get("compile_s"), "params_in_sync": r.get("params_in_sync"),
+                        "versions.torch": (r.get("versions") or {}).get("torch"),
+                        "versions.ipex": (r.get("versions") or {}).get("ipex")})
             row["workload"] = r["config"]["workload"]
             row["step_ms"] = r["step_ms"]["median"]
             for phase, ms in (r.get("phase_ms") or {}).items():

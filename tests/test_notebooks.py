@@ -163,3 +163,40 @@ def test_bf16_measured_with_accuracy_and_a_computed_choice(quick_run):
     assert "Slowest kernels:" in text
     for name in ("06_throughput", "06_accuracy"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000
+
+
+def test_ipex_runtimes_and_upstream_replacements_side_by_side(quick_run):
+    from cpuopt_helpers import runtimes, system
+
+    out, _ = quick_run
+    store = ResultStore(out / "results.sqlite")
+    df = store.load(tag="05_ipex")
+    assert (df.status == "ok").all()
+    assert {"default", "max-autotune"} <= set(df["config.compile"].dropna())
+    assert {"foreach", "fused"} <= set(df["config.optimizer_impl"]) and "adamw" in set(df["config.optimizer"])
+    text = outputs_text(out / "notebooks" / "05_ipex.ipynb")
+    if runtimes.ipex_status()["available"]:
+        ipex_rows = df[df["config.ipex"] == True]  # noqa: E712
+        assert len(ipex_rows) and all(str(v).startswith("2.8") for v in ipex_rows["versions.ipex"])
+        assert "IPEX over its own stock torch 2.8:" in text and "over torch 2.8 + IPEX:" in text
+    else:
+        assert "IPEX runtime skipped:" in text
+    assert "fastest with this torch:" in text and "compiled in" in text
+    ladder = store.get_fact(system.collect_facts()["fingerprint"], "ladder/cnn/quick")
+    assert "runtime" in [s["step"] for s in ladder]
+    assert (out / "figures" / "05_runtimes.png").stat().st_size > 1000
+
+
+def test_multi_instance_table_ddp_and_convergence(quick_run):
+    out, _ = quick_run
+    store = ResultStore(out / "results.sqlite")
+    df = store.load(tag="07_multi_instance")
+    assert (df.status == "ok").all()
+    ddp = df[df["config.mode"] == "ddp"]
+    assert len(ddp) and ddp["params_in_sync"].all()
+    assert {"independent", "ddp"} <= set(df["config.mode"])
+    text = outputs_text(out / "notebooks" / "07_multi_instance.ipynb")
+    assert "DDP over independent instances at 2 x 1:" in text and "layout:" in text
+    assert "epochs to 95% test accuracy" in text or "did not reach 95%" in text
+    for name in ("07_layouts", "07_convergence"):
+        assert (out / "figures" / f"{name}.png").stat().st_size > 1000
