@@ -13,7 +13,7 @@ IPEX_VENV := .venv-ipex
 IPEX_STAMP := $(IPEX_VENV)/.cpuopt-setup
 IPEX ?= 1
 
-.PHONY: setup system-deps ipex run test lab overhead parse-speed clean
+.PHONY: setup system-deps ipex run test lab overhead parse-speed focal-loss clean
 
 setup: $(STAMP) system-deps $(if $(filter 0,$(IPEX)),,ipex)
 
@@ -52,6 +52,9 @@ overhead: setup
 
 parse-speed: setup
 	$(PY) benchmarks/parse_speed.py
+
+focal-loss: setup
+	$(PY) benchmarks/focal_loss.py
 
 clean:
 	rm -rf build

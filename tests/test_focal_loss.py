@@ -1,0 +1,88 @@
+"""The closed-form focal loss against torchvision's composite formula."""
+
+import pytest
+import torch
+
+from cpuopt_helpers.kernels import focal_loss
+from cpuopt_helpers.kernels.focal_loss import reference_sigmoid_focal_loss, sigmoid_focal_loss
+
+IMPLS = ["eager", "compiled"]
+
+
+def pair(shape=(64, 80), positive_share=0.1, scale=3.0, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g) * scale).to(dtype)
+    t = (torch.rand(shape, generator=g) < positive_share).to(dtype)
+    return x, t
+
+
+def values_and_grads(fn, x, t, reduction="sum", **kw):
+    x = x.detach().clone().requires_grad_()
+    loss = fn(x, t, reduction=reduction, **kw)
+    (loss if loss.dim() == 0 else loss.sum()).backward()
+    return loss.detach(), x.grad
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("positive_share", [0.0, 0.1, 1.0])  # all-negative, detection-like, all-positive
+def test_values_and_gradients_match_the_reference(impl, reduction, positive_share):
+    x, t = pair(positive_share=positive_share)
+    ref_loss, ref_grad = values_and_grads(reference_sigmoid_focal_loss, x, t, reduction)
+    loss, grad = values_and_grads(sigmoid_focal_loss, x, t, reduction, impl=impl)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("alpha, gamma", [(0.25, 2.0), (0.5, 1.0), (-1.0, 2.0), (0.25, 0.0), (0.75, 3.5)])
+def test_other_alpha_and_gamma(impl, alpha, gamma):
+    x, t = pair(seed=1)
+    ref = values_and_grads(reference_sigmoid_focal_loss, x, t, alpha=alpha, gamma=gamma)
+    mine = values_and_grads(sigmoid_focal_loss, x, t, alpha=alpha, gamma=gamma, impl=impl)
+    for a, b in zip(mine, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_extreme_logits_give_no_inf_or_nan(impl):
+    x = torch.tensor([-100.0, 100.0, -100.0, 100.0, -88.0, 88.0, 0.0])
+    t = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0])
+    loss, grad = values_and_grads(sigmoid_focal_loss, x, t, "none", impl=impl)
+    assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
+    # a confidently wrong logit costs alpha_t * |x|, with gradient -+alpha_t
+    torch.testing.assert_close(loss[[0, 3]], torch.tensor([25.0, 75.0]))
+    torch.testing.assert_close(grad[[0, 3]], torch.tensor([-0.25, 0.75]))
+    assert loss[1] == 0 and loss[2] == 0  # confidently right
+
+
+def test_gradcheck_in_float64():
+    x, t = pair(shape=(6, 5), seed=2, dtype=torch.float64)
+    x.requires_grad_()
+    assert torch.autograd.gradcheck(lambda v: sigmoid_focal_loss(v, t, impl="eager"), (x,))
+    assert torch.autograd.gradcheck(lambda v: sigmoid_focal_loss(v, t, reduction="mean", impl="eager"), (x,))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bf16_inputs_match_the_reference_at_bf16_precision(impl):
+    x, t = pair(seed=3)
+    ref_loss, ref_grad = values_and_grads(reference_sigmoid_focal_loss, x, t)  # fp32 truth
+    loss, grad = values_and_grads(sigmoid_focal_loss, x.bfloat16(), t.bfloat16(), impl=impl)
+    assert loss.dtype == torch.bfloat16 and grad.dtype == torch.bfloat16
+    torch.testing.assert_close(loss.float(), ref_loss, rtol=2e-2, atol=1e-2)
+    torch.testing.assert_close(grad.float(), ref_grad, rtol=2e-2, atol=1e-2)
+
+
+def test_auto_picks_a_working_kernel_and_says_which():
+    x, t = pair()
+    sigmoid_focal_loss(x, t)
+    assert focal_loss.STATUS["compiled"] in (True, False)
+    assert focal_loss.STATUS["compiled"] or focal_loss.STATUS["reason"]
+
+
+def test_bad_reduction_and_impl_are_refused():
+    x, t = pair()
+    with pytest.raises(ValueError, match="reduction must be one of none, mean, sum"):
+        sigmoid_focal_loss(x, t, reduction="avg")
+    with pytest.raises(ValueError, match="impl must be auto, compiled or eager"):
+        sigmoid_focal_loss(x, t, impl="cuda")
