@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write the oneDNN verbose log of the timed steps (not the warm-up) to FILE")
     bench.add_argument("--trace", metavar="FILE",
                        help="record the timed steps with torch.profiler: Chrome trace to FILE, operators to FILE.ops.json")
+    bench.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                       help="an environment variable for the worker, e.g. CPUOPT_RETINANET=classes=601 (repeatable)")
     bench.add_argument("--timeout", type=float, default=600, help="seconds before the run is stopped")
     bench.add_argument("--dry-run", action="store_true", help="print the launch plan as shell commands and exit")
     bench.add_argument("--save", action="store_true", help="also write the result to the results store")
@@ -134,7 +136,8 @@ def _bench(args) -> int:
                        onednn_verbose=args.onednn_verbose, trace=args.trace, affinity=args.affinity,
                        oversubscribe=args.oversubscribe, loader_workers=args.loader_workers, launcher=args.launcher,
                        bf16_loss=args.bf16_loss, runtime=args.runtime, ipex=args.ipex, compile=args.compile,
-                       optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, batch_policy=args.batch_policy)
+                       optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, batch_policy=args.batch_policy,
+                       env=parse_env(args.env))
     plan = launch.build_plan(config, launch.Machine.this())
     if args.dry_run:
         print(plan.shell_command())
@@ -148,6 +151,17 @@ def _bench(args) -> int:
     else:
         print(format_result(result))
     return 0 if result["status"] == "ok" else 1
+
+
+def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
+    """KEY=VALUE pairs from --env, checked."""
+    pairs = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CpuoptError(f"--env {item!r} is not KEY=VALUE")
+        pairs.append((key, value))
+    return tuple(sorted(pairs))
 
 
 def format_result(r: dict) -> str:

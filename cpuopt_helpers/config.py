@@ -241,4 +241,8 @@ def validate(config: RunConfig, logical_cores: int, physical_cores: int, check_w
             raise CpuoptError(f"core ids {bad} are not valid CPU numbers")
     if check_workload:
         check_workload_spec(config.workload)
+        if config.workload == "retinanet":  # its variant, checked before any process starts
+            from cpuopt_helpers.workloads.retinanet import variant
+
+            variant(dict(config.env).get("CPUOPT_RETINANET", ""))
     return config.replace(threads=threads)

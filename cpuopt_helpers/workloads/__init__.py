@@ -16,6 +16,7 @@ BUILTINS = {
     "cnn": "cpuopt_helpers.workloads.cnn:build",
     "transformer": "cpuopt_helpers.workloads.transformer:build",
     "rnn": "cpuopt_helpers.workloads.rnn:build",
+    "retinanet": "cpuopt_helpers.workloads.retinanet:build",
 }
 
 

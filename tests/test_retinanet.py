@@ -1,0 +1,93 @@
+"""The RetinaNet workload: structure, variants, targets, and a real training run."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.workloads import build_workload, retinanet
+
+
+def build(monkeypatch, spec=""):
+    monkeypatch.setenv("CPUOPT_RETINANET", spec)
+    return build_workload("retinanet", "quick")
+
+
+def test_heads_cover_every_anchor_of_p3_to_p7(monkeypatch):
+    w = build(monkeypatch)
+    images, targets = w.make_batch(2)
+    out = w.model(images)
+    assert out.shape == (2, len(retinanet.anchors(64)), 80 + 4) == (2, targets.shape[1], 84)
+    assert len(retinanet.anchors(256)) == 9 * (32 * 32 + 16 * 16 + 8 * 8 + 4 * 4 + 2 * 2)
+
+
+def test_every_box_gets_a_positive_anchor(monkeypatch):
+    w = build(monkeypatch)
+    _, targets = w.make_batch(3)
+    labels = targets[..., 0]
+    assert ((labels >= 0).sum(1) >= 1).all() and (labels == -1).any()
+    assert torch.isfinite(targets[..., 1:][labels >= 0]).all()
+
+
+@pytest.mark.parametrize("layers, trained", [(0, set()), (3, {"layer2", "layer3", "layer4"}),
+                                             (5, {"conv1", "layer1", "layer2", "layer3", "layer4"})])
+def test_trainable_layers_freeze_the_rest_of_the_backbone(monkeypatch, layers, trained):
+    w = build(monkeypatch, f"trainable_layers={layers}")
+    found = {n.split(".")[0] for n, p in w.model.backbone.named_parameters() if p.requires_grad}
+    assert found == trained
+    assert all(p.requires_grad for p in w.model.fpn.parameters())
+
+
+def test_fused_frozen_batchnorm_equals_the_separate_ops():
+    torch.manual_seed(0)
+    separate, fused = retinanet.FrozenBatchNorm2d(8), retinanet.FrozenBatchNorm2d(8, "fused")
+    for bn in (separate, fused):
+        bn.weight.copy_(torch.linspace(0.5, 2, 8))
+        bn.bias.copy_(torch.linspace(-1, 1, 8))
+        bn.running_mean.copy_(torch.linspace(-0.3, 0.3, 8))
+        bn.running_var.copy_(torch.linspace(0.5, 3, 8))
+    x = torch.randn(2, 8, 5, 5, requires_grad=True)
+    a, b = separate(x), fused(x)
+    torch.testing.assert_close(a, b)
+    ga, = torch.autograd.grad(a.sum(), x)
+    gb, = torch.autograd.grad(b.sum(), x)
+    torch.testing.assert_close(ga, gb)
+
+
+def test_fast_focal_loss_gives_the_same_detection_loss(monkeypatch):
+    ref = build(monkeypatch)
+    images, targets = ref.make_batch(2)
+    out = ref.model(images).float()
+    fast = build(monkeypatch, "focal=fast")
+    torch.testing.assert_close(fast.loss_fn(out, targets), ref.loss_fn(out, targets), rtol=1e-5, atol=1e-6)
+
+
+def test_601_classes_widen_the_classification_head(monkeypatch):
+    w = build(monkeypatch, "classes=601")
+    assert w.model(w.make_batch(1)[0]).shape[-1] == 605
+
+
+@pytest.mark.parametrize("spec, message", [("classes=0", "positive integer"), ("trainable_layers=6", "0-5"),
+                                           ("frozen_bn=folded", "separate or fused"), ("speed=11", "unknown")])
+def test_bad_variants_are_refused(spec, message):
+    with pytest.raises(CpuoptError, match=message):
+        retinanet.variant(spec)
+
+
+@pytest.mark.slow
+def test_cli_bench_retinanet_quick_is_ok():
+    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers.cli", "bench", "--workload", "retinanet",
+                           "--preset", "quick", "--steps", "3", "--warmup", "1", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout)
+    assert r["status"] == "ok" and r["samples_per_s"] > 0 and r["flops_per_step"] > 1e8
+
+
+def test_cli_bad_variant_is_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers.cli", "bench", "--workload", "retinanet",
+                           "--env", "CPUOPT_RETINANET=classes=x"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "classes must be a positive integer" in proc.stderr
