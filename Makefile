@@ -13,7 +13,7 @@ IPEX_VENV := .venv-ipex
 IPEX_STAMP := $(IPEX_VENV)/.cpuopt-setup
 IPEX ?= 1
 
-.PHONY: setup system-deps ipex run test lab overhead parse-speed focal-loss clean
+.PHONY: setup system-deps ipex run test lab overhead parse-speed focal-loss lamb clean
 
 setup: $(STAMP) system-deps $(if $(filter 0,$(IPEX)),,ipex)
 
@@ -55,6 +55,9 @@ parse-speed: setup
 
 focal-loss: setup
 	$(PY) benchmarks/focal_loss.py
+
+lamb: setup
+	$(PY) benchmarks/lamb.py
 
 clean:
 	rm -rf build

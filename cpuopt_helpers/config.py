@@ -17,7 +17,7 @@ OMP_RUNTIMES = ("gnu", "intel")
 DTYPES = ("fp32", "bf16")
 MODES = ("independent", "ddp")
 BATCH_POLICIES = ("per_rank", "global")
-OPTIMIZERS = ("sgd", "adamw")
+OPTIMIZERS = ("sgd", "adamw", "lamb")
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
 COMPILE_MODES = ("default", "max-autotune")
 AFFINITIES = ("compact", "scatter", "none")
@@ -44,8 +44,8 @@ class RunConfig:
     ``.venv-ipex`` built by ``make ipex``: torch 2.8 + IPEX 2.8) or a path to a python.
     ``ipex`` applies ``ipex.optimize(model, optimizer, dtype)`` (needs an IPEX runtime).
     ``compile`` wraps the model in ``torch.compile`` (default or max-autotune mode).
-    ``optimizer`` sgd (momentum 0.9) or adamw; ``optimizer_impl`` default (torch's choice:
-    a per-parameter loop on CPU), foreach or fused.
+    ``optimizer`` sgd (momentum 0.9), adamw or lamb (cpuopt_helpers.kernels.lamb);
+    ``optimizer_impl`` default (torch's choice: a per-parameter loop on CPU), foreach or fused.
     ``mode``: independent (instances train alone; throughput summed) or ddp (instances are
     ranks of one DistributedDataParallel job on gloo). ``batch_policy``: per_rank (each
     instance trains batch_size samples a step) or global (batch_size is split between ranks).
@@ -202,6 +202,9 @@ def validate(config: RunConfig, logical_cores: int, physical_cores: int, check_w
                                  ("batch policy", config.batch_policy, BATCH_POLICIES)):
         if value not in allowed:
             raise CpuoptError(f"unknown {name} {value!r}; use one of {', '.join(allowed)}")
+    if config.optimizer == "lamb" and config.optimizer_impl == "fused":
+        raise CpuoptError("Lamb has --optimizer-impl default (a per-parameter loop) or foreach; IPEX's fused Lamb "
+                          "is timed by benchmarks/lamb.py in the IPEX runtime")
     if config.compile is not None and config.compile not in COMPILE_MODES:
         raise CpuoptError(f"unknown compile mode {config.compile!r}; use one of {', '.join(COMPILE_MODES)}")
     if config.compile and config.warmup < 1:

@@ -86,3 +86,36 @@ def test_bad_reduction_and_impl_are_refused():
         sigmoid_focal_loss(x, t, reduction="avg")
     with pytest.raises(ValueError, match="impl must be auto, compiled or eager"):
         sigmoid_focal_loss(x, t, impl="cuda")
+
+
+def test_lamb_foreach_equals_the_per_parameter_loop_and_the_formula():
+    import copy
+
+    from cpuopt_helpers.kernels.lamb import Lamb
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    with torch.no_grad():
+        model[2].bias.zero_()  # a zero-norm parameter: trust ratio 1
+    loop, fused = copy.deepcopy(model), copy.deepcopy(model)
+    opts = [Lamb(loop.parameters(), impl="loop"), Lamb(fused.parameters(), impl="foreach")]
+    x = torch.randn(4, 8)
+    w0 = model[0].weight.detach().clone()
+    for _ in range(3):
+        for m, opt in zip((loop, fused), opts):
+            opt.zero_grad()
+            m(x).pow(2).mean().backward()
+            opt.step()
+    for a, b in zip(loop.parameters(), fused.parameters()):
+        torch.testing.assert_close(a, b)
+    # one step by hand, for the first weight
+    m = copy.deepcopy(model)
+    opt = Lamb(m.parameters(), impl="foreach", lr=0.1, weight_decay=0.0)
+    m(x).pow(2).mean().backward()
+    g = m[0].weight.grad.clone()
+    opt.step()
+    update = (0.1 * g / 0.1) / ((0.001 * g * g / 0.001).sqrt() + 1e-6)
+    expected = w0 - 0.1 * (w0.norm() / update.norm()) * update
+    torch.testing.assert_close(m[0].weight.detach(), expected)
+    with pytest.raises(ValueError, match="loop or foreach"):
+        Lamb(model.parameters(), impl="fused")
