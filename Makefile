@@ -54,10 +54,10 @@ parse-speed: setup
 	$(PY) benchmarks/parse_speed.py
 
 focal-loss: setup
-	$(PY) benchmarks/focal_loss.py
+	$(PY) -m cpuopt_helpers.kernels.benchmark focal
 
 lamb: setup
-	$(PY) benchmarks/lamb.py
+	$(PY) -m cpuopt_helpers.kernels.benchmark lamb
 
 clean:
 	rm -rf build

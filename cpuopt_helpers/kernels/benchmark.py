@@ -1,0 +1,181 @@
+"""Kernel benchmarks of the case study: the focal loss and the Lamb optimizer.
+
+``python -m cpuopt_helpers.kernels.benchmark focal [--json]`` times torchvision's focal
+loss against the closed-form kernels at RetinaNet's logit shapes (anchors x classes of
+the quick and standard presets, 80 and 601 classes): forward, backward and both,
+interleaved round by round in one process, each kernel's speedup over the reference with
+a 95% CI. ``... lamb [--json]`` times Lamb on RetinaNet's trainable parameters: the
+per-parameter loop against the multi-tensor (foreach) update, and IPEX's fused Lamb in
+the IPEX runtime (a second process, beside that runtime's own loop: every speedup is a
+ratio measured inside one process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+# preset -> (image size, images per batch), as the RetinaNet workload's presets
+PRESETS = {"quick": (64, 4), "standard": (256, 2)}
+FOCAL_KERNELS = ("reference", "closed-form eager", "closed-form compiled")
+
+
+def anchors(size: int) -> int:
+    """RetinaNet's anchors for one image: 9 per cell of P3-P7 (strides 8-128)."""
+    return 9 * sum(-(-size // 2**level) ** 2 for level in range(3, 8))
+
+
+def focal_shapes(presets=("quick", "standard"), classes=(80, 601)) -> dict:
+    return {f"{p} {c} classes": (anchors(PRESETS[p][0]) * PRESETS[p][1], c) for p in presets for c in classes}
+
+
+def _time_focal(fn, x, t) -> tuple[float, float]:
+    """Seconds of one forward and one backward (the loss summed, as the detector does)."""
+    x = x.detach().clone().requires_grad_()
+    start = time.perf_counter()
+    loss = fn(x, t, reduction="sum")
+    mid = time.perf_counter()
+    loss.backward()
+    return mid - start, time.perf_counter() - mid
+
+
+def focal(rounds: int = 15, dtype: str = "fp32", presets=("quick", "standard"), classes=(80, 601)) -> dict:
+    from cpuopt_helpers import stats
+    from cpuopt_helpers.kernels import focal_loss
+
+    kinds = {"reference": focal_loss.reference_sigmoid_focal_loss,
+             "closed-form eager": lambda x, t, **kw: focal_loss.sigmoid_focal_loss(x, t, impl="eager", **kw),
+             "closed-form compiled": lambda x, t, **kw: focal_loss.sigmoid_focal_loss(x, t, impl="compiled", **kw)}
+    kind = torch.float32 if dtype == "fp32" else torch.bfloat16
+    rows = []
+    for name, shape in focal_shapes(presets, classes).items():
+        g = torch.Generator().manual_seed(0)
+        x = (torch.randn(shape, generator=g) * 3).to(kind)
+        t = (torch.rand(shape, generator=g) < 0.01).to(kind)  # detection: few positive anchors
+        for fn in kinds.values():  # warm up (and compile) outside the clock
+            _time_focal(fn, x, t)
+            _time_focal(fn, x, t)
+        times = {k: [] for k in kinds}
+        for _ in range(rounds):
+            for k, fn in kinds.items():
+                times[k].append(_time_focal(fn, x, t))
+        for k in kinds:
+            for part, pick in (("forward", lambda s: s[0]), ("backward", lambda s: s[1]), ("both", sum)):
+                mine, ref = [pick(s) for s in times[k]], [pick(s) for s in times["reference"]]
+                ratio = stats.interleaved_ratio(mine, ref)  # reference time / this kernel's time
+                rows.append({"shape": name, "elements": shape[0] * shape[1], "part": part, "kernel": k,
+                             "median_ms": stats.summarize([s * 1e3 for s in mine])["median"],
+                             "speedup": ratio["median"], "speedup_low": ratio["ci_low"],
+                             "speedup_high": ratio["ci_high"]})
+    return {"dtype": dtype, "threads": torch.get_num_threads(), "rounds": rounds, "rows": rows}
+
+
+def lamb_parameters(preset: str) -> list[torch.nn.Parameter]:
+    """RetinaNet's trainable parameters (torchvision's default: 3 backbone stages), with gradients."""
+    from cpuopt_helpers.workloads.retinanet import RetinaNet
+
+    params = [p for p in RetinaNet(preset, 80, 3, "separate").parameters() if p.requires_grad]
+    g = torch.Generator().manual_seed(0)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g) * 1e-3
+    return params
+
+
+def _lamb(kind: str, params):
+    if kind == "ipex fused":
+        from cpuopt_helpers.runtimes import import_ipex
+
+        ipex = import_ipex()
+        opt = ipex.optim._lamb.Lamb(params, lr=1e-3)
+        _, opt = ipex.optimize(torch.nn.ParameterList(params), optimizer=opt, dtype=torch.float32,
+                               weights_prepack=False, inplace=True)
+        return opt
+    from cpuopt_helpers.kernels.lamb import Lamb
+
+    return Lamb(params, lr=1e-3, impl=kind)
+
+
+def lamb_here(kinds: list[str], preset: str, rounds: int) -> dict:
+    from cpuopt_helpers import stats
+
+    optimizers = {k: _lamb(k, lamb_parameters(preset)) for k in kinds}
+    for opt in optimizers.values():  # the first step allocates the state: outside the clock
+        opt.step()
+    times = {k: [] for k in kinds}
+    for _ in range(rounds):
+        for k, opt in optimizers.items():
+            start = time.perf_counter()
+            opt.step()
+            times[k].append(time.perf_counter() - start)
+    params = optimizers[kinds[0]].param_groups[0]["params"]
+    out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "preset": preset,
+           "tensors": len(params), "elements": sum(p.numel() for p in params), "kernels": {}}
+    for k in kinds:
+        ratio = stats.interleaved_ratio(times[k], times[kinds[0]])  # the loop's time / this kernel's
+        out["kernels"][k] = {"median_ms": stats.summarize([t * 1e3 for t in times[k]])["median"],
+                             "speedup_vs_loop": ratio["median"], "ci": [ratio["ci_low"], ratio["ci_high"]]}
+    return out
+
+
+def lamb(preset: str = "standard", rounds: int = 20) -> list[dict]:
+    """This runtime's loop and foreach; then the IPEX runtime's loop and fused Lamb (or why not)."""
+    from cpuopt_helpers import runtimes
+
+    results = [lamb_here(["loop", "foreach"], preset, rounds)]
+    status = runtimes.ipex_status()
+    if not status["available"]:
+        return results + [{"skipped": status["reason"]}]
+    env = dict(os.environ, PYTHONPATH=str(runtimes.PROJECT_ROOT))
+    proc = subprocess.run([status["python"], "-m", "cpuopt_helpers.kernels.benchmark", "lamb-ipex", "--preset",
+                           preset, "--rounds", str(rounds)], capture_output=True, text=True, env=env, timeout=900)
+    if proc.returncode != 0:
+        return results + [{"error": proc.stderr.strip()[-500:]}]
+    return results + [json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="focal-loss and Lamb kernel benchmarks")
+    parser.add_argument("what", choices=("focal", "lamb", "lamb-ipex"))
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (focal 15, lamb 20)")
+    parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="focal: input dtype")
+    parser.add_argument("--preset", default="standard", help="lamb: RetinaNet preset whose parameters are updated")
+    parser.add_argument("--presets", default="quick,standard", help="focal: presets whose shapes are timed")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.what == "lamb-ipex":
+        print(json.dumps(lamb_here(["loop", "ipex fused"], args.preset, args.rounds or 20)))
+        return 0
+    if args.what == "focal":
+        out = focal(args.rounds or 15, args.dtype, tuple(args.presets.split(",")))
+        if args.json:
+            print(json.dumps(out))
+            return 0
+        print(f"focal loss, {out['dtype']}, {out['threads']} threads, {out['rounds']} interleaved rounds")
+        for r in out["rows"]:
+            print(f"{r['shape']:<22} {r['part']:<8} {r['kernel']:<21} {r['median_ms']:9.3f} ms  "
+                  f"{r['speedup']:5.2f}x the reference (95% CI {r['speedup_low']:.2f}-{r['speedup_high']:.2f})")
+        return 0
+    out = lamb(args.preset, args.rounds or 20)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    for r in out:
+        if "kernels" not in r:
+            print(f"IPEX runtime: {r.get('skipped') or r.get('error')}")
+            continue
+        print(f"torch {r['torch']}, {r['threads']} threads, RetinaNet[{r['preset']}]: {r['tensors']} tensors, "
+              f"{r['elements']:,} parameters")
+        for k, v in r["kernels"].items():
+            print(f"  {k:<12} {v['median_ms']:8.2f} ms/step  {v['speedup_vs_loop']:5.2f}x the loop "
+                  f"(95% CI {v['ci'][0]:.2f}-{v['ci'][1]:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
