@@ -508,3 +508,67 @@ def convergence_findings(table: pd.DataFrame, target: float) -> list[str]:
                      + ("lower the per-rank batch as ranks are added." if trend == "more" else
                         "on this dataset that cost did not show."))
     return lines
+
+
+def conv_counts(exec_df: pd.DataFrame, steps: int) -> dict:
+    """Convolutions per training step in a oneDNN log, by propagation kind."""
+    convs = exec_df[exec_df["kind"] == "convolution"]
+    counts = convs.groupby("prop").size() / steps
+    ms = convs.groupby("prop")["time_ms"].sum() / steps
+    return {f"{p}_convs": float(counts.get(p, 0)) for p in ("forward_training", "backward_data", "backward_weights")} | \
+        {f"{p}_ms": float(ms.get(p, 0)) for p in ("backward_data", "backward_weights")}
+
+
+def frozen_layers_findings(table: pd.DataFrame) -> list[str]:
+    """What freezing backbone stages removes from the backward pass, from the logs."""
+    if len(table) < 2:
+        return ["frozen layers: fewer than two settings were logged."]
+    lo, hi = table.iloc[0], table.iloc[-1]
+    return [f"trainable_layers {int(hi.trainable_layers)} -> {int(lo.trainable_layers)}: backward-weights convolutions "
+            f"per step {hi.backward_weights_convs:.0f} -> {lo.backward_weights_convs:.0f}, backward-data "
+            f"{hi.backward_data_convs:.0f} -> {lo.backward_data_convs:.0f}; their oneDNN time "
+            f"{hi.backward_weights_ms + hi.backward_data_ms:.1f} -> {lo.backward_weights_ms + lo.backward_data_ms:.1f} "
+            "ms per step: stock PyTorch skips the weight gradients of frozen stages and the data gradients below the "
+            "lowest trainable one (the paper's IPEX build did not, until fixed)."]
+
+
+def focal_findings(bench: dict, phase_backward_ms: dict) -> list[str]:
+    """The kernel's speedups at each shape, and the reference loss's share of the measured backward."""
+    rows = pd.DataFrame(bench["rows"])
+    lines = []
+    for shape, g in rows[rows["part"] == "both"].groupby("shape", sort=False):
+        best = g[g["kernel"] != "reference"].sort_values("speedup", ascending=False).iloc[0]
+        lines.append(f"focal loss at {shape} ({int(best.elements):,} logits): {best.kernel} forward + backward "
+                     f"{best.speedup:.2f}x the reference (95% CI {best.speedup_low:.2f}-{best.speedup_high:.2f}).")
+    ref = rows[(rows["kernel"] == "reference") & (rows["part"] == "backward")]
+    for shape, backward_ms in phase_backward_ms.items():
+        hit = ref[ref["shape"] == shape]
+        if len(hit) and backward_ms:
+            lines.append(f"{shape}: the reference focal loss's backward alone takes {hit.iloc[0].median_ms:.1f} ms, "
+                         f"{hit.iloc[0].median_ms / backward_ms:.1%} of the measured backward phase "
+                         f"({backward_ms:.0f} ms).")
+    return lines
+
+
+def lamb_findings(bench: list[dict]) -> list[str]:
+    lines = []
+    for r in bench:
+        if "kernels" not in r:
+            lines.append(f"IPEX's fused Lamb: {r.get('skipped') or r.get('error')}")
+            continue
+        for k, v in r["kernels"].items():
+            if k != "loop":
+                lines.append(f"Lamb on RetinaNet[{r['preset']}]'s {r['elements']:,} trainable parameters, torch "
+                             f"{r['torch']}: {k} {v['median_ms']:.1f} ms vs the loop's "
+                             f"{r['kernels']['loop']['median_ms']:.1f} ms, {v['speedup_vs_loop']:.2f}x "
+                             f"(95% CI {v['ci'][0]:.2f}-{v['ci'][1]:.2f}).")
+    return lines
+
+
+def ladder_findings(results: list[dict], configs: dict, table: pd.DataFrame) -> list[str]:
+    """Each fix alone and all together against the baseline (the paper: about 2x together)."""
+    if table.empty:
+        return ["case study: no configuration produced a result."]
+    lines = [f"{r.name}: {_verdict({'median': r.ratio, 'ci_low': r.ratio_low, 'ci_high': r.ratio_high})} "
+             "the baseline." for r in table.dropna(subset=["ratio"]).itertuples() if r.name != "baseline"]
+    return lines

@@ -227,3 +227,23 @@ def convergence_figure(runs: list[dict], target: float):
     ax.set_title("UCI digits: convergence against the global batch")
     fig.tight_layout()
     return fig
+
+
+def frozen_layers_figure(table):
+    """Backward convolutions per step and the measured step time, by trainable backbone stages."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    x = range(len(table))
+    ax1.bar([i - 0.2 for i in x], table["backward_data_convs"], width=0.4, label="backward data")
+    ax1.bar([i + 0.2 for i in x], table["backward_weights_convs"], width=0.4, label="backward weights")
+    ax1.set_xticks(list(x), table["trainable_layers"])
+    ax1.set_xlabel("trainable backbone stages")
+    ax1.set_ylabel("convolutions per step")
+    ax1.legend(fontsize=8)
+    ax2.bar(list(x), table["step_ms"], color="#55A868")
+    ax2.set_xticks(list(x), table["trainable_layers"])
+    ax2.set_xlabel("trainable backbone stages")
+    ax2.set_ylabel("step time (ms, logged run)")
+    fig.suptitle("Frozen layers: what the backward pass skips")
+    fig.tight_layout()
+    return fig

@@ -132,3 +132,26 @@ def multi_instance_configs(base: RunConfig, facts: dict, batch_policy: str = "pe
         for mode in ("independent", "ddp") if ranks > 1 else ("independent",):
             configs.append(base.replace(threads=threads, instances=ranks, mode=mode))
     return unique(configs)
+
+
+def retinanet_variant(config: RunConfig, **settings) -> RunConfig:
+    """The config with CPUOPT_RETINANET settings added to the ones it has."""
+    env = dict(config.env)
+    current = dict(p.split("=", 1) for p in env.get("CPUOPT_RETINANET", "").split(",") if p)
+    current.update({k: str(v) for k, v in settings.items()})
+    env["CPUOPT_RETINANET"] = ",".join(f"{k}={v}" for k, v in sorted(current.items()))
+    return config.replace(env=env)
+
+
+def case_study_configs(base: RunConfig, facts: dict) -> dict[str, RunConfig]:
+    """Notebook 08: RetinaNet as the paper trained it (Lamb, torchvision's FrozenBatchNorm2d
+    and focal loss), each of the paper's fixes alone, then all of them together."""
+    base = retinanet_variant(normalise(base, facts["physical_cores"]).replace(
+        workload="retinanet", optimizer="lamb", optimizer_impl="default"))
+    return {
+        "baseline": base,
+        "fused FrozenBatchNorm2d": retinanet_variant(base, frozen_bn="fused"),
+        "closed-form focal loss": retinanet_variant(base, focal="fast"),
+        "multi-tensor Lamb": base.replace(optimizer_impl="foreach"),
+        "all fixes": retinanet_variant(base, frozen_bn="fused", focal="fast").replace(optimizer_impl="foreach"),
+    }
