@@ -565,10 +565,10 @@ def lamb_findings(bench: list[dict]) -> list[str]:
     return lines
 
 
-def ladder_findings(results: list[dict], configs: dict, table: pd.DataFrame) -> list[str]:
+def ladder_findings(table: pd.DataFrame) -> list[str]:
     """Each fix alone and all together against the baseline (the paper: about 2x together)."""
     if table.empty:
         return ["case study: no configuration produced a result."]
-    lines = [f"{r.name}: {_verdict({'median': r.ratio, 'ci_low': r.ratio_low, 'ci_high': r.ratio_high})} "
-             "the baseline." for r in table.dropna(subset=["ratio"]).itertuples() if r.name != "baseline"]
-    return lines
+    base = table.iloc[0]["name"]
+    return [f"{r.name} over {base}: {_verdict({'median': r.ratio, 'ci_low': r.ratio_low, 'ci_high': r.ratio_high})}."
+            for r in table.dropna(subset=["ratio"]).itertuples() if r.name != base]

@@ -200,3 +200,17 @@ def test_multi_instance_table_ddp_and_convergence(quick_run):
     assert "epochs to 95% test accuracy" in text or "did not reach 95%" in text
     for name in ("07_layouts", "07_convergence"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000
+
+
+def test_case_study_ladder_frozen_layers_and_kernels(quick_run):
+    out, _ = quick_run
+    store = ResultStore(out / "results.sqlite")
+    df = store.load(tag="08_case_study")
+    assert (df.status == "ok").all() and set(df.workload) == {"retinanet"}
+    assert {"default", "foreach"} <= set(df["config.optimizer_impl"]) and set(df["config.optimizer"]) == {"lamb"}
+    text = outputs_text(out / "notebooks" / "08_case_study_retinanet.ipynb")
+    assert "all fixes over baseline:" in text and "closed-form focal loss, 601 classes over baseline, 601" in text
+    assert "backward-weights convolutions per step" in text
+    assert "forward + backward" in text and "Lamb on RetinaNet[quick]" in text
+    for name in ("08_ladder", "08_frozen_layers"):
+        assert (out / "figures" / f"{name}.png").stat().st_size > 1000
