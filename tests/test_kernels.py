@@ -1,4 +1,4 @@
-"""The closed-form focal loss against torchvision's composite formula."""
+"""The case-study kernels: the closed-form focal loss against torchvision's formula, and Lamb."""
 
 import pytest
 import torch
