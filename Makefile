@@ -42,6 +42,7 @@ run: setup
 	IPEX=$(IPEX) $(VENV)/bin/cpuopt workbook run --preset $(PRESET)
 
 test: setup
+	@bash scripts/system-deps.sh chromium
 	IPEX=$(IPEX) $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider -q -rs
 
 lab: setup

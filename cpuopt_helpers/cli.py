@@ -109,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     wb_run.add_argument("--preset", default="standard", help="quick | standard | full")
     wb_run.add_argument("--only", action="append", help="notebook number(s) to run, e.g. --only 01")
     wb_run.add_argument("--out", help="output folder (default build/)")
+    wb_report = wb_sub.add_parser("report", help="write BUILD/report/index.html from what the last run left in BUILD")
+    wb_report.add_argument("--out", help="the run's output folder (default build/)")
     wb_readme = wb_sub.add_parser("readme", help="write the README's results section from the results store")
     wb_readme.add_argument("--preset", default="standard", help="which preset's results to report")
     wb_readme.add_argument("--write", metavar="README", help="update this README in place (else print)")
@@ -308,8 +310,16 @@ def _workbook(args) -> int:
         else:
             print(section)
         return 0
+    from cpuopt_helpers.report import build_report
+    from cpuopt_helpers.results import build_dir
+
+    out = Path(args.out).resolve() if args.out else build_dir().resolve()
+    if args.wb_command == "report":
+        print(f"report: {build_report(out, system.collect_facts())}")
+        return 0
     report = workbook.run_workbook(preset=args.preset, only=args.only, out=args.out)
     print(workbook.format_report(report))
+    print(f"report: {build_report(out, system.collect_facts())}")
     return 0 if all(r["status"] == "ok" for r in report) else 1
 
 

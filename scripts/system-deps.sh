@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Install numactl, jemalloc and tcmalloc when missing: with apt when running as root,
 # otherwise print what to install and carry on (the workbook measures what is there).
+# Extra Debian packages named as arguments (e.g. chromium, for the report's browser test)
+# are installed the same way when their command is missing.
 set -u
 missing=()
+for extra in "$@"; do command -v "$extra" >/dev/null 2>&1 || missing+=("$extra"); done
 command -v numactl >/dev/null 2>&1 || missing+=(numactl)
 libs=$(/sbin/ldconfig -p 2>/dev/null || ldconfig -p 2>/dev/null || true)
 grep -q "libjemalloc\.so" <<<"$libs" || missing+=(libjemalloc2)

@@ -214,3 +214,35 @@ def test_case_study_ladder_frozen_layers_and_kernels(quick_run):
     assert "forward + backward" in text and "Lamb on RetinaNet[quick]" in text
     for name in ("08_ladder", "08_frozen_layers"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000
+
+
+def chromium(*args, timeout=120):
+    import shutil
+    import subprocess
+    import tempfile
+
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("chromium is not installed (make test installs it as root: apt-get install chromium)")
+    with tempfile.TemporaryDirectory() as profile:
+        return subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                               f"--user-data-dir={profile}", "--virtual-time-budget=10000", *args],
+                              capture_output=True, text=True, timeout=timeout)
+
+
+def test_report_opens_in_a_browser_with_every_figure(quick_run):
+    from cpuopt_helpers import system
+    from cpuopt_helpers.report import build_report
+
+    out, _ = quick_run
+    index = build_report(out, system.collect_facts())
+    figures = sorted((out / "figures").glob("*.png"))
+    assert len(figures) >= 10 and len(list((index.parent / "notebooks").glob("*.html"))) == len(
+        workbook.list_notebooks())
+    dom = chromium("--dump-dom", index.as_uri()).stdout
+    assert f'data-figures-loaded="{len(figures)}/{len(figures)}"' in dom  # every <img> decoded by the browser
+    assert "05_runtimes" in dom and "07_layouts" in dom and "cnn[quick]" in dom
+    shot = index.parent / "screenshot.png"
+    chromium(f"--screenshot={shot}", "--window-size=1280,2400", index.as_uri())
+    assert shot.stat().st_size > 20_000

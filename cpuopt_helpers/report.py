@@ -1,0 +1,130 @@
+"""The workbook's report: BUILD/report/index.html from what a run left in BUILD.
+
+One page with the machine's facts, a gallery of every figure, the results table (one row
+per configuration and notebook: median samples/s with its spread) and links to every
+executed notebook rendered to HTML (nbconvert). Figures are copied beside the page, so
+the folder can be moved or served as it is. A small script on the page records, once it
+has loaded, how many figures the browser could draw (``data-figures-loaded="N/M"`` on
+<body>), which the browser test reads.
+"""
+
+from __future__ import annotations
+
+import html
+import shutil
+from pathlib import Path
+
+from cpuopt_helpers.results import ResultStore
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1200px; color: #222; }
+h1 { margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2rem; margin-top: 2rem; }
+table { border-collapse: collapse; font-size: 0.85rem; } td, th { border: 1px solid #ddd; padding: 0.2rem 0.5rem; }
+th { background: #f4f4f4; text-align: left; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.gallery { display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 1rem; }
+figure { margin: 0; border: 1px solid #eee; padding: 0.5rem; } figure img { width: 100%; }
+figcaption { font-size: 0.8rem; color: #555; }
+"""
+CHECK_SCRIPT = """
+window.addEventListener("load", () => {
+  const imgs = [...document.querySelectorAll("img")];
+  const ok = imgs.filter(i => i.complete && i.naturalWidth > 0).length;
+  document.body.dataset.figuresLoaded = ok + "/" + imgs.length;
+});
+"""
+
+
+def _facts_rows(facts: dict) -> list[tuple[str, str]]:
+    v = facts.get("versions", {})
+    isa = ", ".join(k for k, on in facts.get("isa", {}).items() if on) or "none of those checked"
+    bf16 = facts.get("bf16", {})
+    return [("CPU", facts.get("cpu_model", "?")),
+            ("cores", f"{facts.get('physical_cores')} physical, {facts.get('logical_cores')} logical, "
+                      f"{facts.get('sockets')} socket(s), NUMA nodes {facts.get('numa_nodes')}"),
+            ("ISA", isa), ("memory", f"{facts.get('memory_gib')} GiB"),
+            ("software", f"python {v.get('python')}, torch {v.get('torch')}, oneDNN {v.get('onednn')}"),
+            ("bf16", f"{'accelerated' if bf16.get('accelerated') else 'not accelerated'}: {bf16.get('reason', '')}"),
+            ("allocators", ", ".join(f"{k}: {p or 'missing'}" for k, p in facts.get("allocators", {}).items())),
+            ("machine id", facts.get("fingerprint", "?"))]
+
+
+def results_rows(store: ResultStore) -> list[dict]:
+    """One row per (notebook tag, configuration): runs, median samples/s, its range, status."""
+    df = store.load()
+    if df.empty:
+        return []
+    rows = []
+    for (tag, label), g in df.groupby(["tag", "label"], sort=False, dropna=False):
+        ok = g[g["status"] == "ok"]
+        rows.append({"notebook": tag or "", "configuration": label, "runs": len(g), "ok": len(ok),
+                     "samples_per_s": ok["samples_per_s"].median() if len(ok) else None,
+                     "min": ok["samples_per_s"].min() if len(ok) else None,
+                     "max": ok["samples_per_s"].max() if len(ok) else None,
+                     "step_ms": ok["step_ms"].median() if len(ok) else None})
+    return rows
+
+
+def _table(header: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = []
+    for row in rows:
+        cells = []
+        for i, value in enumerate(row):
+            text = "" if value is None else (f"{value:,.1f}" if isinstance(value, float) else str(value))
+            cells.append(f"<td class='num'>{html.escape(text)}</td>" if i in numeric else f"<td>{html.escape(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def render_notebooks(notebooks: list[Path], target: Path) -> list[tuple[str, str]]:
+    """Each executed notebook to HTML (outputs kept, code shown); (name, relative link)."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    target.mkdir(parents=True, exist_ok=True)
+    exporter = HTMLExporter()
+    links = []
+    for nb_path in notebooks:
+        body, _ = exporter.from_notebook_node(nbformat.read(nb_path, as_version=4))
+        (target / f"{nb_path.stem}.html").write_text(body)
+        links.append((nb_path.stem, f"notebooks/{nb_path.stem}.html"))
+    return links
+
+
+def build_report(build: Path, facts: dict, store: ResultStore | None = None, title: str = "cpuopt report") -> Path:
+    """Write BUILD/report/index.html (and its figures and notebook pages); return its path."""
+    report = build / "report"
+    figures_out = report / "figures"
+    if report.exists():
+        shutil.rmtree(report)
+    figures_out.mkdir(parents=True)
+    figures = sorted((build / "figures").glob("*.png")) if (build / "figures").exists() else []
+    for fig in figures:
+        shutil.copy2(fig, figures_out / fig.name)
+    notebooks = sorted((build / "notebooks").glob("[0-9][0-9]_*.ipynb")) if (build / "notebooks").exists() else []
+    links = render_notebooks(notebooks, report / "notebooks")
+    store = store or ResultStore(build / "results.sqlite")
+    rows = results_rows(store)
+    gallery = "".join(f"<figure><img src='figures/{html.escape(f.name)}' alt='{html.escape(f.stem)}'>"
+                      f"<figcaption>{html.escape(f.stem)}</figcaption></figure>" for f in figures)
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{STYLE}</style>
+<script>{CHECK_SCRIPT}</script></head>
+<body>
+<h1>{html.escape(title)}</h1>
+<p>{len(notebooks)} executed notebooks, {len(figures)} figures, {sum(r['runs'] for r in rows)} measured runs.</p>
+<h2>Machine</h2>
+{_table(["fact", "value"], [list(r) for r in _facts_rows(facts)])}
+<h2>Notebooks</h2>
+<ul>{''.join(f"<li><a href='{html.escape(link)}'>{html.escape(name)}</a></li>" for name, link in links)}</ul>
+<h2>Figures</h2>
+<div class="gallery">{gallery or '<p>No figures yet.</p>'}</div>
+<h2>Results</h2>
+{_table(["notebook", "configuration", "runs", "ok", "samples/s (median)", "min", "max", "step ms"],
+        [[r[k] for k in ("notebook", "configuration", "runs", "ok", "samples_per_s", "min", "max", "step_ms")]
+         for r in rows], numeric={2, 3, 4, 5, 6, 7})}
+</body></html>
+"""
+    index = report / "index.html"
+    index.write_text(page)
+    return index
