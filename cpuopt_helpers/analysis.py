@@ -572,3 +572,55 @@ def ladder_findings(table: pd.DataFrame) -> list[str]:
     base = table.iloc[0]["name"]
     return [f"{r.name} over {base}: {_verdict({'median': r.ratio, 'ci_low': r.ratio_low, 'ci_high': r.ratio_high})}."
             for r in table.dropna(subset=["ratio"]).itertuples() if r.name != base]
+
+
+def ladder_table(store, machine: str, workload: str, preset: str, peak_gflops: float | None,
+                 price_per_hour: float) -> pd.DataFrame:
+    """The optimisation ladder of one workload from the store: each rung handed on, its
+    measured throughput (median of every stored run of that exact configuration), the
+    cumulative speedup over the baseline, the share of the GEMM peak and the cost per 1000
+    training samples at the given price per machine-hour."""
+    ladder = store.get_fact(machine, f"ladder/{workload}/{preset}", [])
+    if not ladder:
+        return pd.DataFrame()
+    runs: dict[str, list[dict]] = {}
+    for r in store.results(machine=machine):
+        if r["status"] == "ok" and r["config"]["workload"] == workload:
+            runs.setdefault(r["config_hash"], []).append(r)
+    rows, previous = [], ladder[0]["config"]
+    for rung in ladder:
+        config = RunConfig.from_dict(rung["config"])
+        measured = runs.get(config.config_hash(), [])
+        sps = stats.summarize([r["samples_per_s"] for r in measured])["median"] if measured else None
+        gflops = stats.summarize([r["achieved_gflops"] for r in measured if r.get("achieved_gflops")])["median"] \
+            if any(r.get("achieved_gflops") for r in measured) else None
+        change = setting_label(rung["config"], previous) if rung is not ladder[0] else "PyTorch's defaults"
+        rows.append({"step": rung["step"], "change": "kept" if change == "baseline" else change,
+                     "samples_per_s": sps, "runs": len(measured), "achieved_gflops": gflops})
+        previous = rung["config"]
+    table = pd.DataFrame(rows)
+    base = table["samples_per_s"].iloc[0]
+    table["cumulative_speedup"] = table["samples_per_s"] / base if base else None
+    table["peak_share"] = table["achieved_gflops"] / peak_gflops if peak_gflops else None
+    table["usd_per_1000_samples"] = price_per_hour / 3600 * 1000 / table["samples_per_s"]
+    return table
+
+
+def ladder_summary(tables: dict, price_per_hour: float) -> list[str]:
+    """Per workload: where the ladder ended, which rung paid most, and what it costs."""
+    lines = []
+    for w, t in tables.items():
+        t = t.dropna(subset=["samples_per_s"])
+        if len(t) < 2:
+            lines.append(f"{w}: fewer than two measured rungs in the store; run notebooks 01-08 first.")
+            continue
+        gains = t["samples_per_s"].pct_change().iloc[1:]
+        top = t.iloc[int(gains.values.argmax()) + 1]
+        last = t.iloc[-1]
+        lines.append(f"{w}: {t.iloc[0].samples_per_s:.1f} -> {last.samples_per_s:.1f} samples/s, "
+                     f"{last.cumulative_speedup:.2f}x over PyTorch's defaults; the largest single step: "
+                     f"{top.step} ({top.change}, {gains.max() + 1:.2f}x); "
+                     f"${last.usd_per_1000_samples:.4f} per 1000 samples at ${price_per_hour:g}/hour"
+                     + (f"; {last.peak_share:.0%} of the measured GEMM peak." if last.peak_share == last.peak_share
+                        and last.peak_share is not None else "."))
+    return lines

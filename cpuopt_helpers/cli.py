@@ -1,4 +1,4 @@
-"""The `cpuopt` command: doctor, bench, launch, profile and workbook.
+"""The `cpuopt` command: doctor, bench, launch, tune, profile and workbook.
 
 Exit codes: 0 ok, 1 a run or notebook failed, 2 bad input (one line on stderr).
 """
@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--log-dir", default="build/launch", help="one log per instance here (default build/launch)")
     launch.add_argument("--dry-run", action="store_true", help="print the plan as shell commands and exit")
     launch.add_argument("program", nargs=argparse.REMAINDER, metavar="COMMAND", help="-- then the command to run")
+
+    tune = sub.add_parser("tune", help="search the best configuration for a workload within a time budget")
+    tune.add_argument("--workload", default="cnn", help="cnn, transformer, rnn, retinanet, or package.module:function")
+    tune.add_argument("--preset", default="quick", help="quick | standard | full")
+    tune.add_argument("--budget-min", type=float, default=10, help="minutes the search may take (default 10)")
+    tune.add_argument("--json", action="store_true", help="print the recommendation as JSON")
 
     prof = sub.add_parser("profile", help="break a oneDNN verbose log down, compare two, project the ceiling")
     prof.add_argument("log", help="a oneDNN verbose log (any version), e.g. from `cpuopt bench --onednn-verbose`")
@@ -297,6 +303,17 @@ def _profile(args) -> int:
     return 0
 
 
+def _tune(args) -> int:
+    from cpuopt_helpers import system, tune
+    from cpuopt_helpers.results import ResultStore
+
+    facts = system.collect_facts()
+    ladder = ResultStore().get_fact(facts["fingerprint"], f"ladder/{args.workload}/{args.preset}", [])
+    result = tune.tune(args.workload, args.budget_min, args.preset, facts, ladder, progress=not args.json)
+    print(json.dumps(result, indent=2) if args.json else tune.format_tune(result))
+    return 0
+
+
 def _workbook(args) -> int:
     from pathlib import Path
 
@@ -327,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="cpuopt: %(levelname)s: %(message)s")
     try:
         args = build_parser().parse_args(argv)
-        commands = {"doctor": _doctor, "bench": _bench, "launch": _launch, "profile": _profile, "workbook": _workbook}
+        commands = {"doctor": _doctor, "bench": _bench, "launch": _launch, "profile": _profile, "workbook": _workbook,
+                    "tune": _tune}
         return commands[args.command](args)
     except CpuoptError as exc:
         print(f"cpuopt: error: {exc}", file=sys.stderr)

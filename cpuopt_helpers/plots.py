@@ -247,3 +247,28 @@ def frozen_layers_figure(table):
     fig.suptitle("Frozen layers: what the backward pass skips")
     fig.tight_layout()
     return fig
+
+
+def waterfall(tables: dict):
+    """Per workload: each rung's gain on top of the previous, as a waterfall of cumulative speedup."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    tables = {w: t.dropna(subset=["cumulative_speedup"]) for w, t in tables.items() if len(t)}
+    n = max(1, len(tables))
+    fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 3.8), squeeze=False)
+    for ax, (name, t) in zip(axes[0], tables.items()):
+        level = 1.0
+        for i, row in enumerate(t.itertuples()):
+            if i == 0:
+                ax.bar(i, row.cumulative_speedup, color="#4C72B0")
+            else:
+                delta = row.cumulative_speedup - level
+                ax.bar(i, delta, bottom=level, color="#55A868" if delta >= 0 else "#C44E52")
+            level = row.cumulative_speedup
+            ax.text(i, level, f"{level:.2f}x", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(t)), t["step"], rotation=35, ha="right", fontsize=8)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_ylabel("speedup over PyTorch's defaults")
+        ax.set_title(name, fontsize=10)
+    fig.suptitle("The optimisation ladder")
+    fig.tight_layout()
+    return fig

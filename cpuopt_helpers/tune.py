@@ -1,0 +1,217 @@
+"""`cpuopt tune`: the best configuration this machine allows for one workload, in a time budget.
+
+1. Candidates: PyTorch's defaults, the ladder the notebooks handed on for this workload
+   (if any), and one change at a time from the defaults over the search space: threads,
+   ranks and mode, allocator, OpenMP runtime, channels-last, torch.compile, optimizer
+   implementation, and bf16 where the CPU has a fast path.
+2. Successive halving: every candidate runs once; the faster half runs again, and so on,
+   while the budget lasts; candidates are ranked by their median samples/s.
+3. The best candidate is combined with the other winning changes (one run each), then
+   the final three (recommended, PyTorch's defaults, run_cpu's defaults) run interleaved,
+   round by round, for the speedups with 95% confidence intervals.
+
+The recommendation is the fastest configuration whose speedup over the defaults has its
+whole interval above 1; otherwise the defaults themselves (speedup 1.0).
+"""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+import time
+
+from cpuopt_helpers import launch, stats, sweeps
+from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.errors import CpuoptError
+
+FINAL_ROUNDS = 3
+
+
+def search_space(default: RunConfig, facts: dict, image_like: bool) -> list[RunConfig]:
+    """One change at a time from the defaults (each a rung the notebooks measure)."""
+    physical = facts["physical_cores"]
+    out = [default.replace(threads=t) for t in sweeps.thread_counts(physical, physical) if t != default.threads]
+    out += [default.replace(threads=t, instances=n, mode="ddp") for t, n in sweeps.layouts(physical) if n > 1]
+    out += [default.replace(allocator=a) for a, path in facts["allocators"].items() if path]
+    if facts["openmp"].get("intel"):
+        out.append(default.replace(omp_runtime="intel"))
+    if image_like:
+        out.append(default.replace(channels_last=True))
+    out += [default.replace(optimizer_impl=i) for i in ("foreach", "fused")]
+    out.append(default.replace(compile="default", warmup=max(default.warmup, 1)))
+    if facts["bf16"]["accelerated"]:
+        out.append(default.replace(dtype="bf16"))
+    return out
+
+
+def changes(config: RunConfig, default: RunConfig) -> dict:
+    """The fields in which a config differs from the defaults."""
+    base = default.to_dict()
+    return {k: v for k, v in config.to_dict().items() if v != base[k] and k not in ("timeout_s", "warmup")}
+
+
+def combine(default: RunConfig, winners: list[RunConfig]) -> RunConfig | None:
+    """The defaults with every winner's changes applied (the first winner wins conflicts)."""
+    merged: dict = {}
+    for w in winners:
+        for k, v in changes(w, default).items():
+            merged.setdefault(k, v)
+    if merged.get("mode") == "ddp" and merged.get("compile"):
+        merged.pop("compile")  # measured one at a time; DDP with compile is left to the user
+    try:
+        return default.replace(**merged, warmup=max(default.warmup, 1)) if merged else None
+    except (TypeError, ValueError):
+        return None
+
+
+def launch_command(config: RunConfig, script: str = "train.py") -> str:
+    """The `cpuopt launch` line that trains a script with this configuration."""
+    parts = ["cpuopt", "launch"]
+    if config.mode == "ddp" and config.instances > 1:
+        parts += ["--nproc-per-node", str(config.instances), "--ncores-per-instance", str(config.threads)]
+    elif config.instances > 1:
+        parts += ["--ninstances", str(config.instances), "--ncores-per-instance", str(config.threads)]
+    else:
+        parts += ["--ncores-per-instance", str(config.threads)]
+    for flag, value, default in (("--allocator", config.allocator, "default"),
+                                 ("--omp-runtime", config.omp_runtime, "gnu"),
+                                 ("--affinity", config.affinity, "compact")):
+        if value != default:
+            parts += [flag, value]
+    line = " ".join(parts) + f" -- python {script}"
+    extras = [f"{k}={v}" for k, v in changes(config, RunConfig(workload=config.workload, preset=config.preset,
+                                                                steps=config.steps, threads=config.threads)).items()
+              if k in ("channels_last", "compile", "optimizer_impl", "dtype")]
+    return line + (f"   # in the script: {', '.join(extras)}" if extras else "")
+
+
+def shell_command(config: RunConfig, machine: launch.Machine, script: str = "train.py") -> str:
+    """The same as plain shell: environment variables and numactl, no cpuopt needed."""
+    plan = launch.build_plan(config.replace(mode="independent", instances=1) if config.mode == "ddp" else config,
+                             machine, command=["python", script])
+    inst = plan.instances[0]
+    env = {k: v for k, v in inst.env.items() if not k.startswith("CPUOPT_") and k != "PYTHONPATH"}
+    text = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + " " + " ".join(
+        shlex.quote(a) for a in inst.argv)
+    if config.mode == "ddp" and config.instances > 1:
+        text += f"   # one rank of {config.instances}: start each under torchrun on its own cores"
+    return text
+
+
+def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | None = None,
+         ladder: list[dict] | None = None, runner=None, progress: bool = True) -> dict:
+    """Search within the budget; measure the recommendation against both defaults."""
+    from tqdm.auto import tqdm
+
+    from cpuopt_helpers import system
+    from cpuopt_helpers.workloads import build_workload
+
+    if budget_min <= 0:
+        raise CpuoptError(f"--budget-min must be positive, got {budget_min}")
+    facts = facts or system.collect_facts()
+    runner = runner or (lambda c: launch.run(c, facts))
+    default = sweeps.normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
+    launch.build_plan(default, launch.Machine.this())  # bad workload or machine: fail before measuring
+    deadline = time.monotonic() + budget_min * 60
+    image_like = bool(getattr(build_workload(workload, preset), "image_like", False))
+    handed_on = [RunConfig.from_dict(s["config"]) for s in (ladder or []) if s["config"]["workload"] == workload]
+    candidates = sweeps.unique([default] + [c.replace(preset=preset, steps=default.steps, onednn_verbose=None, trace=None,
+                                                      warmup=max(default.warmup, c.warmup)) for c in handed_on]
+                               + search_space(default, facts, image_like))
+    samples: dict[str, list[float]] = {}
+    by_hash = {c.config_hash(): c for c in candidates}
+    bar = tqdm(desc=f"tune {workload}", unit="run", disable=not progress)
+    run_s = []
+
+    def measure(config: RunConfig) -> None:
+        start = time.monotonic()
+        bar.set_postfix_str(config.label()[:50])
+        r = runner(config)
+        run_s.append(time.monotonic() - start)
+        bar.update()
+        if r["status"] == "ok":
+            samples.setdefault(config.config_hash(), []).append(r["samples_per_s"])
+
+    def left() -> float:
+        return deadline - time.monotonic()
+
+    def room(runs: int) -> bool:  # keep time for the final interleaved rounds
+        per_run = statistics.median(run_s) if run_s else 10.0
+        return left() > per_run * (runs + 3 * FINAL_ROUNDS)
+
+    pool = list(candidates)
+    measure(default)
+    for config in pool[1:]:
+        if not room(1):
+            break
+        measure(config)
+    ranked = lambda hs: sorted(hs, key=lambda h: -statistics.median(samples[h]))  # noqa: E731
+    alive = ranked([h for h in samples])
+    while len(alive) > 2 and room(len(alive) // 2):
+        alive = alive[:max(2, len(alive) // 2)]
+        for h in alive:
+            measure(by_hash[h])
+        alive = ranked(alive)
+    base_speed = statistics.median(samples[default.config_hash()]) if default.config_hash() in samples else None
+    winners = [by_hash[h] for h in alive if base_speed and statistics.median(samples[h]) > base_speed
+               and h != default.config_hash()]
+    merged = combine(default, winners[:3]) if len(winners) > 1 else None
+    if merged is not None and room(1):
+        by_hash[merged.config_hash()] = merged
+        measure(merged)
+        alive = ranked(list(dict.fromkeys(alive + [merged.config_hash()])) if merged.config_hash() in samples
+                       else alive)
+    best = by_hash[alive[0]] if alive else default
+    run_cpu = default.replace(launcher="run_cpu")
+    finals = {"recommended": best, "default": default, "run_cpu": run_cpu}
+    rounds: dict[str, list[float]] = {k: [] for k in finals}
+    for _ in range(FINAL_ROUNDS):
+        for name, config in finals.items():
+            r = runner(config)
+            bar.update()
+            rounds[name].append(r["samples_per_s"] if r["status"] == "ok" else float("nan"))
+    bar.close()
+
+    def speedup(other: str) -> dict | None:
+        pairs = [(a, b) for a, b in zip(rounds[other], rounds["recommended"]) if a == a and b == b]
+        if not pairs:
+            return None
+        ratio = stats.interleaved_ratio([a for a, _ in pairs], [b for _, b in pairs])
+        return {"median": ratio["median"], "ci_low": ratio["ci_low"], "ci_high": ratio["ci_high"], "n": ratio["n"]}
+
+    vs_default = speedup("default")
+    note = ""
+    if best is not default and (vs_default is None or vs_default["ci_low"] <= 1.0):
+        note = (f"{best.label()} measured fastest in the search, but against the defaults its interval "
+                f"{vs_default and round(vs_default['ci_low'], 2)}-{vs_default and round(vs_default['ci_high'], 2)} "
+                "includes 1.0: the defaults are recommended")
+        best = default
+        vs_default = {"median": 1.0, "ci_low": 1.0, "ci_high": 1.0, "n": 0}
+        rounds["recommended"] = rounds["default"]
+    machine = launch.Machine.this()
+    return {"workload": workload, "preset": preset, "budget_min": budget_min,
+            "recommended": best.to_dict(), "recommended_label": best.label(),
+            "changes": changes(best, default),
+            "speedup_vs_default": vs_default, "speedup_vs_run_cpu": speedup("run_cpu"),
+            "samples_per_s": {k: statistics.median([v for v in vs if v == v]) if any(v == v for v in vs) else None
+                              for k, vs in rounds.items()},
+            "launch_command": launch_command(best), "shell_command": shell_command(best, machine),
+            "candidates": [{"label": by_hash[h].label(), "runs": len(v), "samples_per_s": statistics.median(v)}
+                           for h, v in samples.items()],
+            "runs": len(run_s) + 3 * FINAL_ROUNDS, "note": note}
+
+
+def format_tune(t: dict) -> str:
+    def ci(s):
+        return "not measured" if not s else f"{s['median']:.2f}x (95% CI {s['ci_low']:.2f}-{s['ci_high']:.2f})"
+
+    lines = [f"recommended for {t['workload']}[{t['preset']}]: {t['recommended_label']}",
+             f"  changes from PyTorch's defaults: {t['changes'] or 'none'}",
+             f"  speedup over PyTorch's defaults: {ci(t['speedup_vs_default'])}",
+             f"  speedup over run_cpu's defaults: {ci(t['speedup_vs_run_cpu'])}",
+             f"  train with:  {t['launch_command']}",
+             f"  or in plain shell:  {t['shell_command']}",
+             f"  ({len(t['candidates'])} candidates, {t['runs']} runs in a {t['budget_min']:g}-minute budget)"]
+    if t["note"]:
+        lines.append(f"  note: {t['note']}")
+    return "\n".join(lines)
