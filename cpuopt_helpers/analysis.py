@@ -575,7 +575,7 @@ def ladder_findings(table: pd.DataFrame) -> list[str]:
 
 
 def ladder_table(store, machine: str, workload: str, preset: str, peak_gflops: float | None,
-                 price_per_hour: float) -> pd.DataFrame:
+                 price_per_hour: float, physical_cores: int) -> pd.DataFrame:
     """The optimisation ladder of one workload from the store: each rung handed on, its
     measured throughput (median of every stored run of that exact configuration), the
     cumulative speedup over the baseline, the share of the GEMM peak and the cost per 1000
@@ -586,10 +586,11 @@ def ladder_table(store, machine: str, workload: str, preset: str, peak_gflops: f
     runs: dict[str, list[dict]] = {}
     for r in store.results(machine=machine):
         if r["status"] == "ok" and r["config"]["workload"] == workload:
-            runs.setdefault(r["config_hash"], []).append(r)
+            runs.setdefault(RunConfig.from_dict(r["config"]).config_hash(), []).append(r)  # today's hash
     rows, previous = [], ladder[0]["config"]
     for rung in ladder:
         config = RunConfig.from_dict(rung["config"])
+        config = config.replace(threads=config.threads or max(1, physical_cores // config.instances))  # as run
         measured = runs.get(config.config_hash(), [])
         sps = stats.summarize([r["samples_per_s"] for r in measured])["median"] if measured else None
         gflops = stats.summarize([r["achieved_gflops"] for r in measured if r.get("achieved_gflops")])["median"] \
@@ -599,8 +600,8 @@ def ladder_table(store, machine: str, workload: str, preset: str, peak_gflops: f
                      "samples_per_s": sps, "runs": len(measured), "achieved_gflops": gflops})
         previous = rung["config"]
     table = pd.DataFrame(rows)
-    base = table["samples_per_s"].iloc[0]
-    table["cumulative_speedup"] = table["samples_per_s"] / base if base else None
+    measured = table["samples_per_s"].dropna()
+    table["cumulative_speedup"] = table["samples_per_s"] / measured.iloc[0] if len(measured) else None
     table["peak_share"] = table["achieved_gflops"] / peak_gflops if peak_gflops else None
     table["usd_per_1000_samples"] = price_per_hour / 3600 * 1000 / table["samples_per_s"]
     return table
@@ -618,9 +619,9 @@ def ladder_summary(tables: dict, price_per_hour: float) -> list[str]:
         top = t.iloc[int(gains.values.argmax()) + 1]
         last = t.iloc[-1]
         lines.append(f"{w}: {t.iloc[0].samples_per_s:.1f} -> {last.samples_per_s:.1f} samples/s, "
-                     f"{last.cumulative_speedup:.2f}x over PyTorch's defaults; the largest single step: "
+                     f"{last.cumulative_speedup:.2f}x over {t.iloc[0].step}; the largest single step: "
                      f"{top.step} ({top.change}, {gains.max() + 1:.2f}x); "
                      f"${last.usd_per_1000_samples:.4f} per 1000 samples at ${price_per_hour:g}/hour"
-                     + (f"; {last.peak_share:.0%} of the measured GEMM peak." if last.peak_share == last.peak_share
-                        and last.peak_share is not None else "."))
+                     + (f"; {last.peak_share:.0%} of the measured fp32 GEMM peak (bf16 can exceed it)."
+                        if last.peak_share is not None and last.peak_share == last.peak_share else "."))
     return lines

@@ -246,3 +246,12 @@ def test_report_opens_in_a_browser_with_every_figure(quick_run):
     shot = index.parent / "screenshot.png"
     chromium(f"--screenshot={shot}", "--window-size=1280,2400", index.as_uri())
     assert shot.stat().st_size > 20_000
+
+
+def test_summary_ladder_comes_from_the_store(quick_run):
+    out, _ = quick_run
+    text = outputs_text(out / "notebooks" / "09_summary.ipynb")
+    assert "measured fp32 GEMM peak:" in text
+    for w in ("cnn", "transformer", "rnn"):
+        assert f"- {w}: " in text and "per 1000 samples at $1/hour" in text
+    assert (out / "figures" / "09_ladder.png").stat().st_size > 1000

@@ -1,0 +1,86 @@
+"""`cpuopt tune`: the search logic with a deterministic runner, then one real budgeted search."""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from cpuopt_helpers import system, tune
+from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.errors import CpuoptError
+
+FACTS = system.collect_facts()
+
+
+def fake_runner(gains: dict, noise: float = 0.02, seed: int = 0):
+    """samples/s = 100 x the product of the gains of the fields a config changes, +-noise."""
+    rng = random.Random(seed)
+
+    def run(config: RunConfig) -> dict:
+        speed = 100.0
+        for (field, value), gain in gains.items():
+            if getattr(config, field) == value:
+                speed *= gain
+        if config.launcher == "run_cpu":
+            speed *= 0.9
+        return {"status": "ok", "samples_per_s": speed * (1 + rng.uniform(-noise, noise))}
+    return run
+
+
+def test_search_finds_and_combines_the_settings_that_pay():
+    gains = {("channels_last", True): 1.5, ("optimizer_impl", "foreach"): 1.2, ("allocator", "jemalloc"): 0.8}
+    t = tune.tune("cnn", budget_min=60, facts=FACTS, runner=fake_runner(gains), progress=False)
+    rec = t["recommended"]
+    assert rec["channels_last"] is True and rec["optimizer_impl"] == "foreach" and rec["allocator"] != "jemalloc"
+    assert t["speedup_vs_default"]["ci_low"] > 1.6 and t["speedup_vs_run_cpu"]["median"] > t["speedup_vs_default"][
+        "median"]
+    assert t["launch_command"].startswith("cpuopt launch --ncores-per-instance")
+    assert "channels_last=True" in t["launch_command"] and "OMP_NUM_THREADS=" in t["shell_command"]
+
+
+def test_nothing_that_pays_recommends_the_defaults():
+    t = tune.tune("cnn", budget_min=60, facts=FACTS, runner=fake_runner({}, noise=0.05), progress=False)
+    assert t["changes"] == {} or t["speedup_vs_default"]["ci_low"] > 1.0
+    assert t["speedup_vs_default"]["ci_low"] <= 1.0 <= t["speedup_vs_default"]["ci_high"] or t["changes"]
+
+
+def test_a_small_budget_still_ends_with_the_final_comparison():
+    calls = []
+    runner = fake_runner({("channels_last", True): 1.5})
+
+    def slow(config):
+        import time
+
+        calls.append(config)
+        time.sleep(0.05)
+        return runner(config)
+    t = tune.tune("cnn", budget_min=0.002, facts=FACTS, runner=slow, progress=False)
+    assert len(calls) == 1 + 3 * tune.FINAL_ROUNDS  # the defaults, then the final rounds only
+    assert t["speedup_vs_default"] is not None
+
+
+def test_ddp_recommendation_launches_under_torchrun():
+    config = RunConfig(threads=1, instances=2, mode="ddp", allocator="tcmalloc")
+    line = tune.launch_command(config)
+    assert line.startswith("cpuopt launch --nproc-per-node 2 --ncores-per-instance 1 --allocator tcmalloc")
+
+
+def test_bad_budget_and_workload_are_clear_errors():
+    with pytest.raises(CpuoptError, match="budget"):
+        tune.tune("cnn", budget_min=0, facts=FACTS, runner=fake_runner({}), progress=False)
+    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers.cli", "tune", "--workload", "nope"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown workload 'nope'" in proc.stderr
+
+
+@pytest.mark.slow
+def test_real_budgeted_search_on_the_quick_cnn():
+    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers.cli", "tune", "--workload", "cnn", "--budget-min",
+                           "1.5", "--json"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    t = json.loads(proc.stdout)
+    assert {"recommended", "speedup_vs_default", "speedup_vs_run_cpu", "launch_command", "shell_command"} <= set(t)
+    assert t["speedup_vs_default"]["ci_high"] >= 1.0
+    assert t["launch_command"].startswith("cpuopt launch") and "numactl" in t["shell_command"]
