@@ -23,7 +23,7 @@ COMPILE_MODES = ("default", "max-autotune")
 AFFINITIES = ("compact", "scatter", "none")
 LAUNCHERS = ("cpuopt", "run_cpu")
 # preset -> (timed steps, warm-up steps) used by the notebooks
-PRESET_STEPS = {"quick": (20, 3), "standard": (10, 2), "full": (30, 5)}
+PRESET_STEPS = {"quick": (20, 3), "standard": (6, 1), "full": (30, 5)}
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def normalise(base: RunConfig, physical: int) -> RunConfig:
     return base.replace(threads=base.threads or max(1, physical // base.instances))
 
 
-def threading_configs(base: RunConfig, facts: dict) -> list[RunConfig]:
+def threading_configs(base: RunConfig, facts: dict, image_like: bool = True) -> list[RunConfig]:
     """Notebook 03: thread scaling, affinity, OpenMP runtime and KMP_BLOCKTIME, OMP_PROC_BIND,
     oversubscription and DataLoader workers, each against the base configuration."""
     physical, logical = facts["physical_cores"], facts["logical_cores"]
@@ -43,7 +43,8 @@ def threading_configs(base: RunConfig, facts: dict) -> list[RunConfig]:
         configs += [base.replace(omp_runtime="intel", kmp_blocktime=b) for b in (0, 1, 200)]
     configs.append(base.replace(env={"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}))
     configs.append(base.replace(threads=2 * logical, oversubscribe=True))
-    configs += [base.replace(loader_workers=w) for w in sorted({1, physical})]
+    if image_like:  # an input pipeline worth feeding from worker processes: decoded, augmented images
+        configs += [base.replace(loader_workers=w) for w in sorted({1, physical})]
     return unique(configs)
 
 

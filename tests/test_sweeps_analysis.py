@@ -15,6 +15,11 @@ def test_thread_counts():
     assert sweeps.thread_counts(1, 1) == [1]
 
 
+def test_loader_workers_are_swept_for_image_models_only():
+    configs = sweeps.threading_configs(RunConfig.for_preset("rnn", "quick"), FACTS, image_like=False)
+    assert {c.loader_workers for c in configs} == {0}
+
+
 def test_threading_configs_cover_every_setting_once():
     configs = sweeps.threading_configs(RunConfig.for_preset("cnn", "quick"), FACTS)
     labels = [c.label() for c in configs]
