@@ -22,6 +22,10 @@ def test_heads_cover_every_anchor_of_p3_to_p7(monkeypatch):
     out = w.model(images)
     assert out.shape == (2, len(retinanet.anchors(64)), 80 + 4) == (2, targets.shape[1], 84)
     assert len(retinanet.anchors(256)) == 9 * (32 * 32 + 16 * 16 + 8 * 8 + 4 * 4 + 2 * 2)
+    from cpuopt_helpers.kernels import benchmark
+
+    for size in (64, 256, 800):  # the kernel benchmark times the workload's own logit shapes
+        assert benchmark.anchors(size) == len(retinanet.anchors(size))
 
 
 def test_every_box_gets_a_positive_anchor(monkeypatch):

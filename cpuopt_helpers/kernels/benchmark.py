@@ -28,7 +28,7 @@ FOCAL_KERNELS = ("reference", "closed-form eager", "closed-form compiled")
 
 def anchors(size: int) -> int:
     """RetinaNet's anchors for one image: 9 per cell of P3-P7 (strides 8-128)."""
-    return 9 * sum(-(-size // 2**level) ** 2 for level in range(3, 8))
+    return 9 * sum((-(-size // 2**level)) ** 2 for level in range(3, 8))
 
 
 def focal_shapes(presets=("quick", "standard"), classes=(80, 601)) -> dict:
