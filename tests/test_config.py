@@ -30,7 +30,8 @@ def test_threads_default_to_physical_cores_per_instance():
     (RunConfig(omp_runtime="llvm"), "unknown omp runtime"),
     (RunConfig(dtype="fp8"), "unknown dtype"),
     (RunConfig(mode="mpi"), "unknown mode 'mpi'"),
-    (RunConfig(optimizer="lamb"), "unknown optimizer 'lamb'"),
+    (RunConfig(optimizer="lion"), "unknown optimizer 'lion'"),
+    (RunConfig(optimizer="lamb", optimizer_impl="fused"), "IPEX's fused Lamb"),
     (RunConfig(optimizer_impl="triton"), "unknown optimizer implementation"),
     (RunConfig(batch_policy="fixed"), "unknown batch policy"),
     (RunConfig(compile="reduce-overhead"), "unknown compile mode"),
@@ -88,7 +89,7 @@ def test_from_dict_rejects_unknown_fields():
 
 def test_for_preset_and_label():
     c = RunConfig.for_preset("transformer", "standard", allocator="tcmalloc")
-    assert (c.steps, c.warmup, c.allocator) == (10, 2, "tcmalloc")
+    assert (c.steps, c.warmup, c.allocator) == (6, 1, "tcmalloc")
     assert c.label().startswith("transformer[standard]") and "allocator=tcmalloc" in c.label()
     with pytest.raises(CpuoptError, match="unknown preset"):
         RunConfig.for_preset("cnn", "medium")
