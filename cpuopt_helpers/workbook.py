@@ -191,7 +191,36 @@ def results_markdown(store: ResultStore, facts: dict, preset: str = "standard") 
     lines += _precision_lines(store, machine, preset) + _ladder_lines(store, machine, table.index, preset)
     lines += ["", "![thread scaling](docs/03_scaling.png)", "![launchers](docs/04_launchers.png)",
               "![bf16 throughput](docs/06_throughput.png)", "![bf16 accuracy](docs/06_accuracy.png)"]
+    lines += _answer_lines(Path(store.path).parent / "notebooks")
     return "\n".join(lines)
+
+
+ANSWERS = {"05_ipex": ("IPEX and its upstream replacements (notebook 05)", ["05_runtimes"]),
+           "07_multi_instance": ("Multi-instance and DDP (notebook 07)", ["07_layouts", "07_convergence"]),
+           "08_case_study_retinanet": ("The RetinaNet case study (notebook 08)", ["08_ladder", "08_frozen_layers"]),
+           "09_summary": ("The ladder (notebook 09)", ["09_ladder"])}
+
+
+def notebook_answer(path: Path) -> list[str]:
+    """The findings a notebook printed in its last code cell (its answer), one per line."""
+    import nbformat
+
+    cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    text = "".join(o.get("text", "") for o in (cells[-1].get("outputs", []) if cells else [])
+                   if o.get("output_type") == "stream")
+    return [line for line in text.splitlines() if line.startswith("- ")]
+
+
+def _answer_lines(folder: Path) -> list[str]:
+    """Each later notebook's answer, quoted from the executed notebook, with its figures."""
+    lines = []
+    for stem, (title, figures) in ANSWERS.items():
+        path = folder / f"{stem}.ipynb"
+        if not path.exists():
+            continue
+        lines += ["", f"{title}, as the executed notebook concluded:", "", *notebook_answer(path), ""]
+        lines += [f"![{f}](docs/{f}.png)" for f in figures]
+    return lines
 
 
 def _precision_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
