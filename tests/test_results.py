@@ -106,3 +106,18 @@ def test_concurrent_writers_never_corrupt(tmp_path):
         assert p.exitcode == 0
     rows = ResultStore(path).results()
     assert len(rows) == 100 and len({r["config"]["seed"] for r in rows}) == 100
+
+
+def test_readme_quotes_a_notebooks_answer_from_its_last_cell(tmp_path):
+    import nbformat
+
+    from cpuopt_helpers.workbook import notebook_answer
+
+    nb = nbformat.v4.new_notebook()
+    first, last = nbformat.v4.new_code_cell("print('x')"), nbformat.v4.new_code_cell("for l in lines: print(l)")
+    first.outputs = [nbformat.v4.new_output("stream", name="stdout", text="- not the answer\n")]
+    last.outputs = [nbformat.v4.new_output("stream", name="stdout", text="- cnn: 1.19x\nprogress 50%\n- rnn: kept\n")]
+    nb.cells = [first, nbformat.v4.new_markdown_cell("## Answer"), last]
+    path = tmp_path / "05_ipex.ipynb"
+    nbformat.write(nb, path)
+    assert notebook_answer(path) == ["- cnn: 1.19x", "- rnn: kept"]
