@@ -87,3 +87,11 @@ def test_scaling_table_and_findings():
     assert list(t.threads) == [1, 2, 4] and t.ideal.tolist() == [100, 200, 400]
     assert t.efficiency.iloc[-1] == pytest.approx(4 ** 0.8 / 4)
     assert "76% of ideal" in analysis.scaling_findings(t, "cnn")[0]
+
+
+def test_case_study_baseline_drops_fixes_handed_on_earlier():
+    fixed = sweeps.retinanet_variant(RunConfig.for_preset("retinanet", "quick"), focal="fast").replace(
+        optimizer="lamb", optimizer_impl="foreach")
+    configs = sweeps.case_study_configs(fixed, FACTS)
+    assert dict(configs["baseline"].env)["CPUOPT_RETINANET"] == "" and configs["baseline"].optimizer_impl == "default"
+    assert dict(configs["all fixes"].env)["CPUOPT_RETINANET"] == "focal=fast,frozen_bn=fused"
