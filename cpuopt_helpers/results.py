@@ -7,29 +7,49 @@ hand on to the next step of the ladder.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import random
 import sqlite3
+import time
 from contextlib import closing
 from pathlib import Path
 from typing import Callable, Iterable
 
+from cpuopt_helpers import compare
+
 log = logging.getLogger(__name__)
 
+SCHEMA_VERSION = 2  # 2: rows keyed by (sweep, arm, round); sweeps recorded with their code version
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     created_at TEXT NOT NULL,
     machine TEXT,
+    sweep TEXT NOT NULL,
+    arm INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    position INTEGER,
     config_hash TEXT NOT NULL,
-    repeat INTEGER NOT NULL DEFAULT 0,
     tag TEXT,
     status TEXT NOT NULL,
     workload TEXT,
+    loaded INTEGER,
+    code_version TEXT,
     result TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS results_lookup ON results (machine, config_hash, repeat, tag);
+CREATE INDEX IF NOT EXISTS results_lookup ON results (sweep, arm, round);
+CREATE TABLE IF NOT EXISTS sweeps (
+    id TEXT PRIMARY KEY,
+    machine TEXT,
+    tag TEXT,
+    kind TEXT NOT NULL,
+    code_version TEXT,
+    arms TEXT NOT NULL,
+    created_at TEXT NOT NULL DEFAULT (datetime('now'))
+);
 CREATE TABLE IF NOT EXISTS facts (
     machine TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -58,8 +78,30 @@ class ResultStore:
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = Path(path) if path else default_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.moved_aside = self._move_aside_older_schema()
         with closing(self._connect()) as db, db:
             db.executescript(SCHEMA)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _move_aside_older_schema(self) -> Path | None:
+        """A store of an older schema is renamed, never mixed with new rows (its rows were
+        keyed without sweeps, so they cannot be paired honestly)."""
+        if not self.path.exists():
+            return None
+        with closing(sqlite3.connect(self.path, timeout=60)) as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            has_rows = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'results'").fetchone()
+        if version >= SCHEMA_VERSION or not has_rows:
+            return None
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = self.path.with_name(f"{self.path.stem}.schema{version}-{stamp}{self.path.suffix}")
+        for suffix in ("", "-wal", "-shm"):
+            old = Path(str(self.path) + suffix)
+            if old.exists():
+                old.rename(Path(str(target) + suffix))
+        log.warning("%s held results of an older schema (%d); moved aside to %s, starting a new store",
+                    self.path, version, target)
+        return target
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=60)
@@ -67,33 +109,37 @@ class ResultStore:
         db.execute("PRAGMA busy_timeout=60000")
         return db
 
-    def save_result(self, result: dict, repeat: int = 0, tag: str | None = None) -> int:
-        """Write one RunResult in its own transaction; return its row id."""
+    def save_result(self, result: dict, sweep: str = "", arm: int = 0, round: int = 0, position: int | None = None,
+                    tag: str | None = None) -> int:
+        """Write one RunResult in its own transaction, keyed by (sweep, arm, round); return its row id."""
+        state = result.get("machine_state") or {}
+        code = result.get("code_version")
         with closing(self._connect()) as db, db:
             cur = db.execute(
-                "INSERT INTO results (created_at, machine, config_hash, repeat, tag, status, workload, result) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (result["created_at"], result.get("system"), result["config_hash"], repeat, tag,
-                 result["status"], result["config"]["workload"], json.dumps(result)))
+                "INSERT INTO results (created_at, machine, sweep, arm, round, position, config_hash, tag, status, "
+                "workload, loaded, code_version, result) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (result["created_at"], result.get("system"), sweep, arm, round, position, result["config_hash"], tag,
+                 result["status"], result["config"]["workload"],
+                 None if state.get("loaded") is None else int(state["loaded"]),
+                 json.dumps(code, sort_keys=True) if code else None, json.dumps(result)))
             return cur.lastrowid
 
-    def has_result(self, machine: str | None, config_hash: str, repeat: int, tag: str | None = None) -> bool:
-        """Whether a finished (not failed) result of this config and repeat exists here."""
-        with closing(self._connect()) as db:
-            row = db.execute(
-                "SELECT 1 FROM results WHERE machine IS ? AND config_hash = ? AND repeat = ? AND tag IS ? "
-                "AND status IN ('ok', 'unsupported') LIMIT 1", (machine, config_hash, repeat, tag)).fetchone()
-        return row is not None
+    def add_sweep(self, sweep: str, machine: str | None, tag: str | None, kind: str, arms: list[dict],
+                  code_version: dict | None) -> None:
+        """Record a sweep (its arms in order) the first time it runs."""
+        with closing(self._connect()) as db, db:
+            db.execute("INSERT OR IGNORE INTO sweeps (id, machine, tag, kind, code_version, arms) VALUES (?, ?, ?, ?, ?, ?)",
+                       (sweep, machine, tag, kind, json.dumps(code_version, sort_keys=True), json.dumps(arms)))
 
-    def results(self, tag: str | None = None, machine: str | None = None) -> list[dict]:
-        query, args = "SELECT repeat, tag, result FROM results WHERE 1=1", []
-        if tag is not None:
-            query, args = query + " AND tag = ?", args + [tag]
-        if machine is not None:
-            query, args = query + " AND machine = ?", args + [machine]
+    def results(self, tag: str | None = None, machine: str | None = None, sweep: str | None = None) -> list[dict]:
+        """Stored RunResults (oldest first), each with its sweep, arm, round, position and tag."""
+        query, args = "SELECT sweep, arm, round, position, tag, result FROM results WHERE 1=1", []
+        for column, value in (("tag", tag), ("machine", machine), ("sweep", sweep)):
+            if value is not None:
+                query, args = query + f" AND {column} = ?", args + [value]
         with closing(self._connect()) as db:
             rows = db.execute(query + " ORDER BY id", args).fetchall()
-        return [dict(json.loads(r[2]), repeat=r[0], tag=r[1]) for r in rows]
+        return [dict(json.loads(r[5]), sweep=r[0], arm=r[1], round=r[2], position=r[3], tag=r[4]) for r in rows]
 
     def load(self, tag: str | None = None, machine: str | None = None):
         """Results as a tidy DataFrame: one row per result, config fields as columns."""
@@ -102,13 +148,14 @@ class ResultStore:
         rows = []
         for r in self.results(tag, machine):
             row = {f"config.{k}": (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in r["config"].items()}
-            row.update({k: r.get(k) for k in ("tag", "repeat", "label", "config_hash", "status", "reason",
+            row.update({k: r.get(k) for k in ("tag", "sweep", "arm", "round", "position", "label", "config_hash", "status", "reason",
                                                "samples_per_s", "peak_rss_mb", "loss_first", "loss_last",
                                                "achieved_gflops", "flops_per_step", "startup_s", "system",
                                                "created_at")})
             row.update({"compile_s": r.get("compile_s"), "params_in_sync": r.get("params_in_sync"),
                         "versions.torch": (r.get("versions") or {}).get("torch"),
-                        "versions.ipex": (r.get("versions") or {}).get("ipex")})
+                        "versions.ipex": (r.get("versions") or {}).get("ipex"),
+                        "loaded": (r.get("machine_state") or {}).get("loaded")})
             row["workload"] = r["config"]["workload"]
             row["step_ms"] = r["step_ms"]["median"]
             for phase, ms in (r.get("phase_ms") or {}).items():
@@ -129,35 +176,99 @@ class ResultStore:
         return json.loads(row[0]) if row else default
 
 
-def run_sweep(configs: Iterable, store: ResultStore, runner: Callable[[object], dict], repeats: int = 1,
+def code_version() -> dict:
+    """The measuring code's version (package + hash of its source), from the launcher."""
+    from cpuopt_helpers import launch
+
+    return launch.code_version() if hasattr(launch, "code_version") else {}
+
+
+def sweep_id(kind: str, tag: str | None, machine: str | None, configs: list, code: dict) -> str:
+    """A sweep is its kind, tag, machine, arms in order and the measuring code's version:
+    the same notebook re-run on the same code resumes it; changed code starts a new one."""
+    key = json.dumps([kind, tag, machine, [c.config_hash() for c in configs], code.get("measuring_hash")])
+    return hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
+def _stored(store: ResultStore, sweep: str) -> dict:
+    return {(r["arm"], r["round"]): r for r in store.results(sweep=sweep) if r["status"] in ("ok", "unsupported")}
+
+
+def run_sweep(configs: Iterable, store: ResultStore, runner: Callable[[object], dict], rounds: int = 1,
               resume: bool = True, tag: str | None = None, machine: str | None = None,
               progress: bool = True) -> list[dict]:
-    """Run every config `repeats` times, interleaved (A B A B ...), saving each result at once.
+    """Run every config (an arm) once per round, the order inside each round shuffled
+    (seeded by the sweep and round, and recorded), saving each result at once.
 
-    With ``resume=True`` a (config, repeat) already measured on this machine is skipped and
-    its stored result returned, so a sweep killed half-way picks up where it stopped.
-    A failed run is stored as a failure row; the sweep goes on.
+    Arms are positions in `configs`: the same configuration twice is two arms (an A/A
+    test). With ``resume=True`` an (arm, round) this sweep already measured is returned from
+    the store, so a sweep killed half-way picks up where it stopped; rows of other sweeps
+    are never used. A failed run is stored as a failure row; the sweep goes on.
     """
     from tqdm.auto import tqdm
 
     configs = list(configs)
-    jobs = [(r, c) for r in range(repeats) for c in configs]
-    stored = {}
-    if resume:
-        for row in store.results(tag=tag, machine=machine):
-            if row["status"] in ("ok", "unsupported"):
-                stored[(row["config_hash"], row["repeat"])] = row
+    code = code_version()
+    sweep = sweep_id("sweep", tag, machine, configs, code)
+    store.add_sweep(sweep, machine, tag, "sweep", [c.to_dict() for c in configs], code)
+    stored = _stored(store, sweep) if resume else {}
+    jobs = []
+    for r in range(rounds):
+        order = list(range(len(configs)))
+        random.Random(f"{sweep}/{r}").shuffle(order)
+        jobs += [(r, position, arm) for position, arm in enumerate(order)]
     out = []
     bar = tqdm(jobs, desc=tag or "sweep", unit="run", disable=not progress)
-    for repeat, config in bar:
-        key = (config.config_hash(), repeat)
-        if key in stored:
-            out.append(dict(stored[key], resumed=True))
+    for round_, position, arm in bar:
+        config = configs[arm]
+        if (arm, round_) in stored:
+            out.append(dict(stored[(arm, round_)], resumed=True))
             continue
         bar.set_postfix_str(config.label()[:60])
         result = runner(config)
-        store.save_result(result, repeat=repeat, tag=tag)
+        store.save_result(result, sweep=sweep, arm=arm, round=round_, position=position, tag=tag)
         if result["status"] != "ok":
-            log.warning("%s: %s: %s", config.label(), result["status"], result["reason"].splitlines()[0])
-        out.append(dict(result, repeat=repeat, tag=tag))
-    return out
+            log.warning("%s: %s: %s", config.label(), result["status"], (result["reason"] or "").splitlines()[:1])
+        out.append(dict(result, sweep=sweep, arm=arm, round=round_, position=position, tag=tag))
+    return sorted(out, key=lambda r: (r["round"], r["arm"]))
+
+
+def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], tag: str | None = None,
+                   machine: str | None = None, min_rounds: int = compare.MIN_ROUNDS,
+                   max_rounds: int = compare.MAX_ROUNDS, budget_s: float | None = None, resume: bool = True,
+                   progress: bool = True) -> dict:
+    """The adaptive A/B of `compare.run_adaptive` on two configurations (b over a), each run
+    stored as it lands in a sweep of its own; a resumed comparison continues its rounds."""
+    from tqdm.auto import tqdm
+
+    code = code_version()
+    sweep = sweep_id("ab", tag, machine, [a, b], code)
+    store.add_sweep(sweep, machine, tag, "ab", [a.to_dict(), b.to_dict()], code)
+    stored = _stored(store, sweep) if resume else {}
+    done = []
+    while (0, len(done)) in stored and (1, len(done)) in stored:
+        done.append(tuple(stored[(arm, len(done))]["samples_per_s"] for arm in (0, 1)))
+    seed = int(sweep[:8], 16)
+    bar = tqdm(total=max_rounds, initial=len(done), desc=f"{tag or 'compare'} A/B", unit="round",
+               disable=not progress)
+    runs = []
+
+    def measure(arm: str, round_: int) -> float | None:
+        index = 0 if arm == "a" else 1
+        if (index, round_) in stored:
+            return stored[(index, round_)]["samples_per_s"]
+        config = (a, b)[index]
+        result = runner(config)
+        position = compare.round_order(round_, seed).index(arm)
+        store.save_result(result, sweep=sweep, arm=index, round=round_, position=position, tag=tag)
+        runs.append(dict(result, sweep=sweep, arm=index, round=round_, position=position, tag=tag))
+        if result["status"] != "ok":
+            log.warning("%s: %s: %s", config.label(), result["status"], (result["reason"] or "").splitlines()[:1])
+            return None
+        return result["samples_per_s"]
+
+    out = compare.run_adaptive(measure, done=done, min_rounds=min_rounds, max_rounds=max_rounds, budget_s=budget_s,
+                               seed=seed, on_round=lambda i, r: bar.update())
+    bar.close()
+    return dict(out, sweep=sweep, tag=tag, a=a.to_dict(), b=b.to_dict(),
+                failures=[r["reason"] for r in runs if r["status"] != "ok"])

@@ -19,12 +19,13 @@ def fake_result(config, status="ok", sps=100.0, machine="m1"):
 
 def test_round_trip_to_dataframe(tmp_path):
     store = ResultStore(tmp_path / "r.sqlite")
-    store.save_result(fake_result(RunConfig(workload="rnn")), repeat=1, tag="t")
+    store.save_result(dict(fake_result(RunConfig(workload="rnn")), machine_state={"loaded": True}),
+                      sweep="s1", arm=2, round=1, position=0, tag="t")
     df = store.load()
     assert len(df) == 1
     row = df.iloc[0]
-    assert (row.workload, row.status, row.samples_per_s, row.step_ms, row.backward_ms, row["repeat"]) == \
-        ("rnn", "ok", 100.0, 10.0, 5.0, 1)
+    assert (row.workload, row.status, row.samples_per_s, row.step_ms, row.backward_ms, row["round"], row.arm,
+            row.sweep, bool(row.loaded)) == ("rnn", "ok", 100.0, 10.0, 5.0, 1, 2, "s1", True)
     assert row["config.allocator"] == "default"
     import sqlite3
     assert sqlite3.connect(store.path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -39,24 +40,60 @@ def test_facts_replace_older_values(tmp_path):
     assert store.get_fact("other", "roofline/quick") is None
 
 
-def test_sweep_interleaves_repeats_and_resumes(tmp_path):
+def test_sweep_rounds_shuffle_order_record_it_and_resume(tmp_path):
     store = ResultStore(tmp_path / "r.sqlite")
-    a, b = RunConfig(workload="cnn"), RunConfig(workload="rnn")
+    configs = [RunConfig(workload=w) for w in ("cnn", "rnn", "transformer")]
     calls = []
 
     def runner(config):
         calls.append(config.workload)
         return fake_result(config)
 
-    run_sweep([a, b], store, runner, repeats=2, tag="x", machine="m1", progress=False)
-    assert calls == ["cnn", "rnn", "cnn", "rnn"]  # A B A B
+    out = run_sweep(configs, store, runner, rounds=4, tag="x", machine="m1", progress=False)
+    rounds = [calls[i:i + 3] for i in range(0, 12, 3)]
+    assert all(sorted(r) == ["cnn", "rnn", "transformer"] for r in rounds)  # every arm once per round
+    assert len({tuple(r) for r in rounds}) > 1  # the order inside a round is not fixed
+    first = {(r["round"], r["position"]): r["config"]["workload"] for r in out}
+    assert [first[(0, p)] for p in range(3)] == rounds[0]  # and it is recorded
     calls.clear()
-    out = run_sweep([a, b], store, runner, repeats=3, tag="x", machine="m1", progress=False)
-    assert calls == ["cnn", "rnn"]  # only the third repeat is new
-    assert sum(r.get("resumed", False) for r in out) == 4
+    out = run_sweep(configs, store, runner, rounds=5, tag="x", machine="m1", progress=False)
+    assert sorted(calls) == ["cnn", "rnn", "transformer"]  # only the fifth round is new
+    assert sum(r.get("resumed", False) for r in out) == 12
     calls.clear()
-    run_sweep([a], store, runner, repeats=1, tag="x", machine="another-machine", progress=False)
+    run_sweep(configs[:1], store, runner, rounds=1, tag="x", machine="another-machine", progress=False)
     assert calls == ["cnn"]  # a different machine measures again
+
+
+def test_sweeps_never_pair_across_each_other_or_code_versions(tmp_path, monkeypatch):
+    from cpuopt_helpers import results
+
+    store = ResultStore(tmp_path / "r.sqlite")
+    a = RunConfig(workload="cnn")
+    calls = []
+    runner = lambda c: (calls.append(c), fake_result(c))[1]  # noqa: E731
+    aa = run_sweep([a, a], store, runner, rounds=2, tag="aa", machine="m1", progress=False)
+    assert len(calls) == 4 and {r["arm"] for r in aa} == {0, 1}  # an A/A test: two arms, four runs
+    calls.clear()
+    run_sweep([a], store, runner, rounds=2, tag="other", machine="m1", progress=False)
+    assert len(calls) == 2  # another sweep does not borrow the A/A sweep's rows
+    calls.clear()
+    monkeypatch.setattr(results, "code_version", lambda: {"measuring_hash": "changed"})
+    run_sweep([a, a], store, runner, rounds=2, tag="aa", machine="m1", progress=False)
+    assert len(calls) == 4  # the measuring code changed: a new sweep
+
+
+def test_resume_finds_runs_whose_stored_hash_is_of_the_validated_config(tmp_path):
+    store = ResultStore(tmp_path / "r.sqlite")
+    unvalidated = RunConfig(workload="cnn")  # threads=None, as notebook 01 plans it
+    calls = []
+
+    def runner(config):  # the real launcher stores the hash of the config it ran (threads spelled out)
+        calls.append(config)
+        return fake_result(config.replace(threads=2))
+
+    run_sweep([unvalidated], store, runner, rounds=2, tag="b", machine="m1", progress=False)
+    run_sweep([unvalidated], store, runner, rounds=2, tag="b", machine="m1", progress=False)
+    assert len(calls) == 2
 
 
 def test_failed_runs_are_stored_and_retried_on_resume(tmp_path):
@@ -83,10 +120,55 @@ def test_sweep_killed_half_way_keeps_finished_rows(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run_sweep(configs, store, runner, tag="k", machine="m1", progress=False)
     assert len(store.results(tag="k")) == 3
+    first = list(done)
     done.clear()
     run_sweep(configs, store, lambda c: (done.append(c.seed), fake_result(c))[1], tag="k", machine="m1",
               progress=False)
-    assert done == [3, 4]
+    assert sorted(done + first) == [0, 1, 2, 3, 4]
+
+
+def test_an_older_store_is_moved_aside_not_mixed(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "r.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE results (id INTEGER PRIMARY KEY, config_hash TEXT, repeat INTEGER, result TEXT)")
+        db.execute("INSERT INTO results VALUES (1, 'h', 0, '{}')")
+    store = ResultStore(path)
+    assert store.moved_aside is not None and store.moved_aside.exists()
+    assert store.results() == []
+    assert ResultStore(path).moved_aside is None  # the new store is kept on the next open
+
+
+def test_comparison_stores_rounds_and_resumes_them(tmp_path):
+    from cpuopt_helpers.results import run_comparison
+
+    store = ResultStore(tmp_path / "r.sqlite")
+    a, b = RunConfig(workload="cnn"), RunConfig(workload="cnn", channels_last=True)
+    calls = []
+
+    def runner(config):
+        calls.append(config)
+        return fake_result(config, sps=120.0 + len(calls) % 2 if config.channels_last else 100.0)
+
+    out = run_comparison(a, b, store, runner, tag="c", machine="m1", progress=False)
+    assert out["verdict"] == "faster" and out["n"] == 5 and len(calls) == 10
+    assert len({r["sweep"] for r in store.results(tag="c")}) == 1
+    orders = out["order"]
+    assert set(orders) == {"AB", "BA"}
+    calls.clear()
+    again = run_comparison(a, b, store, runner, tag="c", machine="m1", progress=False)
+    assert calls == [] and again["ratio"] == pytest.approx(out["ratio"])
+
+
+def test_comparison_stops_when_an_arm_always_fails(tmp_path):
+    from cpuopt_helpers.results import run_comparison
+
+    store = ResultStore(tmp_path / "r.sqlite")
+    a, b = RunConfig(workload="cnn"), RunConfig(workload="cnn", allocator="tcmalloc")
+    out = run_comparison(a, b, store, lambda c: fake_result(c, status="failed" if c.allocator == "tcmalloc" else "ok"),
+                         tag="f", machine="m1", progress=False)
+    assert out["stopped"] == "failed" and out["verdict"] == "too few rounds" and out["failures"]
 
 
 def _writer(path, n, worker):

@@ -1,0 +1,188 @@
+"""The one comparison rule: paired rounds -> ratio, honest interval, verdict; adaptive A/B.
+
+Every "faster", "slower" or interval the workbook prints comes from here.
+
+- The unit of evidence is one round: each arm measured once, in a fresh worker process,
+  back to back, so drift of the shared machine hits both. The statistic is the log of
+  b's throughput over a's in each round.
+- ``paired_ratio``: the ratio is the geometric mean of the paired ratios (it lies inside
+  its interval); the interval is Student's t on the log ratios, honest at small n. Below
+  ``min_rounds`` (default 5) there is no interval and the verdict is ``too few rounds``:
+  with 2-3 rounds any interval is either the range of the rounds (a bootstrap) or
+  uselessly wide (t with 1-2 degrees of freedom).
+- Verdicts: ``faster`` / ``slower`` (the interval excludes 1), ``equivalent`` (the
+  twice-one-sided interval, 90% for a 95% rule, lies inside 1 +- margin, as a TOST
+  equivalence test), ``no different`` (it straddles), ``too few rounds``.
+- ``run_adaptive``: rounds continue from ``min_rounds`` to ``max_rounds`` until a verdict
+  is decided or the time budget is spent. Looking after every round inflates false wins,
+  so each look tests at a per-look level calibrated by simulation (a Pocock-type
+  boundary on the t statistic's p-value) that keeps the overall false faster/slower rate
+  at 1 - confidence; the interval printed after stopping is the repeated-confidence
+  interval at that per-look level, and says so.
+- Order inside a round alternates (AB, BA, AB, ...) from a seeded random start, so neither
+  arm always runs second; the order is recorded.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+import time
+from typing import Callable, Sequence
+
+MIN_ROUNDS = 5
+MAX_ROUNDS = 14
+CONFIDENCE = 0.95
+MARGIN = 0.05
+DECIDED = ("faster", "slower", "equivalent")
+# per_look_confidence's result for the defaults, computed once (tests recompute it)
+CALIBRATED = {(MIN_ROUNDS, MAX_ROUNDS, CONFIDENCE): 0.98728}
+VERDICTS = DECIDED + ("no different", "too few rounds")
+
+
+def _t_quantile(p: float, df: int) -> float:
+    from scipy.stats import t
+
+    return float(t.ppf(p, df))
+
+
+def log_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    """log(b/a) of every round where both arms measured a positive throughput."""
+    if len(a) != len(b):
+        raise ValueError(f"paired rounds need equal lengths, got {len(a)} and {len(b)}")
+    return [math.log(y / x) for x, y in zip(a, b)
+            if x is not None and y is not None and x == x and y == y and x > 0 and y > 0]
+
+
+def paired_ratio(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE,
+                 margin: float = MARGIN, min_rounds: int = MIN_ROUNDS) -> dict:
+    """b over a from paired rounds (throughputs, higher is better): ratio, interval, verdict.
+
+    ``ci_low``/``ci_high`` are NaN below ``min_rounds``; ``label`` names the interval.
+    """
+    logs = log_ratios(a, b)
+    n = len(logs)
+    out = {"ratio": math.exp(sum(logs) / n) if n else math.nan, "ci_low": math.nan, "ci_high": math.nan,
+           "n": n, "verdict": "too few rounds", "confidence": confidence, "margin": margin,
+           "min_rounds": min_rounds, "label": f"{confidence:.0%} CI"}
+    if n < max(min_rounds, 2):
+        return out
+    mean = sum(logs) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    se = sd / math.sqrt(n)
+    half = _t_quantile(1 - (1 - confidence) / 2, n - 1) * se
+    half_eq = _t_quantile(confidence, n - 1) * se  # two one-sided tests at (1 - confidence) each
+    low, high = math.exp(mean - half), math.exp(mean + half)
+    if low > 1:
+        verdict = "faster"
+    elif high < 1:
+        verdict = "slower"
+    elif math.exp(mean - half_eq) > 1 / (1 + margin) and math.exp(mean + half_eq) < 1 + margin:
+        verdict = "equivalent"
+    else:
+        verdict = "no different"
+    return dict(out, ci_low=low, ci_high=high, verdict=verdict)
+
+
+@functools.lru_cache(maxsize=32)
+def per_look_confidence(min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS,
+                        confidence: float = CONFIDENCE, sims: int = 200_000, seed: int = 20261130) -> float:
+    """The confidence each look uses so that looking at every round from min to max
+    rounds keeps the overall false faster/slower rate at 1 - confidence.
+
+    Calibrated by simulating A/A comparisons (normal log ratios; the t statistic's null
+    distribution does not depend on the noise level): the per-look two-sided level is the
+    (1 - confidence) quantile of the smallest p-value over the looks.
+    """
+    import numpy as np
+    from scipy.stats import t
+
+    if max_rounds <= min_rounds:
+        return confidence
+    if (min_rounds, max_rounds, confidence) in CALIBRATED and (sims, seed) == (200_000, 20261130):
+        return CALIBRATED[(min_rounds, max_rounds, confidence)]
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((sims, max_rounds))
+    csum, csq = np.cumsum(x, axis=1), np.cumsum(x * x, axis=1)
+    smallest = np.ones(sims)
+    for n in range(max(min_rounds, 2), max_rounds + 1):
+        mean = csum[:, n - 1] / n
+        var = (csq[:, n - 1] - n * mean * mean) / (n - 1)
+        stat = np.abs(mean) / np.sqrt(np.maximum(var, 1e-300) / n)
+        smallest = np.minimum(smallest, 2 * t.sf(stat, n - 1))
+    return float(1 - np.quantile(smallest, 1 - confidence))
+
+
+def sequential_ratio(a: Sequence[float], b: Sequence[float], min_rounds: int = MIN_ROUNDS,
+                     max_rounds: int = MAX_ROUNDS, confidence: float = CONFIDENCE, margin: float = MARGIN) -> dict:
+    """``paired_ratio`` at the per-look level of an adaptive comparison: the verdict and the
+    repeated-confidence interval that stay honest however many rounds were looked at."""
+    level = per_look_confidence(min_rounds, max_rounds, confidence)
+    out = paired_ratio(a, b, level, margin, min_rounds)
+    out.update(confidence=confidence, per_look_confidence=level, max_rounds=max_rounds,
+               label=f"{confidence:.0%} repeated-confidence interval (per-look {level:.1%})")
+    return out
+
+
+def round_order(round_index: int, seed: int) -> tuple[str, str]:
+    """Which arm runs first in a round: alternating AB/BA from a seeded random start."""
+    first = random.Random(seed).randrange(2)
+    return ("a", "b") if (round_index + first) % 2 == 0 else ("b", "a")
+
+
+def run_adaptive(measure: Callable[[str, int], float | None], done: Sequence[tuple[float, float]] = (),
+                 min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS, budget_s: float | None = None,
+                 confidence: float = CONFIDENCE, margin: float = MARGIN, seed: int = 0,
+                 clock: Callable[[], float] = time.monotonic, on_round=None) -> dict:
+    """An adaptive, counterbalanced A/B: ``measure(arm, round) -> throughput`` ("a" or "b").
+
+    ``done`` holds rounds already measured (a resumed comparison). Stops when the verdict
+    is faster, slower or equivalent, at ``max_rounds``, when the next round would not
+    fit in ``budget_s``, or when an arm failed (returned None) two rounds running. Returns ``sequential_ratio``'s dict plus the rounds, their order,
+    and why it stopped.
+    """
+    rounds = [tuple(r) for r in done]
+    order = [round_order(i, seed) for i in range(len(rounds))]
+    start, spent = clock(), []
+    stopped = "max_rounds"
+    while True:
+        result = sequential_ratio([r[0] for r in rounds], [r[1] for r in rounds], min_rounds, max_rounds,
+                                  confidence, margin)
+        if len(rounds) >= min_rounds and result["verdict"] in DECIDED:
+            stopped = "decided"
+            break
+        if len(rounds) >= max_rounds:
+            break
+        if len(rounds) >= 2 and all(None in r for r in rounds[-2:]):
+            stopped = "failed"  # an arm fails every time: more rounds cannot help
+            break
+        per_round = (sum(spent) / len(spent)) if spent else 0.0
+        if budget_s is not None and spent and clock() - start + per_round > budget_s:
+            stopped = "budget"
+            break
+        t0, i = clock(), len(rounds)
+        arms = round_order(i, seed)
+        got = {arm: measure(arm, i) for arm in arms}
+        rounds.append((got["a"], got["b"]))
+        order.append(arms)
+        spent.append(clock() - t0)
+        if on_round:
+            on_round(i, rounds[-1])
+    result.update(rounds=[list(r) for r in rounds], order=["".join(o).upper() for o in order], stopped=stopped)
+    return result
+
+
+def describe(result: dict | None, what: str = "") -> str:
+    """'1.12x (95% CI 1.03-1.22, 8 rounds): faster' - the one way a comparison is worded."""
+    if not result or not result.get("n"):
+        return f"{what}not measured" if what else "not measured"
+    head = f"{what}{result['ratio']:.2f}x"
+    if result["verdict"] == "too few rounds":
+        return (f"{head} ({result['n']} round{'s' * (result['n'] != 1)}, fewer than the {result['min_rounds']} "
+                "a verdict needs): too few rounds")
+    label = result.get("label", "95% CI")
+    words = {"faster": "faster", "slower": "slower", "equivalent": f"equivalent (within +-{result['margin']:.0%})",
+             "no different": "no different (within noise)"}
+    return (f"{head} ({label} {result['ci_low']:.2f}-{result['ci_high']:.2f}, {result['n']} rounds): "
+            f"{words[result['verdict']]}")

@@ -1,0 +1,116 @@
+"""The comparison rule, tested by simulating it as the notebooks run it."""
+
+import math
+import random
+
+import pytest
+
+from cpuopt_helpers import compare
+
+SIGMA_RUN = 0.10  # log-normal noise of one run's throughput; a paired log ratio has sigma 0.14
+
+
+def simulated_ab(ratio: float, rng: random.Random, drift: bool = True):
+    """measure(arm, round) for a machine whose speed drifts between rounds (shared by both
+    arms of a round) and whose every run has log-normal noise."""
+    level = {}
+
+    def measure(arm: str, i: int) -> float:
+        if i not in level:
+            level[i] = rng.gauss(0, 0.3) if drift else 0.0
+        base = 40.0 * math.exp(level[i] + rng.gauss(0, SIGMA_RUN))
+        return base * (ratio if arm == "b" else 1.0)
+    return measure
+
+
+def verdicts(ratio: float, trials: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [compare.run_adaptive(simulated_ab(ratio, rng), min_rounds=5, max_rounds=14, seed=k) for k in range(trials)]
+
+
+def test_adaptive_aa_keeps_false_verdicts_at_five_percent():
+    runs = verdicts(1.0, 2000, seed=1)
+    false = sum(r["verdict"] in ("faster", "slower") for r in runs) / len(runs)
+    assert false <= 0.06, false
+    assert all(5 <= r["n"] <= 14 for r in runs)
+    # looking after every round without the adjusted level would be wrong much more often
+    naive = sum(any(compare.paired_ratio(r["rounds_a"][:n], r["rounds_b"][:n])["verdict"] in ("faster", "slower")
+                    for n in range(5, len(r["rounds_a"]) + 1)) for r in map(_split, runs[:500])) / 500
+    assert naive > false
+
+
+def _split(r):
+    return {"rounds_a": [x[0] for x in r["rounds"]], "rounds_b": [x[1] for x in r["rounds"]]}
+
+
+def test_adaptive_finds_a_true_15_percent_gain():
+    runs = verdicts(1.15, 2000, seed=2)
+    power = sum(r["verdict"] == "faster" for r in runs) / len(runs)
+    assert power >= 0.80, power
+    assert not any(r["verdict"] == "slower" for r in runs)
+    found = [r for r in runs if r["verdict"] == "faster"]
+    assert sum(r["ci_low"] <= 1.15 <= r["ci_high"] for r in found) / len(found) > 0.9
+
+
+@pytest.mark.parametrize("n", [5, 8, 12])
+def test_fixed_n_t_interval_covers_the_true_ratio(n):
+    rng = random.Random(n)
+    covered = 0
+    for _ in range(2000):
+        a = [40 * math.exp(rng.gauss(0, SIGMA_RUN)) for _ in range(n)]
+        b = [1.1 * 40 * math.exp(rng.gauss(0, SIGMA_RUN)) for _ in range(n)]
+        r = compare.paired_ratio(a, b)
+        covered += r["ci_low"] <= 1.1 <= r["ci_high"]
+    assert 0.93 <= covered / 2000 <= 0.97
+
+
+def test_too_few_rounds_gives_no_interval():
+    r = compare.paired_ratio([10, 11, 10], [12, 13, 12])
+    assert r["verdict"] == "too few rounds" and math.isnan(r["ci_low"]) and r["n"] == 3
+    assert "too few rounds" in compare.describe(r) and "CI" not in compare.describe(r)
+    assert compare.paired_ratio([], [])["n"] == 0
+
+
+def test_ratio_is_the_geometric_mean_and_lies_inside_its_interval():
+    a = [10, 20, 40, 10, 20, 40]
+    b = [11, 24, 40, 12, 22, 44]
+    r = compare.paired_ratio(a, b)
+    geo = math.exp(sum(math.log(y / x) for x, y in zip(a, b)) / len(a))
+    assert r["ratio"] == pytest.approx(geo)
+    assert r["ci_low"] < r["ratio"] < r["ci_high"]
+    assert compare.paired_ratio(b, a)["ratio"] == pytest.approx(1 / geo)
+
+
+def test_verdicts_faster_slower_equivalent_no_different():
+    a = [100.0] * 8
+    assert compare.paired_ratio(a, [120 + i % 2 for i in range(8)])["verdict"] == "faster"
+    assert compare.paired_ratio(a, [80 + i % 2 for i in range(8)])["verdict"] == "slower"
+    assert compare.paired_ratio(a, [100 + (-1) ** i * 0.5 for i in range(8)])["verdict"] == "equivalent"
+    assert compare.paired_ratio(a, [100 + (-1) ** i * 20 for i in range(8)])["verdict"] == "no different"
+
+
+def test_round_order_alternates_and_is_recorded():
+    orders = [compare.round_order(i, seed=3) for i in range(6)]
+    assert orders[0] != orders[1] and orders[0] == orders[2]
+    assert {compare.round_order(0, s) for s in range(20)} == {("a", "b"), ("b", "a")}
+    r = compare.run_adaptive(lambda arm, i: 10.0 if arm == "a" else 12.0 + 0.1 * (i % 2), seed=3)
+    assert r["order"][:2] in (["AB", "BA"], ["BA", "AB"]) and r["stopped"] == "decided" and r["n"] == 5
+
+
+def test_budget_stops_and_resume_continues_from_stored_rounds():
+    clock = iter(range(0, 10_000, 10))
+    r = compare.run_adaptive(lambda arm, i: 10.0 + (i % 3), budget_s=25, clock=lambda: next(clock))
+    assert r["stopped"] == "budget" and r["n"] < 5 and r["verdict"] == "too few rounds"
+    calls = []
+    done = [(10.0, 12.0)] * 4
+    r = compare.run_adaptive(lambda arm, i: (calls.append(i), 10.0 if arm == "a" else 12.1)[1], done=done)
+    assert r["n"] == 5 and set(calls) == {4} and r["verdict"] == "faster"
+
+
+def test_per_look_level_is_stricter_than_fixed_n():
+    level = compare.per_look_confidence(5, 14, 0.95)
+    assert compare.per_look_confidence(5, 14, 0.95, sims=100_000, seed=5) == pytest.approx(level, abs=0.001)
+    assert 0.97 < level < 0.999
+    assert compare.per_look_confidence(5, 5, 0.95) == 0.95
+    r = compare.sequential_ratio([10] * 6, [11, 12, 11, 12, 11, 12])
+    assert "repeated-confidence" in r["label"] and r["per_look_confidence"] == level
