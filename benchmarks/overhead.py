@@ -9,7 +9,7 @@ import statistics
 import sys
 import time
 
-from cpuopt_helpers import launch, stats
+from cpuopt_helpers import compare, launch, stats
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.worker import prepare
 
@@ -43,8 +43,8 @@ def per_step_overhead() -> dict:
         timed.append((time.perf_counter() - t) / STEPS)
     diffs_us = [(b - a) * 1e6 for a, b in zip(bare, timed)]
     return {"bare_step_ms": statistics.median(bare) * 1e3, "timed_step_ms": statistics.median(timed) * 1e3,
-            "overhead_us_median": statistics.median(diffs_us), "overhead_us_ci": stats.bootstrap_ci(diffs_us),
-            "ratio": stats.interleaved_ratio(bare, timed)["median"], "rounds": ROUNDS, "steps_per_round": STEPS}
+            "overhead_us_median": statistics.median(diffs_us), "timed_over_bare": compare.paired_ratio(bare, timed),
+            "rounds": ROUNDS, "steps_per_round": STEPS}
 
 
 if __name__ == "__main__":

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cpuopt_helpers import stats
+from cpuopt_helpers import compare, stats
 from cpuopt_helpers.config import RunConfig
 
 PHASES = ("forward", "backward", "optimizer")
 
 
 def throughput_table(results: list[dict]) -> pd.DataFrame:
-    """One row per configuration: median samples/s over repeats with a bootstrap CI,
-    median step and phase times, achieved GFLOP/s, and the spread warning."""
+    """One row per workload: median samples/s over runs with their range (low-high; a few
+    runs give no honest interval of their own), median step and phase times, achieved
+    GFLOP/s, and the spread warning."""
     rows = {}
     for r in results:
         if r["status"] == "ok":
@@ -20,10 +21,9 @@ def throughput_table(results: list[dict]) -> pd.DataFrame:
     out = []
     for workload, runs in rows.items():
         sps = [r["samples_per_s"] for r in runs]
-        low, high = stats.bootstrap_ci(sps)
         step = stats.summarize([r["step_ms"]["median"] for r in runs])["median"]
-        row = {"workload": workload, "samples_per_s": stats.summarize(sps)["median"], "ci_low": low,
-               "ci_high": high, "runs": len(runs), "step_ms": step,
+        row = {"workload": workload, "samples_per_s": stats.summarize(sps)["median"], "low": min(sps),
+               "high": max(sps), "runs": len(runs), "step_ms": step,
                "gflops": stats.summarize([r["achieved_gflops"] or 0 for r in runs])["median"],
                "startup_s": stats.summarize([r["startup_s"] for r in runs])["median"],
                "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
@@ -51,8 +51,8 @@ def baseline_findings(table: pd.DataFrame, peak_gflops: float | None) -> list[st
     for name, row in table.iterrows():
         dominant = max(PHASES, key=lambda p: row[f"{p}_share"])
         share = f", {row['gflops'] / peak_gflops:.0%} of the measured fp32 GEMM peak" if peak_gflops else ""
-        lines.append(f"{name}: {row['samples_per_s']:.1f} samples/s (95% CI {row['ci_low']:.1f}-{row['ci_high']:.1f}, "
-                     f"{row['runs']} runs); {dominant} takes {row[f'{dominant}_share']:.0%} of a "
+        lines.append(f"{name}: {row['samples_per_s']:.1f} samples/s (median of {row['runs']} runs, range "
+                     f"{row['low']:.1f}-{row['high']:.1f}); {dominant} takes {row[f'{dominant}_share']:.0%} of a "
                      f"{row['step_ms']:.1f} ms step; {row['gflops']:.1f} GFLOP/s achieved{share}.")
     if peak_gflops:
         efficiency = table["gflops"] / peak_gflops
@@ -95,54 +95,68 @@ def setting_label(config: dict, baseline: dict) -> str:
 
 
 def compare_configs(results: list[dict], baseline: dict, workload: str | None = None) -> pd.DataFrame:
-    """One row per configuration: median samples/s with CI, peak RSS, and the interleaved
-    ratio to the baseline (paired by repeat: each pair ran back to back)."""
-    groups: dict[str, list[dict]] = {}
+    """One row per arm of a sweep: median samples/s with the range over rounds, peak RSS,
+    and the ratio to the baseline arm paired round by round (``compare.paired_ratio``:
+    ``ratio_low``/``ratio_high`` are its interval, NaN below the minimum rounds)."""
+    groups: dict[tuple, list[dict]] = {}
     for r in results:
         if r["status"] == "ok" and (workload is None or r["config"]["workload"] == workload):
-            groups.setdefault(r["config_hash"], []).append(r)
-    base_hash = next((h for h, rs in groups.items() if setting_label(rs[0]["config"], baseline) == "baseline"), None)
-    base_by_repeat = {r["repeat"]: r["samples_per_s"] for r in groups.get(base_hash, [])}
+            groups.setdefault((r.get("sweep"), r.get("arm", 0)), []).append(r)
+    base_key = next((k for k, rs in sorted(groups.items(), key=lambda kv: kv[0][1])
+                     if setting_label(rs[0]["config"], baseline) == "baseline"), None)
+    base_by_round = {(r.get("sweep"), r["round"]): r["samples_per_s"] for r in groups.get(base_key, [])}
     rows = []
-    for config_hash, runs in groups.items():
+    for key, runs in groups.items():
         sps = [r["samples_per_s"] for r in runs]
-        low, high = stats.bootstrap_ci(sps)
-        row = {"setting": setting_label(runs[0]["config"], baseline), "samples_per_s": stats.summarize(sps)["median"],
-               "ci_low": low, "ci_high": high, "runs": len(runs),
+        row = {"setting": "baseline" if key == base_key else setting_label(runs[0]["config"], baseline),
+               "samples_per_s": stats.summarize(sps)["median"], "low": min(sps), "high": max(sps), "runs": len(runs),
                "peak_rss_mb": stats.summarize([r["peak_rss_mb"] for r in runs])["median"],
-               "config_hash": config_hash, "config": runs[0]["config"]}
-        pairs = [(base_by_repeat[r["repeat"]], r["samples_per_s"]) for r in runs if r["repeat"] in base_by_repeat]
-        if pairs:
-            ratio = stats.interleaved_ratio([a for a, _ in pairs], [b for _, b in pairs])
-            row.update(ratio=ratio["median"], ratio_low=ratio["ci_low"], ratio_high=ratio["ci_high"])
+               "config_hash": runs[0]["config_hash"], "arm": key[1], "config": runs[0]["config"]}
+        pairs = [(base_by_round[(r.get("sweep"), r["round"])], r["samples_per_s"]) for r in runs
+                 if (r.get("sweep"), r["round"]) in base_by_round]
+        if pairs and key != base_key:
+            ratio = compare.paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
+            row.update(ratio=ratio["ratio"], ratio_low=ratio["ci_low"], ratio_high=ratio["ci_high"],
+                       verdict=ratio["verdict"], comparison=ratio)
+        elif key == base_key:
+            row.update(ratio=1.0)
+        if row["setting"] == "baseline" and key != base_key:
+            row["setting"] = "baseline (repeat arm)"
         rows.append(row)
     table = pd.DataFrame(rows)
     return table.sort_values("samples_per_s", ascending=False).reset_index(drop=True) if len(table) else table
 
 
-def choose(table: pd.DataFrame, what: str) -> tuple[dict | None, str]:
-    """The configuration to hand on, and the sentence that says why.
+def choose(table: pd.DataFrame, what: str, confirm=None, candidates: pd.DataFrame | None = None
+           ) -> tuple[dict | None, str, dict | None]:
+    """The configuration to hand on, the sentence that says why, and the comparison behind it.
 
-    The fastest setting wins only when its interleaved ratio to the baseline is above 1
-    over the whole confidence interval; otherwise the baseline stays (a win inside the
-    noise is not a win).
+    Screening ranks the settings (highest paired ratio to the baseline); picking the best
+    of several is a selection, so the winner is confirmed against the baseline in fresh,
+    adaptive rounds (``confirm(baseline_config, winner_config) -> compare result``, e.g.
+    ``Session.confirm``) and handed on only on the verdict ``faster``.
     """
     if table.empty:
-        return None, f"{what}: no setting produced a result."
+        return None, f"{what}: no setting produced a result.", None
     base = table[table["setting"] == "baseline"]
-    best = table.iloc[0]
+    pool = table if candidates is None else candidates
+    others = pool[pool["setting"] != "baseline"].dropna(subset=["ratio"]) if "ratio" in pool else pool.iloc[0:0]
     if base.empty:
-        return best["config"], f"{what}: baseline missing; the fastest measured setting is {best['setting']}."
+        return None, f"{what}: the baseline produced no result; nothing is handed on.", None
     base = base.iloc[0]
-    if best["setting"] == "baseline":
-        return base["config"], (f"{what}: the baseline ({base['samples_per_s']:.1f} samples/s) is the fastest; "
-                                "no setting beat it.")
-    verdict = f"{best['ratio']:.2f}x (95% CI {best['ratio_low']:.2f}-{best['ratio_high']:.2f})"
-    if best["ratio_low"] > 1.0:
-        return best["config"], (f"{what}: {best['setting']} is fastest at {best['samples_per_s']:.1f} samples/s, "
-                                f"{verdict} the baseline: handed on.")
-    return base["config"], (f"{what}: {best['setting']} measured fastest ({verdict} the baseline) but the interval "
-                            "includes 1.0, so the baseline is kept.")
+    if others.empty:
+        return base["config"], f"{what}: no other setting produced a result; the baseline is kept.", None
+    best = others.sort_values("ratio", ascending=False).iloc[0]
+    screened = f"{best['setting']} screened best at {best['ratio']:.2f}x the baseline over {best['runs']} round(s)"
+    if best["ratio"] <= 1.0:
+        return base["config"], f"{what}: no setting beat the baseline in screening ({screened}); the baseline is kept.", None
+    if confirm is None:
+        return base["config"], f"{what}: {screened}, not confirmed; the baseline is kept.", None
+    result = confirm(RunConfig.from_dict(base["config"]), RunConfig.from_dict(best["config"]))
+    sentence = f"{what}: {screened}; confirmed in fresh rounds: {compare.describe(result)}"
+    if result["verdict"] == "faster":
+        return best["config"], sentence + ": handed on.", result
+    return base["config"], sentence + "; the baseline is kept.", result
 
 
 def scaling_table(results: list[dict], workload: str) -> pd.DataFrame:
@@ -175,24 +189,13 @@ def scaling_findings(table: pd.DataFrame, workload: str) -> list[str]:
 
 
 def settings_findings(table: pd.DataFrame, workload: str) -> list[str]:
-    """Which settings were faster or slower than the baseline over their whole interval."""
+    """Each setting against the baseline in the words of the comparison rule (screening
+    rounds below the minimum give ratios to rank by, not verdicts)."""
     if table.empty or "ratio" not in table:
         return [f"{workload}: no comparison with the baseline was possible."]
     others = table[table["setting"] != "baseline"].dropna(subset=["ratio"])
-    faster = others[others["ratio_low"] > 1]
-    slower = others[others["ratio_high"] < 1]
-    same = others[(others["ratio_low"] <= 1) & (others["ratio_high"] >= 1)]
-    lines = []
-    if len(faster):
-        lines.append(f"{workload}: faster than the baseline: "
-                     + "; ".join(f"{r.setting} {r.ratio:.2f}x" for r in faster.itertuples()) + ".")
-    if len(slower):
-        lines.append(f"{workload}: slower: " + "; ".join(f"{r.setting} {r.ratio:.2f}x" for r in slower.itertuples())
-                     + ".")
-    if len(same):
-        lines.append(f"{workload}: within the noise of the baseline: "
-                     + ", ".join(r.setting for r in same.itertuples()) + ".")
-    return lines
+    return [f"{workload}: {r['setting']}: {compare.describe(r['comparison'])}." for _, r in others.iterrows()
+            if isinstance(r.get("comparison"), dict)]
 
 
 def memory_findings(table: pd.DataFrame, workload: str) -> list[str]:
@@ -218,23 +221,21 @@ def run_cpu_choices(results: list[dict]) -> str:
 def launcher_findings(table: pd.DataFrame, workload: str) -> list[str]:
     """The measured ratio of run_cpu's defaults and of the best setting to PyTorch's defaults."""
     lines = []
-    for r in table.itertuples():
-        if r.setting == "baseline" or not hasattr(r, "ratio") or r.ratio != r.ratio:
+    for _, r in table.iterrows():
+        if not isinstance(r.get("comparison"), dict):
             continue
-        who = "run_cpu's defaults" if "launcher=run_cpu" in r.setting else f"the best setting ({r.setting})"
-        lines.append(f"{workload}: {who}: {r.ratio:.2f}x PyTorch's defaults "
-                     f"(95% CI {r.ratio_low:.2f}-{r.ratio_high:.2f}).")
+        who = "run_cpu's defaults" if "launcher=run_cpu" in r["setting"] else f"the best setting ({r['setting']})"
+        lines.append(f"{workload}: {who} over PyTorch's defaults: {compare.describe(r['comparison'])}.")
     if not lines:
         lines.append(f"{workload}: the best setting is PyTorch's defaults; compared with run_cpu only.")
     return lines
 
 
-def allocator_summary(tables: dict, missing: dict) -> list[str]:
-    """One sentence across workloads: which allocator wins where, and what was not measured."""
+def allocator_summary(chosen: dict, missing: dict) -> list[str]:
+    """One sentence across workloads: which allocator is handed on where, and what was not measured."""
     wins = {}
-    for w, t in tables.items():
-        chosen, _ = choose(t, w)
-        wins.setdefault(chosen["allocator"] if chosen else "none", []).append(w)
+    for w, config in chosen.items():
+        wins.setdefault(config["allocator"] if config else "none", []).append(w)
     lines = [f"{alloc} is handed on for {', '.join(ws)}." for alloc, ws in wins.items()]
     if missing:
         lines.append("Not measured (not installed): " + ", ".join(missing) + ".")
@@ -248,32 +249,20 @@ def accuracy_table(runs: list[dict]) -> pd.DataFrame:
                          for r in runs]).set_index("mode")
 
 
-def precision_findings(tables: dict, accuracy: pd.DataFrame, gate: dict, tolerance: float = 0.01) -> list[str]:
-    """bf16 against fp32: speed per workload and layout, accuracy, and the recommendation."""
+def precision_findings(tables: dict, accuracy: pd.DataFrame, gate: dict) -> list[str]:
+    """bf16 against fp32: the gate, the screening ratios per workload and layout, and accuracy."""
     lines = [f"bf16 fast path on this CPU: {'yes, ' + gate['path'] if gate['accelerated'] else 'no'} "
              f"({gate['reason']})."]
-    faster = []
     for w, t in tables.items():
-        for r in t.itertuples():
-            if "dtype=bf16" in r.setting and getattr(r, "ratio", None) == getattr(r, "ratio", None):
-                lines.append(f"{w}: {r.setting}: {r.ratio:.2f}x fp32 (95% CI {r.ratio_low:.2f}-{r.ratio_high:.2f}).")
-                if r.ratio_low > 1 and "channels_last" not in r.setting:
-                    faster.append(w)
+        for _, r in t.iterrows():
+            if "dtype=bf16" in r["setting"] and isinstance(r.get("comparison"), dict):
+                lines.append(f"{w}: {r['setting']} over fp32: {compare.describe(r['comparison'])}.")
     if "fp32" in accuracy.index:
         base = accuracy.loc["fp32", "final_accuracy"]
         for mode, row in accuracy.iterrows():
             if mode != "fp32":
                 lines.append(f"digits, {mode}: final test accuracy {row.final_accuracy:.1%} vs {base:.1%} in fp32 "
                              f"({(row.final_accuracy - base) * 100:+.1f} points); final loss {row.final_loss:.4f}.")
-        ok = "bf16" in accuracy.index and accuracy.loc["bf16", "final_accuracy"] >= base - tolerance
-    else:
-        ok = False
-    if faster and ok:
-        lines.append(f"Recommendation: bf16 autocast with the loss in fp32 for {', '.join(faster)}: faster over the "
-                     f"whole interval and within {tolerance:.0%} of fp32's accuracy on the digits.")
-    else:
-        why = "not faster than fp32 over its whole interval" if not faster else "it lost accuracy on the digits"
-        lines.append(f"Recommendation: keep fp32 here: bf16 was {why}.")
     return lines
 
 
@@ -287,27 +276,34 @@ def slow_kernels(df: pd.DataFrame, top: int = 5) -> list[str]:
                                             for (kind, impl), row in by_impl.head(top).iterrows()) + "."]
 
 
-def choose_precision(table: pd.DataFrame, accuracy: pd.DataFrame, gate: dict, tolerance: float = 0.01) -> dict | None:
-    """The bf16 configuration to hand on, or None to keep fp32.
+def choose_precision(table: pd.DataFrame, accuracy: pd.DataFrame, gate: dict, what: str, confirm=None,
+                     tolerance: float = 0.01) -> tuple[dict | None, str, dict | None]:
+    """The bf16 configuration to hand on (or None to keep fp32), why, and the comparison.
 
-    bf16 is handed on only with a fast path, faster than fp32 over the whole interval, and
-    within `tolerance` of fp32's accuracy on the digits.
+    bf16 is a candidate only with a fast path and within `tolerance` of fp32's accuracy on
+    the digits; then the fastest bf16 setting screened (with or without channels-last) is
+    confirmed against fp32 like every other choice.
     """
-    rows = table[table["setting"] == "dtype=bf16"] if len(table) else table
-    if not gate["accelerated"] or rows.empty or not {"fp32", "bf16"} <= set(accuracy.index):
-        return None
-    keeps = accuracy.loc["bf16", "final_accuracy"] >= accuracy.loc["fp32", "final_accuracy"] - tolerance
-    return rows.iloc[0]["config"] if rows.iloc[0]["ratio_low"] > 1 and keeps else None
+    if not gate["accelerated"]:
+        return None, f"{what}: fp32 kept: this CPU has no bf16 fast path ({gate['reason']}).", None
+    if not {"fp32", "bf16"} <= set(accuracy.index):
+        return None, f"{what}: fp32 kept: the digits accuracy check did not run.", None
+    drop = accuracy.loc["fp32", "final_accuracy"] - accuracy.loc["bf16", "final_accuracy"]
+    if drop > tolerance:
+        return None, f"{what}: fp32 kept: bf16 lost {drop:.1%} accuracy on the digits (tolerance {tolerance:.0%}).", None
+    bf16 = table[table["setting"].str.contains("dtype=bf16")] if len(table) else table
+    chosen, sentence, result = choose(table, what, confirm, candidates=bf16)
+    return (chosen if chosen is not None and chosen.get("dtype") == "bf16" else None), sentence, result
 
 
-def paired_ratio(results: list[dict], a: str, b: str) -> dict | None:
-    """Throughput of config b over config a (hashes), paired by repeat; None without pairs."""
-    by = {h: {r["repeat"]: r["samples_per_s"] for r in results if r["status"] == "ok" and r["config_hash"] == h}
-          for h in (a, b)}
-    rounds = sorted(set(by[a]) & set(by[b]))
+def paired(results: list[dict], a: str, b: str) -> dict | None:
+    """Throughput of config b over config a (hashes), paired by the rounds of their sweep."""
+    by = {h: {(r.get("sweep"), r["round"]): r["samples_per_s"] for r in results
+              if r["status"] == "ok" and r["config_hash"] == h} for h in (a, b)}
+    rounds = sorted(set(by[a]) & set(by[b]), key=str)
     if not rounds:
         return None
-    return stats.interleaved_ratio([by[a][k] for k in rounds], [by[b][k] for k in rounds])
+    return compare.paired_ratio([by[a][k] for k in rounds], [by[b][k] for k in rounds])
 
 
 def named_table(results: list[dict], configs: dict) -> pd.DataFrame:
@@ -331,13 +327,6 @@ def named_table(results: list[dict], configs: dict) -> pd.DataFrame:
     return table.sort_values("name", key=lambda s: s.map(order)).reset_index(drop=True)
 
 
-def _verdict(ratio: dict | None) -> str:
-    if ratio is None:
-        return "not measured"
-    word = "faster" if ratio["ci_low"] > 1 else "slower" if ratio["ci_high"] < 1 else "no different (within noise)"
-    return f"{ratio['median']:.2f}x, 95% CI {ratio['ci_low']:.2f}-{ratio['ci_high']:.2f}: {word}"
-
-
 def breakeven_steps(compile_s: float, eager_step_ms: float, compiled_step_ms: float) -> float | None:
     """Training steps after which compiling has paid for its compile time (None: it never does)."""
     saving_s = (eager_step_ms - compiled_step_ms) / 1e3
@@ -352,22 +341,21 @@ def runtime_findings(results: list[dict], configs: dict, table: pd.DataFrame, wo
     lines = []
     if "torch 2.8 + IPEX" in h:
         lines.append(f"{workload}: IPEX over its own stock torch 2.8: "
-                     f"{_verdict(paired_ratio(results, h['torch 2.8 (stock)'], h['torch 2.8 + IPEX']))}.")
+                     f"{compare.describe(paired(results, h['torch 2.8 (stock)'], h['torch 2.8 + IPEX']))}.")
         lines.append(f"{workload}: stock torch (this venv) over torch 2.8 + IPEX: "
-                     f"{_verdict(paired_ratio(results, h['torch 2.8 + IPEX'], h['torch (stock)']))}.")
+                     f"{compare.describe(paired(results, h['torch 2.8 + IPEX'], h['torch (stock)']))}.")
     upstream = table[~table["name"].isin(["torch 2.8 (stock)", "torch 2.8 + IPEX", "AdamW (default)",
                                           "AdamW fused"])].dropna(subset=["ratio"])
     best = upstream.sort_values("ratio", ascending=False).iloc[0] if len(upstream) else None
     if best is not None:
-        lines.append(f"{workload}: fastest with this torch: {best['name']} at {best['samples_per_s']:.1f} samples/s, "
-                     f"{_verdict({'median': best['ratio'], 'ci_low': best['ratio_low'], 'ci_high': best['ratio_high']})}"
-                     " against stock.")
+        lines.append(f"{workload}: fastest with this torch in screening: {best['name']} at "
+                     f"{best['samples_per_s']:.1f} samples/s, {compare.describe(best['comparison'])} against stock.")
         if "torch 2.8 + IPEX" in h:
             lines.append(f"{workload}: {best['name']} over torch 2.8 + IPEX: "
-                         f"{_verdict(paired_ratio(results, h['torch 2.8 + IPEX'], best['config_hash']))}.")
+                         f"{compare.describe(paired(results, h['torch 2.8 + IPEX'], best['config_hash']))}.")
     if "AdamW fused" in h:
         lines.append(f"{workload}: fused AdamW over the default AdamW: "
-                     f"{_verdict(paired_ratio(results, h['AdamW (default)'], h['AdamW fused']))}.")
+                     f"{compare.describe(paired(results, h['AdamW (default)'], h['AdamW fused']))}.")
     eager = table[table["name"] == "torch (stock)"]
     for row in table[table["compile_s"].notna()].itertuples():
         if eager.empty:
@@ -379,7 +367,7 @@ def runtime_findings(results: list[dict], configs: dict, table: pd.DataFrame, wo
     return lines
 
 
-def choose_upstream(table: pd.DataFrame, configs: dict) -> tuple[dict | None, str]:
+def choose_upstream(table: pd.DataFrame, configs: dict, confirm=None) -> tuple[dict | None, str, dict | None]:
     """Notebook 05's hand-on: the fastest eager setting of this torch (no IPEX runtime, no compile).
 
     IPEX is archived and runs only in its own torch 2.8 runtime; torch.compile costs its
@@ -388,8 +376,7 @@ def choose_upstream(table: pd.DataFrame, configs: dict) -> tuple[dict | None, st
     above 1 over the whole interval).
     """
     eager = [n for n, c in configs.items() if c.runtime == "main" and not c.compile and c.optimizer == "sgd"]
-    candidates = table[table["name"].isin(eager)].sort_values("samples_per_s", ascending=False)
-    return choose(candidates.reset_index(drop=True), "runtime")
+    return choose(table, "runtime", confirm, candidates=table[table["name"].isin(eager)])
 
 
 # The paper's Table 2 (normalised throughput; rows threads per rank, columns ranks).
@@ -450,8 +437,8 @@ def layout_findings(table: pd.DataFrame, results: list[dict], workload: str) -> 
     for (mode, threads, ranks), h in sorted(hashes.items()):
         twin = hashes.get(("independent", threads, ranks))
         if mode == "ddp" and twin:
-            ratio = paired_ratio(results, twin, h)
-            lines.append(f"{workload}: DDP over independent instances at {ranks} x {threads}: {_verdict(ratio)} "
+            ratio = paired(results, twin, h)
+            lines.append(f"{workload}: DDP over independent instances at {ranks} x {threads}: {compare.describe(ratio)} "
                          "(the difference is the gradient all-reduce).")
     ddp = table[table["mode"] == "ddp"]
     if len(ddp):
@@ -460,24 +447,25 @@ def layout_findings(table: pd.DataFrame, results: list[dict], workload: str) -> 
     return lines
 
 
-def choose_layout(table: pd.DataFrame, results: list[dict]) -> tuple[dict | None, str]:
-    """The layout to hand on: the fastest DDP job if it beats one rank on all cores over its
-    whole interval (one model trained faster), else one rank on all cores."""
+def choose_layout(table: pd.DataFrame, confirm=None) -> tuple[dict | None, str, dict | None]:
+    """The layout to hand on: the fastest DDP job (one model trained by several ranks) if a
+    fresh comparison against one rank on all cores says faster, else one rank on all cores."""
     if table.empty:
-        return None, "layout: no result."
-    ones = table[table["ranks"] == 1].sort_values("threads")
-    single = ones.iloc[-1]
+        return None, "layout: no result.", None
+    single = table[table["ranks"] == 1].sort_values("threads").iloc[-1]
     ddp = table[(table["mode"] == "ddp") & table["in_sync"]].sort_values("samples_per_s", ascending=False)
     if ddp.empty:
-        return single["config"], "layout: no DDP layout fits here; one rank on all cores is kept."
+        return single["config"], "layout: no DDP layout fits here; one rank on all cores is kept.", None
     best = ddp.iloc[0]
-    h = lambda c: RunConfig.from_dict(c).config_hash()  # noqa: E731
-    ratio = paired_ratio(results, h(single["config"]), h(best["config"]))
     where = f"DDP {int(best.ranks)} ranks x {int(best.threads)} threads"
-    if ratio and ratio["ci_low"] > 1:
-        return best["config"], f"layout: {where} over one rank on all cores: {_verdict(ratio)}: handed on."
-    return single["config"], (f"layout: {where} against one rank x {int(single.threads)} threads: {_verdict(ratio)}; "
-                              "one rank on all cores is kept.")
+    if best["samples_per_s"] <= single["samples_per_s"] or confirm is None:
+        return single["config"], (f"layout: {where} screened at {best.samples_per_s:.1f} samples/s against one rank's "
+                                  f"{single.samples_per_s:.1f}; one rank on all cores is kept."), None
+    result = confirm(RunConfig.from_dict(single["config"]), RunConfig.from_dict(best["config"]))
+    sentence = f"layout: {where} over one rank x {int(single.threads)} threads, in fresh rounds: {compare.describe(result)}"
+    if result["verdict"] == "faster":
+        return best["config"], sentence + ": handed on.", result
+    return single["config"], sentence + "; one rank on all cores is kept.", result
 
 
 def epochs_to_target(history: list[dict], target: float) -> int | None:
@@ -570,16 +558,19 @@ def ladder_findings(table: pd.DataFrame) -> list[str]:
     if table.empty:
         return ["case study: no configuration produced a result."]
     base = table.iloc[0]["name"]
-    return [f"{r.name} over {base}: {_verdict({'median': r.ratio, 'ci_low': r.ratio_low, 'ci_high': r.ratio_high})}."
-            for r in table.dropna(subset=["ratio"]).itertuples() if r.name != base]
+    return [f"{r['name']} over {base}: {compare.describe(r['comparison'])}." for _, r in table.iterrows()
+            if r["name"] != base and isinstance(r.get("comparison"), dict)]
 
 
-def ladder_table(store, machine: str, workload: str, preset: str, peak_gflops: float | None,
+def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict | None,
                  price_per_hour: float, physical_cores: int) -> pd.DataFrame:
     """The optimisation ladder of one workload from the store: each rung handed on, its
-    measured throughput (median of every stored run of that exact configuration), the
-    cumulative speedup over the baseline, the share of the GEMM peak and the cost per 1000
+    confirmed ratio to the rung before (the comparison that handed it on, with its
+    interval), its measured throughput (median of the stored runs of that configuration),
+    the share of the measured GEMM ceiling of the dtype it ran in, and the cost per 1000
     training samples at the given price per machine-hour."""
+    from cpuopt_helpers.roofline import ceiling_gflops
+
     ladder = store.get_fact(machine, f"ladder/{workload}/{preset}", [])
     if not ladder:
         return pd.DataFrame()
@@ -596,32 +587,40 @@ def ladder_table(store, machine: str, workload: str, preset: str, peak_gflops: f
         gflops = stats.summarize([r["achieved_gflops"] for r in measured if r.get("achieved_gflops")])["median"] \
             if any(r.get("achieved_gflops") for r in measured) else None
         change = setting_label(rung["config"], previous) if rung is not ladder[0] else "PyTorch's defaults"
+        evidence = (rung.get("evidence") or {}).get("comparison") or {}
+        ceiling = ceiling_gflops(roofline or {}, config.dtype) if roofline else None
         rows.append({"step": rung["step"], "change": "kept" if change == "baseline" else change,
-                     "samples_per_s": sps, "runs": len(measured), "achieved_gflops": gflops})
+                     "samples_per_s": sps, "runs": len(measured), "achieved_gflops": gflops,
+                     "vs_previous": evidence.get("ratio"), "vs_previous_low": evidence.get("ci_low"),
+                     "vs_previous_high": evidence.get("ci_high"), "verdict": evidence.get("verdict"),
+                     "peak_share": gflops / ceiling if gflops and ceiling else None,
+                     "ceiling": f"{config.dtype} GEMM", "config": rung["config"]})
         previous = rung["config"]
     table = pd.DataFrame(rows)
-    measured = table["samples_per_s"].dropna()
-    table["cumulative_speedup"] = table["samples_per_s"] / measured.iloc[0] if len(measured) else None
-    table["peak_share"] = table["achieved_gflops"] / peak_gflops if peak_gflops else None
+    # each rung's confirmed ratio to the one before (1 where it kept the configuration), chained
+    table["cumulative_speedup"] = table["vs_previous"].where(table["change"] != "kept").fillna(1.0).cumprod()
     table["usd_per_1000_samples"] = price_per_hour / 3600 * 1000 / table["samples_per_s"]
     return table
 
 
-def ladder_summary(tables: dict, price_per_hour: float) -> list[str]:
-    """Per workload: where the ladder ended, which rung paid most, and what it costs."""
+def ladder_summary(tables: dict, finals: dict, price_per_hour: float) -> list[str]:
+    """Per workload: the ladder's end against its start in fresh paired rounds (the one
+    speedup claimed), the rung that paid most by its own confirmed comparison, and cost."""
     lines = []
     for w, t in tables.items():
-        t = t.dropna(subset=["samples_per_s"])
-        if len(t) < 2:
-            lines.append(f"{w}: fewer than two measured rungs in the store; run notebooks 01-08 first.")
+        if t.empty:
             continue
-        gains = t["samples_per_s"].pct_change().iloc[1:]
-        top = t.iloc[int(gains.values.argmax()) + 1]
         last = t.iloc[-1]
-        lines.append(f"{w}: {t.iloc[0].samples_per_s:.1f} -> {last.samples_per_s:.1f} samples/s, "
-                     f"{last.cumulative_speedup:.2f}x over {t.iloc[0].step}; the largest single step: "
-                     f"{top.step} ({top.change}, {gains.max() + 1:.2f}x); "
-                     f"${last.usd_per_1000_samples:.4f} per 1000 samples at ${price_per_hour:g}/hour"
-                     + (f"; {last.peak_share:.0%} of the measured fp32 GEMM peak (bf16 can exceed it)."
-                        if last.peak_share is not None and last.peak_share == last.peak_share else "."))
+        final = finals.get(w)
+        head = (f"{w}: the ladder's end over PyTorch's defaults, in fresh paired rounds: {compare.describe(final)}"
+                if final else f"{w}: nothing was handed on beyond PyTorch's defaults")
+        confirmed = t[t["verdict"] == "faster"]
+        if len(confirmed):
+            top = confirmed.loc[confirmed["vs_previous"].idxmax()]
+            head += f"; the largest confirmed step: {top.step} ({top.change}, {top.vs_previous:.2f}x the rung before)"
+        if last.samples_per_s == last.samples_per_s and last.samples_per_s:
+            head += f"; ${last.usd_per_1000_samples:.4f} per 1000 samples at ${price_per_hour:g}/hour"
+        if last.peak_share is not None and last.peak_share == last.peak_share:
+            head += f"; {last.peak_share:.0%} of the measured {last.ceiling} ceiling"
+        lines.append(head + ".")
     return lines

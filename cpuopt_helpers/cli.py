@@ -90,6 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--dry-run", action="store_true", help="print the plan as shell commands and exit")
     launch.add_argument("program", nargs=argparse.REMAINDER, metavar="COMMAND", help="-- then the command to run")
 
+    cmp = sub.add_parser("compare", help="adaptive A/B of two bench option strings: ratio b/a, interval, verdict")
+    cmp.add_argument("--workload", default="cnn", help="cnn, transformer, rnn, retinanet, or package.module:function")
+    cmp.add_argument("--preset", default="quick", help="quick | standard | full")
+    cmp.add_argument("--a", required=True, help="bench options of arm a, e.g. '' (PyTorch's defaults)")
+    cmp.add_argument("--b", required=True, help="bench options of arm b, e.g. '--allocator tcmalloc'")
+    cmp.add_argument("--min-rounds", type=int, default=5, help="rounds before a verdict (default 5)")
+    cmp.add_argument("--max-rounds", type=int, default=14, help="rounds at most (default 14)")
+    cmp.add_argument("--budget-min", type=float, help="minutes at most (default: no limit)")
+    cmp.add_argument("--json", action="store_true", help="print the comparison with every round's throughputs")
+
     tune = sub.add_parser("tune", help="search the best configuration for a workload within a time budget")
     tune.add_argument("--workload", default="cnn", help="cnn, transformer, rnn, retinanet, or package.module:function")
     tune.add_argument("--preset", default="quick", help="quick | standard | full")
@@ -137,7 +147,27 @@ def _bench(args) -> int:
     from cpuopt_helpers.config import RunConfig
     from cpuopt_helpers.results import ResultStore
 
-    config = RunConfig(workload=args.workload, preset=args.preset, batch_size=args.batch_size, steps=args.steps,
+    config = bench_config(args)
+    plan = launch.build_plan(config, launch.Machine.this())
+    if args.dry_run:
+        print(plan.shell_command())
+        return 0
+    facts = system.collect_facts()
+    result = launch.run_plan(plan, facts)
+    if args.save:
+        ResultStore().save_result(result, sweep="cli", tag="cli")
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_result(result))
+    return 0 if result["status"] == "ok" else 1
+
+
+def bench_config(args):
+    """The RunConfig that `cpuopt bench` options describe."""
+    from cpuopt_helpers.config import RunConfig
+
+    return RunConfig(workload=args.workload, preset=args.preset, batch_size=args.batch_size, steps=args.steps,
                        warmup=args.warmup, threads=args.threads, instances=args.instances, mode=args.mode,
                        allocator=args.allocator, omp_runtime=args.omp_runtime, kmp_blocktime=args.kmp_blocktime,
                        dtype=args.dtype, channels_last=args.channels_last, timeout_s=args.timeout,
@@ -146,19 +176,46 @@ def _bench(args) -> int:
                        bf16_loss=args.bf16_loss, runtime=args.runtime, ipex=args.ipex, compile=args.compile,
                        optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, batch_policy=args.batch_policy,
                        env=parse_env(args.env))
-    plan = launch.build_plan(config, launch.Machine.this())
-    if args.dry_run:
-        print(plan.shell_command())
-        return 0
+
+
+def _compare(args) -> int:
+    import shlex
+
+    from cpuopt_helpers import compare, launch, system
+    from cpuopt_helpers.results import ResultStore, run_comparison
+
+    configs = []
+    for name, options in (("--a", args.a), ("--b", args.b)):
+        try:
+            words = shlex.split(options)
+        except ValueError as exc:
+            raise CpuoptError(f"{name} {options!r} is not a valid option string: {exc}") from None
+        if any(w in ("--workload", "--preset", "--json", "--dry-run", "--save") or w.startswith(("--workload=",
+               "--preset=")) for w in words):
+            raise CpuoptError(f"{name} {options!r}: give --workload and --preset once, outside --a/--b")
+        try:
+            bench_args = build_parser().parse_args(["bench", "--workload", args.workload, "--preset", args.preset,
+                                                    *words])
+        except CpuoptError as exc:
+            raise CpuoptError(f"{name} {options!r}: {exc}") from None
+        configs.append(bench_config(bench_args))
+    if not 2 <= args.min_rounds <= args.max_rounds:
+        raise CpuoptError(f"need 2 <= --min-rounds ({args.min_rounds}) <= --max-rounds ({args.max_rounds})")
+    for config in configs:
+        launch.build_plan(config, launch.Machine.this())  # a bad option fails before anything is measured
     facts = system.collect_facts()
-    result = launch.run_plan(plan, facts)
-    if args.save:
-        ResultStore().save_result(result, tag="cli")
+    result = run_comparison(configs[0], configs[1], ResultStore(), lambda c: launch.run(c, facts), tag="cli-compare",
+                            machine=facts["fingerprint"], min_rounds=args.min_rounds, max_rounds=args.max_rounds,
+                            budget_s=args.budget_min * 60 if args.budget_min else None, resume=False,
+                            progress=not args.json)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(format_result(result))
-    return 0 if result["status"] == "ok" else 1
+        print(f"b over a ({configs[1].label()} over {configs[0].label()}): {compare.describe(result)}")
+        print(f"  rounds: {result['n']} with a result, order {' '.join(result['order'])}, stopped: {result['stopped']}")
+        for reason in result["failures"][:3]:
+            print(f"  failed run: {reason.splitlines()[0] if reason else ''}")
+    return 0 if result["n"] else 1
 
 
 def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
@@ -340,12 +397,27 @@ def _workbook(args) -> int:
     return 0 if all(r["status"] == "ok" for r in report) else 1
 
 
+def _glue_option_strings(argv: list[str]) -> list[str]:
+    """`compare --b '--channels-last'`: argparse would read the value as an option; glue it."""
+    if "compare" not in argv:
+        return argv
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in ("--a", "--b") and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="cpuopt: %(levelname)s: %(message)s")
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(_glue_option_strings(sys.argv[1:] if argv is None else list(argv)))
         commands = {"doctor": _doctor, "bench": _bench, "launch": _launch, "profile": _profile, "workbook": _workbook,
-                    "tune": _tune}
+                    "tune": _tune, "compare": _compare}
         return commands[args.command](args)
     except CpuoptError as exc:
         print(f"cpuopt: error: {exc}", file=sys.stderr)

@@ -41,10 +41,31 @@ CALIBRATED = {(MIN_ROUNDS, MAX_ROUNDS, CONFIDENCE): 0.98728}
 VERDICTS = DECIDED + ("no different", "too few rounds")
 
 
-def _t_quantile(p: float, df: int) -> float:
-    from scipy.stats import t
+def _t_within(t: float, df: int) -> float:
+    """P(|T| < t) for Student's t with integer df (Abramowitz & Stegun 26.7.3-4): the
+    standard library only, since kernel benchmarks also run under the IPEX runtime."""
+    theta = math.atan(t / math.sqrt(df))
+    c2, term, total = math.cos(theta) ** 2, 1.0, 1.0
+    if df % 2:  # odd
+        for k in range(1, (df - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        return 2 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0))
+    for k in range(1, df // 2):
+        term *= c2 * (2 * k - 1) / (2 * k)
+        total += term
+    return math.sin(theta) * total
 
-    return float(t.ppf(p, df))
+
+def _t_quantile(p: float, df: int) -> float:
+    """Student's t quantile for p > 0.5, by bisection on ``_t_within``."""
+    target, low, high = 2 * p - 1, 0.0, 1.0
+    while _t_within(high, df) < target:
+        high *= 2
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if _t_within(mid, df) < target else (low, mid)
+    return (low + high) / 2
 
 
 def log_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
@@ -121,7 +142,7 @@ def sequential_ratio(a: Sequence[float], b: Sequence[float], min_rounds: int = M
     level = per_look_confidence(min_rounds, max_rounds, confidence)
     out = paired_ratio(a, b, level, margin, min_rounds)
     out.update(confidence=confidence, per_look_confidence=level, max_rounds=max_rounds,
-               label=f"{confidence:.0%} repeated-confidence interval (per-look {level:.1%})")
+               label=f"{confidence:.0%} repeated-confidence interval, per-look {level:.1%}")
     return out
 
 
@@ -174,7 +195,7 @@ def run_adaptive(measure: Callable[[str, int], float | None], done: Sequence[tup
 
 
 def describe(result: dict | None, what: str = "") -> str:
-    """'1.12x (95% CI 1.03-1.22, 8 rounds): faster' - the one way a comparison is worded."""
+    """'1.12x (95% CI: 1.03-1.22, 8 rounds): faster' - the one way a comparison is worded."""
     if not result or not result.get("n"):
         return f"{what}not measured" if what else "not measured"
     head = f"{what}{result['ratio']:.2f}x"
@@ -184,5 +205,5 @@ def describe(result: dict | None, what: str = "") -> str:
     label = result.get("label", "95% CI")
     words = {"faster": "faster", "slower": "slower", "equivalent": f"equivalent (within +-{result['margin']:.0%})",
              "no different": "no different (within noise)"}
-    return (f"{head} ({label} {result['ci_low']:.2f}-{result['ci_high']:.2f}, {result['n']} rounds): "
+    return (f"{head} ({label}: {result['ci_low']:.2f}-{result['ci_high']:.2f}, {result['n']} rounds): "
             f"{words[result['verdict']]}")

@@ -34,8 +34,8 @@ def baseline_figure(table):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
     names = list(table.index)
     ax1.barh(names, table["samples_per_s"], color="#4C72B0",
-             xerr=[table["samples_per_s"] - table["ci_low"], table["ci_high"] - table["samples_per_s"]], capsize=4)
-    ax1.set_xlabel("samples/s (median, 95% CI over runs)")
+             xerr=[table["samples_per_s"] - table["low"], table["high"] - table["samples_per_s"]], capsize=4)
+    ax1.set_xlabel("samples/s (median; bars: range over runs)")
     ax1.set_title("Throughput with PyTorch defaults")
     left = None
     for phase in ("forward", "backward", "optimizer", "other"):
@@ -155,7 +155,7 @@ def scaling_figure(tables: dict):
 
 
 def settings_figure(tables: dict, title: str, value: str = "ratio"):
-    """Per workload: each setting's throughput relative to the baseline, with its CI."""
+    """Per workload: each setting's throughput relative to the baseline, coloured by its verdict."""
     sns.set_theme(style="whitegrid", context="notebook")
     n = max(1, len(tables))
     height = max(2.8, 0.38 * max((len(t) for t in tables.values()), default=4) + 1.2)
@@ -164,14 +164,16 @@ def settings_figure(tables: dict, title: str, value: str = "ratio"):
         t = t.dropna(subset=[value]) if value in t else t.iloc[0:0]
         if len(t):
             labels = [s[:42] for s in t["setting"]]
-            err = [t[value] - t[f"{value}_low"], t[f"{value}_high"] - t[value]]
-            colors = ["#55A868" if lo > 1 else "#C44E52" if hi < 1 else "#8C8C8C"
-                      for lo, hi in zip(t[f"{value}_low"], t[f"{value}_high"])]
+            low = t[f"{value}_low"] if f"{value}_low" in t else t[value] * float("nan")
+            high = t[f"{value}_high"] if f"{value}_high" in t else t[value] * float("nan")
+            err = [(t[value] - low).fillna(0), (high - t[value]).fillna(0)]  # no interval below the minimum rounds
+            verdicts = t["verdict"] if "verdict" in t else [None] * len(t)
+            colors = [{"faster": "#55A868", "slower": "#C44E52"}.get(v, "#8C8C8C") for v in verdicts]
             ax.barh(labels, t[value], xerr=err, color=colors, capsize=3)
             ax.axvline(1.0, color="black", lw=0.8)
             ax.invert_yaxis()
             ax.tick_params(axis="y", labelsize=8)
-        ax.set_xlabel("throughput / baseline (95% CI)")
+        ax.set_xlabel("throughput / baseline, paired rounds\n(green faster, red slower; interval from 5 rounds)")
         ax.set_title(name, fontsize=10)
     fig.suptitle(title)
     fig.tight_layout()
@@ -249,23 +251,37 @@ def frozen_layers_figure(table):
     return fig
 
 
-def waterfall(tables: dict):
-    """Per workload: each rung's gain on top of the previous, as a waterfall of cumulative speedup."""
+def waterfall(tables: dict, finals: dict | None = None):
+    """Per workload: each rung's confirmed gain on the previous one (its interval as an error
+    bar), chained; then the ladder's end measured against its start in fresh paired rounds."""
     sns.set_theme(style="whitegrid", context="notebook")
-    tables = {w: t.dropna(subset=["cumulative_speedup"]) for w, t in tables.items() if len(t)}
+    tables = {w: t for w, t in tables.items() if len(t)}
     n = max(1, len(tables))
     fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 3.8), squeeze=False)
     for ax, (name, t) in zip(axes[0], tables.items()):
-        level = 1.0
+        level, labels = 1.0, []
         for i, row in enumerate(t.itertuples()):
+            new = row.cumulative_speedup
             if i == 0:
-                ax.bar(i, row.cumulative_speedup, color="#4C72B0")
+                ax.bar(i, new, color="#4C72B0")
             else:
-                delta = row.cumulative_speedup - level
-                ax.bar(i, delta, bottom=level, color="#55A868" if delta >= 0 else "#C44E52")
-            level = row.cumulative_speedup
+                ax.bar(i, new - level, bottom=level, color="#55A868" if new >= level else "#C44E52")
+                if row.vs_previous_low is not None and row.vs_previous_low == row.vs_previous_low:
+                    ax.errorbar(i, new, yerr=[[new - level * row.vs_previous_low], [level * row.vs_previous_high - new]],
+                                color="black", capsize=3, lw=1)
+            level = new
             ax.text(i, level, f"{level:.2f}x", ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(range(len(t)), t["step"], rotation=35, ha="right", fontsize=8)
+            labels.append(row.step)
+        final = (finals or {}).get(name)
+        if final and final.get("n"):
+            i = len(t)
+            ax.bar(i, final["ratio"], color="#8172B2")
+            if final["ci_low"] == final["ci_low"]:
+                ax.errorbar(i, final["ratio"], yerr=[[final["ratio"] - final["ci_low"]], [final["ci_high"] - final["ratio"]]],
+                            color="black", capsize=3, lw=1)
+            ax.text(i, final["ratio"], f"{final['ratio']:.2f}x", ha="center", va="bottom", fontsize=8)
+            labels.append("end vs start\n(fresh rounds)")
+        ax.set_xticks(range(len(labels)), labels, rotation=35, ha="right", fontsize=8)
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set_ylabel("speedup over PyTorch's defaults")
         ax.set_title(name, fontsize=10)

@@ -1,4 +1,4 @@
-"""This machine's measured ceilings: fp32 GEMM GFLOP/s and memory-copy GB/s.
+"""This machine's measured ceilings: fp32 and bf16 GEMM GFLOP/s and memory-copy GB/s.
 
 Measured in a fresh pinned process (``python -m cpuopt_helpers.roofline``), like every
 other measurement; later notebooks read the result from the store as the roofline.
@@ -16,6 +16,52 @@ from cpuopt_helpers.stats import time_calls
 
 # preset -> (square GEMM size, bytes copied per repeat, repeats)
 PRESETS = {"quick": (1024, 64 << 20, 5), "standard": (2048, 256 << 20, 7), "full": (4096, 1 << 30, 7)}
+# seconds the bf16 GEMM may take where the CPU has no bf16 instructions (see measure_bf16_gemm)
+BF16_BUDGET_S = 15.0
+
+
+def measure_bf16_gemm(size: int, repeats: int, budget_s: float = BF16_BUDGET_S) -> dict:
+    """The bf16 GEMM rate (torch.mm on bf16 tensors), median and best over repeats.
+
+    Same square size as the fp32 GEMM where the machine runs bf16 natively (AMX,
+    AVX512-BF16); a CPU without bf16 instructions emulates it, often 10-50x slower than fp32,
+    so the size is halved (down to 256) until warm-up and repeats fit in ``budget_s`` by a
+    small probe's rate; ``gemm_size_bf16`` says what ran. None values when bf16 GEMM fails.
+    """
+    import time
+
+    import torch
+
+    try:
+        n = min(size, 256)
+        x = torch.randn(n, n).bfloat16()
+        torch.mm(x, x)
+        start = time.perf_counter()
+        torch.mm(x, x)
+        rate = 2 * n**3 / max(time.perf_counter() - start, 1e-9)  # FLOP/s at the probe's size
+        n = size
+        while n > 256 and 2 * n**3 * (repeats + 1) / rate > budget_s:
+            n //= 2
+        a, b = torch.randn(n, n).bfloat16(), torch.randn(n, n).bfloat16()
+        out = torch.empty(n, n, dtype=torch.bfloat16)
+        gemm = time_calls(lambda: torch.mm(a, b, out=out), repeats)
+    except RuntimeError:
+        return {"gemm_gflops_bf16": None, "gemm_gflops_bf16_best": None, "gemm_size_bf16": None}
+    flops = 2 * n**3
+    return {"gemm_gflops_bf16": flops / statistics.median(gemm) / 1e9,
+            "gemm_gflops_bf16_best": flops / min(gemm) / 1e9, "gemm_size_bf16": n}
+
+
+def ceiling_gflops(roofline: dict | None, dtype: str) -> float | None:
+    """The GEMM ceiling (best GFLOP/s) for the dtype a run used, "fp32" or "bf16"; None where
+    the roofline did not measure it (e.g. one stored before bf16 was measured)."""
+    keys = {"fp32": "gemm_gflops_best", "bf16": "gemm_gflops_bf16_best"}
+    if dtype not in keys:
+        from cpuopt_helpers.errors import CpuoptError
+
+        raise CpuoptError(f"no GEMM ceiling for dtype {dtype!r}; use one of {', '.join(keys)}")
+    value = (roofline or {}).get(keys[dtype])
+    return float(value) if value else None
 
 
 def measure_here(size: int, copy_bytes: int, repeats: int) -> dict:
@@ -29,9 +75,11 @@ def measure_here(size: int, copy_bytes: int, repeats: int) -> dict:
     dst = torch.empty_like(src)
     copy = time_calls(lambda: dst.copy_(src), repeats)
     flops = 2 * size**3
+    bf16 = measure_bf16_gemm(size, repeats)
     return {
         "gemm_gflops": flops / statistics.median(gemm) / 1e9,
         "gemm_gflops_best": flops / min(gemm) / 1e9,
+        **bf16,
         "copy_gbs": 2 * copy_bytes / statistics.median(copy) / 1e9,  # read + write
         "copy_gbs_best": 2 * copy_bytes / min(copy) / 1e9,
         "gemm_size": size, "copy_mb": copy_bytes >> 20, "repeats": repeats,

@@ -1,9 +1,8 @@
-"""Step-time statistics: medians with spread, bootstrap intervals, interleaved ratios."""
+"""Step-time statistics: medians and spread (comparisons and intervals live in compare.py)."""
 
 from __future__ import annotations
 
 import math
-import random
 import statistics
 import time
 from typing import Callable, Sequence
@@ -56,31 +55,3 @@ def spread_warning(values: Sequence[float], label: str = "measurement", limit: f
         return (f"{label}: spread p10-p90 is {spread:.0%} of the median over {len(values)} runs; "
                 "the machine is noisy, add repeats before trusting small differences")
     return None
-
-
-def bootstrap_ci(values: Sequence[float], confidence: float = 0.95, n_boot: int = 2000,
-                 stat=statistics.median, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap confidence interval of a statistic (default: the median)."""
-    values = [float(v) for v in values]
-    if not values:
-        return (math.nan, math.nan)
-    if len(values) == 1:
-        return (values[0], values[0])
-    rng = random.Random(seed)
-    boots = [stat(rng.choices(values, k=len(values))) for _ in range(n_boot)]
-    alpha = (1 - confidence) / 2
-    return (quantile(boots, alpha), quantile(boots, 1 - alpha))
-
-
-def interleaved_ratio(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> dict:
-    """Ratio b/a of two configurations measured interleaved (A B A B ...).
-
-    Each round's pair shares the machine's state at that moment, so the ratio is taken
-    per round and then summarised; drift that hits both cancels out.
-    """
-    if len(a) != len(b) or not a:
-        raise ValueError(f"interleaved ratio needs pairs of equal length, got {len(a)} and {len(b)}")
-    ratios = [y / x for x, y in zip(a, b) if x]
-    low, high = bootstrap_ci(ratios, confidence)
-    return {"median": statistics.median(ratios), "ci_low": low, "ci_high": high, "n": len(ratios),
-            "warning": spread_warning(ratios, "ratio")}

@@ -6,12 +6,15 @@
    implementation, and bf16 where the CPU has a fast path.
 2. Successive halving: every candidate runs once; the faster half runs again, and so on,
    while the budget lasts; candidates are ranked by their median samples/s.
-3. The best candidate is combined with the other winning changes (one run each), then
-   the final three (recommended, PyTorch's defaults, run_cpu's defaults) run interleaved,
-   round by round, for the speedups with 95% confidence intervals.
+3. The best candidate is combined with the other winning changes (one run each). Picking
+   the fastest of many is a selection, so the search's winner is then confirmed in fresh
+   rounds against PyTorch's defaults with the comparison rule (``compare.run_adaptive``:
+   at least 5 rounds, order alternating, stopping when the verdict is decided or the
+   budget left is spent); run_cpu's defaults run in the same rounds.
 
-The recommendation is the fastest configuration whose speedup over the defaults has its
-whole interval above 1; otherwise the defaults themselves (speedup 1.0).
+The recommendation is the winner when its verdict against the defaults is ``faster``;
+otherwise the defaults themselves, with the measured comparison that says why. No
+interval is printed that was not measured.
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ import shlex
 import statistics
 import time
 
-from cpuopt_helpers import launch, stats, sweeps
+from cpuopt_helpers import compare, launch, sweeps
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
 
-FINAL_ROUNDS = 3
+FINAL_ROUNDS = compare.MIN_ROUNDS  # rounds kept for the confirmation when the search stops
 
 
 def search_space(default: RunConfig, facts: dict, image_like: bool) -> list[RunConfig]:
@@ -163,52 +166,71 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | 
                        else alive)
     best = by_hash[alive[0]] if alive else default
     run_cpu = default.replace(launcher="run_cpu")
-    finals = {"recommended": best, "default": default, "run_cpu": run_cpu}
-    rounds: dict[str, list[float]] = {k: [] for k in finals}
-    for _ in range(FINAL_ROUNDS):
-        for name, config in finals.items():
-            r = runner(config)
+    # the final rounds: the winner (or, when nothing beat the defaults, the defaults) against
+    # the defaults, with run_cpu's defaults in every round
+    challenger = best if best.config_hash() != default.config_hash() else run_cpu
+    run_cpu_speeds: dict[int, float | None] = {}
+
+    def final(arm: str, i: int) -> float | None:
+        config = default if arm == "a" else challenger
+        r = runner(config)
+        bar.update()
+        if arm == "a" and challenger is not run_cpu:
+            c = runner(run_cpu)
             bar.update()
-            rounds[name].append(r["samples_per_s"] if r["status"] == "ok" else float("nan"))
+            run_cpu_speeds[i] = c["samples_per_s"] if c["status"] == "ok" else None
+        return r["samples_per_s"] if r["status"] == "ok" else None
+
+    confirmation = compare.run_adaptive(final, budget_s=max(left(), 1.0), seed=len(samples))
     bar.close()
+    rounds = confirmation["rounds"]
+    if challenger is run_cpu:  # nothing beat the defaults in the search
+        vs_run_cpu = compare.sequential_ratio([r[1] for r in rounds], [r[0] for r in rounds])
+        vs_default, recommended = None, default
+        note = "no candidate beat PyTorch's defaults in the search: the defaults are recommended"
+    else:
+        cpu = [run_cpu_speeds.get(i) for i in range(len(rounds))]
+        vs_run_cpu = compare.sequential_ratio(cpu, [r[1] for r in rounds])
+        vs_default = confirmation
+        recommended = best if confirmation["verdict"] == "faster" else default
+        note = "" if recommended is best else (
+            f"{best.label()} measured fastest in the search, but confirmed against the defaults it is "
+            f"{compare.describe(confirmation)}: the defaults are recommended")
 
-    def speedup(other: str) -> dict | None:
-        pairs = [(a, b) for a, b in zip(rounds[other], rounds["recommended"]) if a == a and b == b]
-        if not pairs:
-            return None
-        ratio = stats.interleaved_ratio([a for a, _ in pairs], [b for _, b in pairs])
-        return {"median": ratio["median"], "ci_low": ratio["ci_low"], "ci_high": ratio["ci_high"], "n": ratio["n"]}
+    def brief(c: dict | None) -> dict | None:
+        return None if c is None else {k: c[k] for k in ("ratio", "ci_low", "ci_high", "n", "verdict", "label")}
 
-    vs_default = speedup("default")
-    note = ""
-    if best is not default and (vs_default is None or vs_default["ci_low"] <= 1.0):
-        note = (f"{best.label()} measured fastest in the search, but against the defaults its interval "
-                f"{vs_default and round(vs_default['ci_low'], 2)}-{vs_default and round(vs_default['ci_high'], 2)} "
-                "includes 1.0: the defaults are recommended")
-        best = default
-        vs_default = {"median": 1.0, "ci_low": 1.0, "ci_high": 1.0, "n": 0}
-        rounds["recommended"] = rounds["default"]
     machine = launch.Machine.this()
+    speeds = {"recommended": [r[1] for r in rounds] if recommended is best else [r[0] for r in rounds],
+              "default": [r[0] for r in rounds],
+              "run_cpu": [r[1] for r in rounds] if challenger is run_cpu else list(run_cpu_speeds.values())}
     return {"workload": workload, "preset": preset, "budget_min": budget_min,
-            "recommended": best.to_dict(), "recommended_label": best.label(),
-            "changes": changes(best, default),
-            "speedup_vs_default": vs_default, "speedup_vs_run_cpu": speedup("run_cpu"),
-            "samples_per_s": {k: statistics.median([v for v in vs if v == v]) if any(v == v for v in vs) else None
-                              for k, vs in rounds.items()},
-            "launch_command": launch_command(best), "shell_command": shell_command(best, machine),
+            "recommended": recommended.to_dict(), "recommended_label": recommended.label(),
+            "changes": changes(recommended, default), "search_winner": best.label(),
+            "speedup_vs_default": brief(vs_default), "search_winner_vs_default": brief(vs_default),
+            "speedup_vs_run_cpu": brief(vs_run_cpu) if recommended is best or challenger is run_cpu else None,
+            "run_cpu_vs_default": brief(compare.sequential_ratio(speeds["default"], speeds["run_cpu"]))
+            if challenger is run_cpu else None,
+            "rounds": confirmation["rounds"], "order": confirmation["order"], "stopped": confirmation["stopped"],
+            "samples_per_s": {k: statistics.median([v for v in vs if v]) if any(vs) else None
+                              for k, vs in speeds.items()},
+            "launch_command": launch_command(recommended), "shell_command": shell_command(recommended, machine),
             "candidates": [{"label": by_hash[h].label(), "runs": len(v), "samples_per_s": statistics.median(v)}
                            for h, v in samples.items()],
-            "runs": len(run_s) + 3 * FINAL_ROUNDS, "note": note}
+            "runs": len(run_s) + sum(2 if challenger is run_cpu else 3 for _ in rounds), "note": note}
 
 
 def format_tune(t: dict) -> str:
     def ci(s):
-        return "not measured" if not s else f"{s['median']:.2f}x (95% CI {s['ci_low']:.2f}-{s['ci_high']:.2f})"
+        return compare.describe(dict(s, margin=compare.MARGIN, min_rounds=compare.MIN_ROUNDS)) if s else "not measured"
 
     lines = [f"recommended for {t['workload']}[{t['preset']}]: {t['recommended_label']}",
              f"  changes from PyTorch's defaults: {t['changes'] or 'none'}",
-             f"  speedup over PyTorch's defaults: {ci(t['speedup_vs_default'])}",
+             f"  speedup over PyTorch's defaults: "
+             + (ci(t['speedup_vs_default']) if t['speedup_vs_default'] else "none: the defaults are recommended"),
              f"  speedup over run_cpu's defaults: {ci(t['speedup_vs_run_cpu'])}",
+             *([f"  run_cpu's defaults over PyTorch's defaults: {ci(t['run_cpu_vs_default'])}"]
+               if t["run_cpu_vs_default"] else []),
              f"  train with:  {t['launch_command']}",
              f"  or in plain shell:  {t['shell_command']}",
              f"  ({len(t['candidates'])} candidates, {t['runs']} runs in a {t['budget_min']:g}-minute budget)"]

@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cpuopt_helpers import launch, system
+from cpuopt_helpers import compare, launch, system
 from cpuopt_helpers.config import PRESETS, RunConfig
 from cpuopt_helpers.errors import CpuoptError
-from cpuopt_helpers.results import ResultStore, build_dir, run_sweep
+from cpuopt_helpers.results import ResultStore, build_dir, run_comparison, run_sweep
 
 log = logging.getLogger(__name__)
 KERNEL = "cpuopt"
@@ -35,10 +35,25 @@ class Session:
     def run(self, config: RunConfig) -> dict:
         return launch.run(config, self.facts)
 
-    def sweep(self, configs, repeats: int = 1, tag: str | None = None, resume: bool = True) -> list[dict]:
-        """Interleaved repeats of several configs, each result stored as it lands."""
-        return run_sweep(configs, self.store, self.run, repeats=repeats, resume=resume, tag=tag,
+    def __post_init__(self):
+        if self.store.moved_aside:
+            print(f"note: the results store held an older schema; it was moved aside to {self.store.moved_aside}")
+
+    def sweep(self, configs, rounds: int = 1, tag: str | None = None, resume: bool = True) -> list[dict]:
+        """Rounds of several configs (the order shuffled inside each), each result stored as it lands."""
+        return run_sweep(configs, self.store, self.run, rounds=rounds, resume=resume, tag=tag,
                          machine=self.machine)
+
+    def confirm(self, a: RunConfig, b: RunConfig, tag: str, min_rounds: int = compare.MIN_ROUNDS,
+                max_rounds: int = compare.MAX_ROUNDS, budget_min: float | None = None, resume: bool = True) -> dict:
+        """The adaptive A/B of b against a (``results.run_comparison``), in fresh rounds."""
+        return run_comparison(a, b, self.store, self.run, tag=tag, machine=self.machine, min_rounds=min_rounds,
+                              max_rounds=max_rounds, budget_s=budget_min * 60 if budget_min else None, resume=resume)
+
+    def confirmer(self, tag: str, min_rounds: int = compare.MIN_ROUNDS, max_rounds: int = compare.MAX_ROUNDS,
+                  budget_min: float | None = None, resume: bool = True):
+        """``confirm`` with the notebook's parameters filled in, for ``analysis.choose``."""
+        return lambda a, b: self.confirm(a, b, tag, min_rounds, max_rounds, budget_min, resume)
 
     def roofline(self, preset: str, remeasure: bool = False) -> dict:
         """The measured GEMM and copy ceilings, from the store or measured now."""
@@ -51,11 +66,14 @@ class Session:
             self.store.put_fact(self.machine, name, value)
         return value
 
-    def hand_on(self, config: RunConfig, step: str, evidence: dict | None = None) -> None:
-        """Record the best configuration so far for a workload (the optimisation ladder)."""
+    def hand_on(self, config: RunConfig, step: str, evidence: dict | None = None, comparison: dict | None = None) -> None:
+        """Record the best configuration so far for a workload (the optimisation ladder),
+        with the comparison that handed it on (ratio to the rung before, interval, verdict)."""
         ladder = self.store.get_fact(self.machine, f"ladder/{config.workload}/{config.preset}", [])
+        kept = {k: comparison[k] for k in ("ratio", "ci_low", "ci_high", "n", "verdict", "label", "sweep")
+                if k in comparison} if comparison else None
         ladder = [s for s in ladder if s["step"] != step] + [
-            {"step": step, "config": config.to_dict(), "evidence": evidence or {}}]
+            {"step": step, "config": config.to_dict(), "evidence": dict(evidence or {}, comparison=kept)}]
         self.store.put_fact(self.machine, f"ladder/{config.workload}/{config.preset}", ladder)
 
     def best_config(self, workload: str, preset: str) -> RunConfig:
@@ -176,12 +194,12 @@ def results_markdown(store: ResultStore, facts: dict, preset: str = "standard") 
         f"{facts['physical_cores']} physical / {facts['logical_cores']} logical cores, {facts['memory_gib']} GiB, "
         f"torch {facts['versions']['torch']}, oneDNN {facts['versions']['onednn']}.",
         "",
-        "| workload | samples/s (95% CI) | step ms | forward | backward | optimizer | GFLOP/s | share of GEMM peak |",
+        "| workload | samples/s (median; range over runs) | step ms | forward | backward | optimizer | GFLOP/s | share of GEMM peak |",
         "|---|---|---|---|---|---|---|---|",
     ]
     peak = roof["gemm_gflops_best"]
     for name, row in table.iterrows():
-        lines.append(f"| {name} | {row['samples_per_s']:.1f} ({row['ci_low']:.1f}-{row['ci_high']:.1f}) | "
+        lines.append(f"| {name} | {row['samples_per_s']:.1f} ({row['low']:.1f}-{row['high']:.1f}, {row['runs']} runs) | "
                      f"{row['step_ms']:.0f} | {row['forward_share']:.0%} | {row['backward_share']:.0%} | "
                      f"{row['optimizer_share']:.0%} | {row['gflops']:.1f} | {row['gflops'] / peak:.0%} |")
     lines += ["", *[f"- {line}" for line in analysis.system_findings(facts, roof)[:2]],
@@ -230,12 +248,12 @@ def _precision_lines(store: ResultStore, machine: str, preset: str) -> list[str]
     if not runs:
         return []
     lines = ["", "bf16 autocast against fp32 (notebook 06, loss in fp32; on a CPU without a bf16 fast path "
-             "it runs on the quick preset):", "", "| workload | setting | vs fp32 (95% CI) |", "|---|---|---|"]
+             "it runs on the quick preset; screening rounds):", "", "| workload | setting | vs fp32 |", "|---|---|---|"]
     for w in dict.fromkeys(r["config"]["workload"] for r in runs):
         first = next(r["config"] for r in runs if r["config"]["workload"] == w)
-        for row in analysis.compare_configs(runs, first, w).itertuples():
-            if row.setting != "baseline":
-                lines.append(f"| {w} | {row.setting} | {row.ratio:.2f}x ({row.ratio_low:.2f}-{row.ratio_high:.2f}) |")
+        for _, row in analysis.compare_configs(runs, first, w).iterrows():
+            if isinstance(row.get("comparison"), dict):
+                lines.append(f"| {w} | {row['setting']} | {compare.describe(row['comparison'])} |")
     return lines
 
 
@@ -280,21 +298,21 @@ def _launcher_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
         return []
     lines = ["", "Threading, allocator and launchers (notebooks 03-04): the best setting handed on, as a ratio to "
              "PyTorch's defaults measured in interleaved rounds, next to `run_cpu`'s defaults.", "",
-             "| workload | setting | vs PyTorch's defaults (95% CI) |", "|---|---|---|"]
+             "| workload | setting | vs PyTorch's defaults |", "|---|---|---|"]
     notes = []
     for w in dict.fromkeys(r["config"]["workload"] for r in runs):
         default = next(r["config"] for r in runs if r["config"]["workload"] == w)
         table = analysis.compare_configs(runs, default, w)
-        for row in table.itertuples():
-            ratio = (f"{row.ratio:.2f}x ({row.ratio_low:.2f}-{row.ratio_high:.2f})" if row.setting != "baseline"
-                     else "1.00x")
-            name = ("PyTorch's defaults" if row.setting == "baseline" else
-                    "run_cpu's defaults" if "launcher=run_cpu" in row.setting else f"best: {row.setting}")
-            lines.append(f"| {w} | {name} | {ratio} |")
-            if name.startswith("best") and row.ratio_low <= 1.0:
-                notes.append(f"- {w}: the setting handed on measured {row.ratio:.2f}x PyTorch's defaults in this "
-                             "later interleaved run, so its win in notebooks 03-04 did not replicate here; on a "
-                             "shared machine, raise REPEATS before trusting a gain of a few percent.")
+        for _, row in table.iterrows():
+            comparison = row.get("comparison") if isinstance(row.get("comparison"), dict) else None
+            name = ("PyTorch's defaults" if row["setting"] == "baseline" else
+                    "run_cpu's defaults" if "launcher=run_cpu" in row["setting"] else f"best: {row['setting']}")
+            lines.append(f"| {w} | {name} | {compare.describe(comparison) if comparison else '1.00x'} |")
+            if name.startswith("best") and comparison and comparison["verdict"] in ("slower", "no different",
+                                                                                   "equivalent"):
+                notes.append(f"- {w}: the setting handed on measured {comparison['ratio']:.2f}x PyTorch's defaults "
+                             f"in this later sweep ({comparison['verdict']}): its confirmed win in notebooks 03-04 "
+                             "did not replicate here.")
     return lines + ([""] + notes if notes else [])
 
 

@@ -66,17 +66,23 @@ def test_digits_accuracy_experiment_on_a_tiny_setting():
     assert again["history"] == runs[0]["history"]  # seeded: reproducible
 
 
-def test_precision_choice_needs_speed_and_accuracy():
+def test_precision_choice_needs_a_fast_path_accuracy_and_a_confirmed_win():
     import pandas as pd
 
-    table = pd.DataFrame([{"setting": "baseline", "config": {"dtype": "fp32"}},
-                          {"setting": "dtype=bf16", "ratio": 1.5, "ratio_low": 1.2, "ratio_high": 1.8,
-                           "config": {"dtype": "bf16"}}])
+    from cpuopt_helpers.config import RunConfig
+
+    fp32, bf16 = RunConfig(threads=2), RunConfig(threads=2, dtype="bf16")
+    table = pd.DataFrame([{"setting": "baseline", "ratio": 1.0, "runs": 2, "config": fp32.to_dict()},
+                          {"setting": "dtype=bf16", "ratio": 1.5, "runs": 2, "config": bf16.to_dict()}])
     acc = pd.DataFrame({"final_accuracy": [0.95, 0.948]}, index=["fp32", "bf16"])
     fast = {"accelerated": True, "path": "amx", "reason": "x"}
-    assert analysis.choose_precision(table, acc, fast) == {"dtype": "bf16"}
-    assert analysis.choose_precision(table, acc, dict(fast, accelerated=False)) is None
+
+    def confirm(verdict):
+        return lambda a, b: {"ratio": 1.5, "ci_low": 1.3, "ci_high": 1.7, "n": 5, "verdict": verdict, "margin": 0.05,
+                             "min_rounds": 5, "label": "95% CI"}
+    chosen, sentence, _ = analysis.choose_precision(table, acc, fast, "cnn", confirm("faster"))
+    assert chosen["dtype"] == "bf16" and "handed on" in sentence
+    assert analysis.choose_precision(table, acc, dict(fast, accelerated=False), "cnn", confirm("faster"))[0] is None
     worse = pd.DataFrame({"final_accuracy": [0.95, 0.90]}, index=["fp32", "bf16"])
-    assert analysis.choose_precision(table, worse, fast) is None
-    slow = table.assign(ratio_low=[None, 0.9])
-    assert analysis.choose_precision(slow, acc, fast) is None
+    assert analysis.choose_precision(table, worse, fast, "cnn", confirm("faster"))[0] is None
+    assert analysis.choose_precision(table, acc, fast, "cnn", confirm("no different"))[0] is None

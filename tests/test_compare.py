@@ -114,3 +114,11 @@ def test_per_look_level_is_stricter_than_fixed_n():
     assert compare.per_look_confidence(5, 5, 0.95) == 0.95
     r = compare.sequential_ratio([10] * 6, [11, 12, 11, 12, 11, 12])
     assert "repeated-confidence" in r["label"] and r["per_look_confidence"] == level
+
+
+def test_t_quantile_without_scipy_matches_scipy():
+    from scipy.stats import t
+
+    for df in (1, 2, 3, 4, 7, 13, 40):
+        for p in (0.95, 0.975, 0.9936):
+            assert compare._t_quantile(p, df) == pytest.approx(t.ppf(p, df), rel=1e-6)

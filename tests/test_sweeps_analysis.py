@@ -1,5 +1,7 @@
 """Sweep plans for notebooks 03/04 and the statistics that choose what is handed on."""
 
+import math
+
 import pytest
 
 from cpuopt_helpers import analysis, sweeps
@@ -51,33 +53,68 @@ def test_launcher_configs():
     assert len(sweeps.launcher_configs(default, FACTS)) == 2  # the best is the default: measured once
 
 
-def result(config, repeat, sps, rss=100.0):
-    return {"status": "ok", "config": config.to_dict(), "config_hash": config.config_hash(), "repeat": repeat,
+def result(config, round_, sps, rss=100.0, arm=None, sweep="s1"):
+    return {"status": "ok", "config": config.to_dict(), "config_hash": config.config_hash(), "round": round_,
+            "sweep": sweep, "arm": arm if arm is not None else hash(config.config_hash()) % 1000,
             "samples_per_s": sps, "peak_rss_mb": rss, "label": config.label()}
 
 
-def test_compare_and_choose_need_the_whole_interval_above_one():
+def screened():
     base = RunConfig(threads=2)
     fast, noisy = base.replace(allocator="jemalloc"), base.replace(allocator="tcmalloc")
     results = []
     for i, drift in enumerate([1.0, 0.7, 1.3, 0.9, 1.1]):  # the machine drifts; ratios are paired per round
-        results += [result(base, i, 100 * drift), result(fast, i, 120 * drift, rss=130),
-                    result(noisy, i, 100 * drift * (1.3 if i % 2 else 0.8))]
+        results += [result(base, i, 100 * drift, arm=0), result(fast, i, 120 * drift * (1 + 0.01 * i), rss=130, arm=1),
+                    result(noisy, i, 100 * drift * (1.3 if i % 2 else 0.8), arm=2)]
+    return base, results
+
+
+def test_compare_pairs_by_round_and_words_verdicts_from_compare():
+    base, results = screened()
     table = analysis.compare_configs(results, base.to_dict())
     row = table.set_index("setting").loc["allocator=jemalloc"]
-    assert row.ratio == pytest.approx(1.2) and row.ratio_low == pytest.approx(1.2)
-    chosen, sentence = analysis.choose(table, "cnn")
-    assert chosen["allocator"] == "jemalloc" and "handed on" in sentence
+    assert row.ratio == pytest.approx(1.2 * math.exp(sum(math.log(1 + 0.01 * i) for i in range(5)) / 5))
+    assert row.ratio_low > 1.15 and row.verdict == "faster"
+    assert table.set_index("setting").loc["allocator=tcmalloc"].verdict == "no different"
     lines = " ".join(analysis.settings_findings(table, "cnn"))
-    assert "faster than the baseline: allocator=jemalloc 1.20x" in lines
-    assert "within the noise of the baseline: allocator=tcmalloc" in lines
+    assert "allocator=jemalloc: 1.22x (95% CI" in lines and "faster" in lines
     assert "+30%" in analysis.memory_findings(table, "cnn")[0]
-    only_noisy = [r for r in results if r["config"]["allocator"] != "jemalloc"]
-    table = analysis.compare_configs(only_noisy, base.to_dict())
-    chosen, sentence = analysis.choose(table, "cnn")
-    if table.iloc[0]["setting"] != "baseline":
-        assert "baseline is kept" in sentence
-    assert chosen["allocator"] == "default"
+    few = analysis.compare_configs([r for r in results if r["round"] < 2], base.to_dict())
+    assert few.set_index("setting").loc["allocator=jemalloc"].verdict == "too few rounds"
+    assert math.isnan(few.set_index("setting").loc["allocator=jemalloc"].ratio_low)
+
+
+def test_an_aa_sweep_keeps_its_two_arms_apart():
+    base = RunConfig(threads=2)
+    results = [result(base, i, 100.0 + i, arm=0) for i in range(5)] + [result(base, i, 101.0 + i, arm=1)
+                                                                      for i in range(5)]
+    table = analysis.compare_configs(results, base.to_dict())
+    assert len(table) == 2 and set(table.setting) == {"baseline", "baseline (repeat arm)"}
+
+
+def test_choose_confirms_the_screening_winner_in_fresh_rounds():
+    base, results = screened()
+    table = analysis.compare_configs([r for r in results if r["round"] < 2], base.to_dict())
+    calls = []
+
+    def confirm(verdict):
+        def run(a, b):
+            calls.append((a, b))
+            return {"ratio": 1.2, "ci_low": 1.1, "ci_high": 1.3, "n": 6, "verdict": verdict, "margin": 0.05,
+                    "min_rounds": 5, "label": "95% repeated-confidence interval (per-look 98.7%)"}
+        return run
+    chosen, sentence, comparison = analysis.choose(table, "cnn", confirm("faster"))
+    assert chosen["allocator"] == "jemalloc" and "handed on" in sentence and comparison["n"] == 6
+    assert calls[0][0].allocator == "default" and calls[0][1].allocator == "jemalloc"
+    chosen, sentence, _ = analysis.choose(table, "cnn", confirm("no different"))
+    assert chosen["allocator"] == "default" and "baseline is kept" in sentence
+    chosen, sentence, comparison = analysis.choose(table, "cnn")  # no confirmation: nothing is handed on
+    assert chosen["allocator"] == "default" and comparison is None and "not confirmed" in sentence
+    slow_only = analysis.compare_configs([r for r in results if r["arm"] != 1], base.to_dict())
+    calls.clear()
+    slow_only.loc[slow_only.setting != "baseline", "ratio"] = 0.9
+    chosen, sentence, _ = analysis.choose(slow_only, "cnn", confirm("faster"))
+    assert calls == [] and chosen["allocator"] == "default"  # nothing beat the baseline: nothing to confirm
 
 
 def test_scaling_table_and_findings():

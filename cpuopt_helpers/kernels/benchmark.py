@@ -46,7 +46,7 @@ def _time_focal(fn, x, t) -> tuple[float, float]:
 
 
 def focal(rounds: int = 15, dtype: str = "fp32", presets=("quick", "standard"), classes=(80, 601)) -> dict:
-    from cpuopt_helpers import stats
+    from cpuopt_helpers import compare, stats
     from cpuopt_helpers.kernels import focal_loss
 
     kinds = {"reference": focal_loss.reference_sigmoid_focal_loss,
@@ -68,11 +68,11 @@ def focal(rounds: int = 15, dtype: str = "fp32", presets=("quick", "standard"), 
         for k in kinds:
             for part, pick in (("forward", lambda s: s[0]), ("backward", lambda s: s[1]), ("both", sum)):
                 mine, ref = [pick(s) for s in times[k]], [pick(s) for s in times["reference"]]
-                ratio = stats.interleaved_ratio(mine, ref)  # reference time / this kernel's time
+                ratio = compare.paired_ratio(mine, ref)  # reference time / this kernel's time, paired by round
                 rows.append({"shape": name, "elements": shape[0] * shape[1], "part": part, "kernel": k,
                              "median_ms": stats.summarize([s * 1e3 for s in mine])["median"],
-                             "speedup": ratio["median"], "speedup_low": ratio["ci_low"],
-                             "speedup_high": ratio["ci_high"]})
+                             "speedup": ratio["ratio"], "speedup_low": ratio["ci_low"],
+                             "speedup_high": ratio["ci_high"], "verdict": ratio["verdict"], "rounds": ratio["n"]})
     return {"dtype": dtype, "threads": torch.get_num_threads(), "rounds": rounds, "rows": rows}
 
 
@@ -102,7 +102,7 @@ def _lamb(kind: str, params):
 
 
 def lamb_here(kinds: list[str], preset: str, rounds: int) -> dict:
-    from cpuopt_helpers import stats
+    from cpuopt_helpers import compare, stats
 
     optimizers = {k: _lamb(k, lamb_parameters(preset)) for k in kinds}
     for opt in optimizers.values():  # the first step allocates the state: outside the clock
@@ -117,9 +117,10 @@ def lamb_here(kinds: list[str], preset: str, rounds: int) -> dict:
     out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "preset": preset,
            "tensors": len(params), "elements": sum(p.numel() for p in params), "kernels": {}}
     for k in kinds:
-        ratio = stats.interleaved_ratio(times[k], times[kinds[0]])  # the loop's time / this kernel's
+        ratio = compare.paired_ratio(times[k], times[kinds[0]])  # the loop's time / this kernel's, paired by round
         out["kernels"][k] = {"median_ms": stats.summarize([t * 1e3 for t in times[k]])["median"],
-                             "speedup_vs_loop": ratio["median"], "ci": [ratio["ci_low"], ratio["ci_high"]]}
+                             "speedup_vs_loop": ratio["ratio"], "ci": [ratio["ci_low"], ratio["ci_high"]],
+                             "verdict": ratio["verdict"], "rounds": ratio["n"]}
     return out
 
 
