@@ -21,14 +21,38 @@ with a warning, except LD_PRELOAD, to which ours are appended):
 | PYTHONPATH          | the current folder, then cpuopt_helpers' root           | always              |
 | MASTER_ADDR/PORT, RANK, LOCAL_RANK, WORLD_SIZE | torch.distributed's env:// rendezvous | mode ddp   |
 
+Not set by the plan: TORCHINDUCTOR_CACHE_DIR. A compiled run's worker makes a fresh,
+empty one itself before importing torch (and removes it), so ``compile_s`` is always a
+cold compile, also when a user pastes the plan's command again; a plan-time temporary
+folder would be filled by the first run and make a rerun silently warm. A value in the
+caller's environment (or the config's ``env``) wins, with a warning.
+
 Pinning: ``numactl --physcpubind=CORES --membind=NODES`` when numactl works, else
 ``taskset -c CORES``, else the worker pins itself with ``os.sched_setaffinity``.
+
+What ``make_result`` adds to the instances' results:
+
+- ``samples_per_s``: the samples of all instances' timed steps divided by the window from
+  the first instance's start of timed steps to the last one's end (wall clock, recorded
+  by each worker), not a sum of rates measured over different windows. Each instance's
+  own rate stays in ``instances``.
+- ``warmup_steps`` (the most any instance ran) and ``warmup_settled`` (all settled).
+- ``compile_s`` (cold: first warm-up step with an empty Inductor cache) and
+  ``compile_warm_s`` (the recompile after ``torch._dynamo.reset()`` with the cache filled).
+- ``slow_steps`` (timed steps over 1.5 x the median) and ``mean_over_median`` (mean step /
+  median step): how far slow steps moved the throughput, which stays total samples over
+  total time.
+- ``machine_state`` (``load1``, ``usable_cpus``, ``threads``, ``previous_threads``,
+  ``steal_pct``, ``loaded``; see ``is_loaded``) and ``code_version`` (package version and
+  a hash of the measuring code).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
 import os
 import shlex
 import shutil
@@ -39,6 +63,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
 
 from cpuopt_helpers import runtimes, stats, system
 from cpuopt_helpers.config import RunConfig, validate
@@ -142,6 +168,11 @@ def plan_env(config: RunConfig, machine: Machine, base_env: dict) -> tuple[dict,
             warnings.append(f"{key}={base_env[key]} from your environment overrides the planned "
                             f"{env[key]}; unset it to let cpuopt choose")
             env[key] = base_env[key]
+    if config.compile:
+        cache = dict(config.env).get("TORCHINDUCTOR_CACHE_DIR") or base_env.get("TORCHINDUCTOR_CACHE_DIR")
+        if cache:
+            warnings.append(f"TORCHINDUCTOR_CACHE_DIR={cache} is set, so the compile time is measured with that "
+                            "Inductor cache, which may be warm; unset it for a cold compile in a fresh cache")
     user_preload = base_env.get("LD_PRELOAD", "")
     if preload or user_preload:
         env["LD_PRELOAD"] = ":".join([p for p in user_preload.split(":") if p] + preload)
@@ -269,6 +300,168 @@ def build_torchrun_plan(config: RunConfig, machine: Machine, command: list[str],
     return LaunchPlan(config, (InstancePlan(0, cores, tuple(argv), env),), "torchrun+" + pinning, tuple(warnings))
 
 
+# --- what a RunResult says about the machine and the code (pure functions, then readers) ---
+
+STEAL_LOADED_PCT = 5.0  # more of the run's CPU time than this stolen by the hypervisor: loaded
+PREVIOUS_RUN_MEMORY_S = 300.0  # the 1-minute load average forgets a run within ~5 minutes (e^-5)
+_previous_run: dict = {}  # threads and end time of the last run this process launched
+
+
+def parse_proc_stat(text: str) -> dict[str, list[int]]:
+    """/proc/stat's cpu lines: {"cpu": [user, nice, system, idle, iowait, irq, softirq, steal, ...], "cpu0": ...}."""
+    rows = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0].startswith("cpu"):
+            rows[parts[0]] = [int(x) for x in parts[1:]]
+    return rows
+
+
+def steal_pct(before: str, after: str, cpus: list[int] | None = None) -> float | None:
+    """Percent of the CPU time between two /proc/stat readings that the hypervisor stole.
+
+    Over the given CPUs (the run's cores) when /proc/stat lists them, else over all. The
+    total is user..steal (the first 8 fields; guest time is already inside user). None
+    when the readings do not say (no steal column, no time passed, not Linux).
+    """
+    a, b = parse_proc_stat(before), parse_proc_stat(after)
+    names = [f"cpu{c}" for c in cpus or []]
+    if not names or not all(n in a and n in b for n in names):
+        names = ["cpu"]
+    if not all(n in a and n in b and len(a[n]) >= 8 and len(b[n]) >= 8 for n in names):
+        return None
+    steal = sum(b[n][7] - a[n][7] for n in names)
+    total = sum(sum(b[n][:8]) - sum(a[n][:8]) for n in names)
+    return 100.0 * steal / total if total > 0 else None
+
+
+def usable_cpus(affinity: int, cpu_max: str | None = None) -> int:
+    """CPUs this process may use: its affinity, lowered by a cgroup v2 quota ("QUOTA PERIOD" or "max PERIOD")."""
+    if cpu_max:
+        quota, _, period = cpu_max.strip().partition(" ")
+        if quota != "max" and quota.isdigit() and period.strip().isdigit() and int(period) > 0:
+            return max(1, min(affinity, math.ceil(int(quota) / int(period))))
+    return affinity
+
+
+def load_margin(usable: int) -> float:
+    """Load beyond our own threads that still counts as quiet: the launcher and daemons (1), or 10% of the CPUs."""
+    return max(1.0, 0.1 * usable)
+
+
+def is_loaded(load1: float | None, usable: int, steal: float | None, previous_threads: int = 0) -> bool:
+    """Was the machine busy with other work around this run? The rule:
+
+    loaded when the hypervisor stole more than 5% of the CPU time on the run's cores, or
+    when the 1-minute load average before launch exceeds what our own work can explain
+    plus a margin. Runs go back to back, so the load includes our previous run: it can
+    keep up to one runnable thread per usable CPU, or its own thread count when it
+    oversubscribed (``previous_threads``, known when this process launched it within the
+    last 5 minutes). Margin: ``load_margin``. So: load1 > max(usable, previous_threads) + margin.
+    """
+    if steal is not None and steal > STEAL_LOADED_PCT:
+        return True
+    return load1 is not None and load1 > max(usable, previous_threads) + load_margin(usable)
+
+
+def run_threads(config: RunConfig) -> int:
+    """Threads this run keeps busy: per instance, its compute threads and its DataLoader processes."""
+    return config.instances * ((config.threads or 1) + config.loader_workers)
+
+
+def machine_state(load1: float | None, usable: int, threads: int, steal: float | None,
+                  previous_threads: int = 0) -> dict:
+    """The RunResult's ``machine_state``: what the machine was doing around the run, and the verdict."""
+    return {"load1": load1, "usable_cpus": usable, "threads": threads, "previous_threads": previous_threads,
+            "steal_pct": None if steal is None else round(steal, 3),
+            "loaded": is_loaded(load1, usable, steal, previous_threads)}
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _load1() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+# The code that decides what a measurement is: a change here can change any number.
+MEASURING_SOURCES = ("worker.py", "launch.py", "config.py", "flops.py", "workloads/*.py", "kernels/*.py")
+_code_versions: dict = {}
+
+
+def measuring_files(root: Path = PACKAGE_DIR) -> list[Path]:
+    """The measuring code's files under the package folder (flops.py only where it exists)."""
+    return sorted({f for pattern in MEASURING_SOURCES for f in root.glob(pattern) if f.is_file()})
+
+
+def measuring_hash(sources: dict[str, str]) -> str:
+    """Short sha256 over the files' names and texts, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(sources):
+        digest.update(name.encode() + b"\0" + sources[name].encode() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def package_version() -> str:
+    """cpuopt_helpers' version from its installed metadata, else from the package itself."""
+    try:
+        return metadata.version("cpuopt-helpers")
+    except metadata.PackageNotFoundError:
+        from cpuopt_helpers import __version__
+
+        return __version__
+
+
+def code_version(root: Path | None = None) -> dict:
+    """{"package": version, "measuring_hash": hash of MEASURING_SOURCES' texts}.
+
+    Cached per file state (path, mtime, size), so an edit between two runs of one
+    notebook kernel gives a new hash while an unchanged tree is hashed once.
+    """
+    root = root or PACKAGE_DIR
+    files = measuring_files(root)
+    key = (str(root),) + tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    if key not in _code_versions:
+        sources = {f.relative_to(root).as_posix(): f.read_text(errors="replace") for f in files}
+        _code_versions[key] = {"package": package_version(), "measuring_hash": measuring_hash(sources)}
+    return dict(_code_versions[key])
+
+
+def aggregate_samples_per_s(instances: list[dict]) -> tuple[float, float]:
+    """(samples/s, window s) of all instances together: total samples of their timed steps
+    over the union window, from the earliest ``timed_start`` to the latest ``timed_end``.
+
+    Instances that do not report their window (an older worker) fall back to the longest
+    instance's summed step time, which assumes the timed steps overlapped.
+    """
+    samples = sum(r["batch_size"] * len(r["step_s"]) for r in instances)
+    if all(r.get("timed_start") is not None and r.get("timed_end") is not None for r in instances):
+        window = max(r["timed_end"] for r in instances) - min(r["timed_start"] for r in instances)
+    else:
+        window = 0.0
+    if window <= 0:
+        window = max(sum(r["step_s"]) for r in instances)
+    return samples / window, window
+
+
+def slow_step_summary(step_ms: list[float], factor: float = 1.5) -> dict:
+    """How much slow steps weigh in a run: {"slow_steps": count over factor x median, "mean_over_median"}."""
+    if not step_ms:
+        return {"slow_steps": None, "mean_over_median": None}
+    median = stats.summarize(step_ms)["median"]
+    return {"slow_steps": sum(s > factor * median for s in step_ms),
+            "mean_over_median": (sum(step_ms) / len(step_ms)) / median if median > 0 else None}
+
+
 def _tail(path: str, limit: int = STDERR_TAIL) -> str:
     with open(path, "rb") as f:
         f.seek(0, os.SEEK_END)
@@ -303,6 +496,8 @@ def run_plan(plan: LaunchPlan, facts: dict | None = None) -> dict:
     config = plan.config
     workdir = tempfile.mkdtemp(prefix="cpuopt-run-")
     procs, outs, errs = [], [], []
+    previous = _previous_run if time.monotonic() - _previous_run.get("end", -math.inf) < PREVIOUS_RUN_MEMORY_S else {}
+    load1, stat_before = _load1(), _read_text("/proc/stat")
     launch_wall = time.time()
     for inst in plan.instances:
         out, err = os.path.join(workdir, f"{inst.index}.out"), os.path.join(workdir, f"{inst.index}.err")
@@ -326,6 +521,14 @@ def run_plan(plan: LaunchPlan, facts: dict | None = None) -> dict:
             time.sleep(0.02)
     finally:
         _kill(procs)  # also stops the others when one failed, and on KeyboardInterrupt
+    stat_after = _read_text("/proc/stat")
+    threads = run_threads(config)
+    _previous_run.update(end=time.monotonic(), threads=threads)
+    cpus = sorted({c for inst in plan.instances for c in inst.cores}) if plan.pinning not in ("none", "run_cpu") \
+        else None
+    state = machine_state(load1, usable_cpus(len(os.sched_getaffinity(0)), _read_text("/sys/fs/cgroup/cpu.max")),
+                          threads, steal_pct(stat_before, stat_after, cpus) if stat_before and stat_after else None,
+                          previous.get("threads", 0))
     if status == "ok":
         failed = [i for i, p in enumerate(procs) if p.returncode != 0]
         if failed:
@@ -341,21 +544,28 @@ def run_plan(plan: LaunchPlan, facts: dict | None = None) -> dict:
         bad = next((i for i, p in enumerate(procs) if p.returncode not in (0, None, -9)), 0)
         reason = f"{reason}; stderr tail of instance {bad}:\n{_tail(errs[bad])}"
     shutil.rmtree(workdir, ignore_errors=True)
-    result = make_result(plan, status, reason, [r for r in results if r], facts)
+    result = make_result(plan, status, reason, [r for r in results if r], facts, state)
     if launcher_log:
         result["launcher_log"] = launcher_log
     return result
 
 
-def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict], facts: dict | None) -> dict:
-    """Combine per-instance results into one RunResult (the DESIGN.md contract)."""
+def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict], facts: dict | None,
+                machine: dict | None = None) -> dict:
+    """Combine per-instance results into one RunResult (the DESIGN.md contract; see the module docstring).
+
+    ``machine`` is the ``machine_state`` that ``run_plan`` observed around the run.
+    """
     config = plan.config
     result = {
         "config": config.to_dict(), "config_hash": config.config_hash(), "label": config.label(),
         "status": status, "reason": reason, "samples_per_s": None,
         "step_ms": stats.summarize([]), "phase_ms": {}, "peak_rss_mb": None,
         "loss_first": None, "loss_last": None, "flops_per_step": None, "achieved_gflops": None,
-        "startup_s": None, "instances": [],
+        "startup_s": None, "instances": [], "timed_window_s": None,
+        "warmup_steps": None, "warmup_settled": None, "compile_s": None, "compile_warm_s": None,
+        "slow_steps": None, "mean_over_median": None,
+        "machine_state": machine, "code_version": code_version(),
         "env": {k: v for k, v in plan.instances[0].env.items()} if plan.instances else {},
         "argv": [list(i.argv) for i in plan.instances], "pinning": plan.pinning,
         "warnings": list(plan.warnings), "versions": {},
@@ -374,6 +584,10 @@ def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict
             "torch_threads": r["torch_threads"], "batch_size": r["batch_size"], "output_dtype": r.get("output_dtype"),
             "samples_per_s": r["batch_size"] * len(r["step_s"]) / total,
             "warmup_s": r.get("warmup_s", []), "python": r.get("python_executable"),
+            "warmup_steps": r.get("warmup_steps", len(r.get("warmup_s", []))),
+            "warmup_settled": r.get("warmup_settled"),
+            "timed_start": r.get("timed_start"), "timed_end": r.get("timed_end"),
+            "compile_warm_s": r.get("compile_warm_s"), "inductor_cache": r.get("inductor_cache"),
             "step_ms": stats.summarize([s * 1e3 for s in r["step_s"]]),
             "peak_rss_mb": r["peak_rss_mb"],
             "startup_s": r["first_step_wall"] - r["launch_wall"],
@@ -381,16 +595,22 @@ def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict
     pooled = [s * 1e3 for r in instances for s in r["step_s"]]
     first = instances[0]
     flops = first["flops_per_step"]
+    samples_per_s, window = aggregate_samples_per_s(instances)
+    compiled = bool(config.compile)
     result.update({
-        "samples_per_s": sum(i["samples_per_s"] for i in per_instance),
+        "samples_per_s": samples_per_s,
+        "timed_window_s": window,
+        "warmup_steps": max(i["warmup_steps"] for i in per_instance),
+        "warmup_settled": all(bool(i["warmup_settled"]) for i in per_instance),
+        **slow_step_summary(pooled),
         "step_ms": stats.summarize(pooled),
         "phase_ms": {k: stats.summarize([s * 1e3 for r in instances for s in r["phase_s"][k]])["median"]
                      for k in first["phase_s"]},
         "peak_rss_mb": max(i["peak_rss_mb"] for i in per_instance),
         "loss_first": first["loss_first"], "loss_last": first["loss_last"],
         "flops_per_step": flops,
-        "achieved_gflops": (sum(flops * len(r["step_s"]) / sum(r["step_s"]) for r in instances) / 1e9
-                            if flops else None),
+        "achieved_gflops": (sum(r["flops_per_step"] * len(r["step_s"]) for r in instances) / window / 1e9
+                            if all(r["flops_per_step"] for r in instances) else None),
         "startup_s": max(i["startup_s"] for i in per_instance),
         "onednn_logs": [r["onednn_log"] for r in instances if r.get("onednn_log")],
         "onednn_log_steps": config.steps if config.onednn_verbose else None,
@@ -398,7 +618,9 @@ def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict
         "instances": per_instance,
         "versions": first["versions"],
         "notes": first.get("notes", []),
-        "compile_s": max(i["warmup_s"][0] for i in per_instance) if config.compile else None,
+        "compile_s": max(i["warmup_s"][0] for i in per_instance) if compiled else None,
+        "compile_warm_s": (max(i["compile_warm_s"] for i in per_instance)
+                           if compiled and all(i["compile_warm_s"] is not None for i in per_instance) else None),
     })
     if config.mode == "ddp":
         result.update(backend=first["backend"], param_checksums=first["param_checksums"],

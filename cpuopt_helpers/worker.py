@@ -9,6 +9,25 @@ Environment read here (set by launch.py):
     CPUOPT_INSTANCE     index of this instance, CPUOPT_INSTANCES how many run together
     CPUOPT_BARRIER      a folder; timed steps start when every instance has warmed up
     CPUOPT_LAUNCH_TIME  wall time at which the launcher started the process
+    TORCHINDUCTOR_CACHE_DIR  for --compile: when unset, the worker makes a fresh empty one
+                        (so ``compile_s`` is a cold compile) and removes it at the end
+
+Warm-up (never timed) runs at least ``warmup`` steps and goes on until step times settle:
+the last two warm-up steps each lie within 10% of the median of the last three
+(``warmup_settled``). It stops at ``warmup_cap`` steps either way (at most
+max(3 x warmup, warmup + 10), and never more extra steps than the run times), and the
+result says how many ran and whether they settled. ``warmup=0`` runs no warm-up (and is
+reported unsettled). DDP ranks agree (all must settle) so they run the same steps.
+
+The timed loop is bracketed by wall-clock times (``timed_start``, ``timed_end``, from
+``time.time()``) so the launcher can divide the samples of all instances by the window
+that covers all their timed steps.
+
+Compile time, cold and warm: ``compile_s`` (in launch.py) is the first warm-up step,
+which compiles with an empty Inductor cache; ``compile_warm_s`` is measured after the
+timed steps: ``torch._dynamo.reset()`` forgets every compiled graph and the next step
+compiles again, now hitting the cache the first compile filled (the in-process view of a
+second launch of the same job, without its start-up cost).
 """
 
 from __future__ import annotations
@@ -19,7 +38,10 @@ import json
 import os
 import re
 import resource
+import shutil
+import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -57,27 +79,113 @@ def pin_to_cores() -> tuple[list[int], str]:
     return sorted(cores), "sched_setaffinity"
 
 
-def wait_for_peers(timeout_s: float = 300.0) -> None:
-    """File barrier: timed steps of all instances overlap."""
+def wait_for_peers(timeout_s: float = 300.0, stage: str = "ready") -> None:
+    """File barrier: timed steps of all instances overlap ("ready": all warmed up; "timed": all timed)."""
     folder, total = os.environ.get("CPUOPT_BARRIER"), int(os.environ.get("CPUOPT_INSTANCES", "1"))
     if not folder or total <= 1:
         return
-    open(os.path.join(folder, f"ready.{os.environ.get('CPUOPT_INSTANCE', '0')}"), "w").close()
+    open(os.path.join(folder, f"{stage}.{os.environ.get('CPUOPT_INSTANCE', '0')}"), "w").close()
     deadline = time.monotonic() + timeout_s
-    while len([f for f in os.listdir(folder) if f.startswith("ready.")]) < total:
+    while len([f for f in os.listdir(folder) if f.startswith(f"{stage}.")]) < total:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"other instances did not warm up within {timeout_s:.0f} s")
+            raise TimeoutError(f"other instances did not reach {stage!r} within {timeout_s:.0f} s")
         time.sleep(0.002)
 
 
-def count_flops(step, *args) -> float | None:
-    """FLOPs of one forward + backward + update, counted by torch's FLOP counter."""
-    from torch.utils.flop_counter import FlopCounterMode
+SETTLE_TOLERANCE = 0.10  # a warm-up step within 10% of the recent median counts as steady
 
-    counter = FlopCounterMode(display=False)
-    with counter:
-        step(*args)
-    return float(counter.get_total_flops()) or None
+
+def warmup_settled(times: list[float], tolerance: float = SETTLE_TOLERANCE) -> bool:
+    """Steady state: the last two step times each lie within ``tolerance`` of the median of the last three.
+
+    Three steps at least: one step cannot show that it is steady, and the median of three
+    lets an earlier slow (cold) step sit in the window without deciding the verdict; two
+    steps must agree with it, so one fast step after slow ones (or a step still moving by
+    more than the tolerance) does not pass. E.g. [5.0, 1.0, 1.02] passes, [9.0, 1.0, 1.5] not.
+    """
+    if len(times) < 3:
+        return False
+    mid = statistics.median(times[-3:])
+    return mid > 0 and all(abs(t - mid) <= tolerance * mid for t in times[-2:])
+
+
+def warmup_cap(warmup: int, steps: int) -> int:
+    """The most warm-up steps a run takes: max(3 x warmup, warmup + 10), but never more extra
+    steps than the run times (at least 2, so three steps can show steady state). 0 stays 0."""
+    if warmup <= 0:
+        return 0
+    return min(max(3 * warmup, warmup + 10), warmup + max(steps, 2))
+
+
+def run_warmup(step: Callable[[], tuple], warmup: int, steps: int,
+               agree: Callable[[bool], bool] = lambda settled: settled,
+               clock: Callable[[], float] = time.perf_counter) -> tuple[list[float], list[float], bool]:
+    """Untimed warm-up until steady (see ``warmup_settled``): (step seconds, losses, settled).
+
+    ``agree`` turns this process's verdict into the one every process acts on (DDP ranks
+    must run the same number of steps); it is asked once per step from ``warmup`` on.
+    """
+    times, losses, settled = [], [], False
+    cap = warmup_cap(warmup, steps)
+    while len(times) < cap:
+        t = clock()
+        losses.append(step()[0])
+        times.append(clock() - t)
+        if len(times) >= warmup:
+            settled = agree(warmup_settled(times))
+            if settled:
+                break
+    return times, losses, settled
+
+
+def all_ranks_agree(settled: bool) -> bool:
+    """DDP: settled only when every rank has settled (a MIN all-reduce), so all keep stepping together."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([int(settled)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+@contextlib.contextmanager
+def fresh_inductor_cache(compiled: bool):
+    """A new, empty TORCHINDUCTOR_CACHE_DIR for a compiled run, removed afterwards; yields what was used.
+
+    Inductor's cache outlives processes (/tmp/torchinductor_USER by default), so without
+    this a compile time would depend on what ran before. A value the user set wins (the
+    launcher warns): "yours: PATH". Must run before torch is imported.
+    """
+    if not compiled:
+        yield None
+        return
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        yield "yours: " + os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        return
+    folder = tempfile.mkdtemp(prefix="cpuopt-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    try:
+        yield "fresh"
+    finally:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def warm_compile_s(step: Callable[[], tuple]) -> float:
+    """Compile time with Inductor's cache filled: forget every compiled graph, time the step that recompiles."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    t = time.perf_counter()
+    step()
+    return time.perf_counter() - t
+
+
+def count_flops(step, *args) -> float | None:
+    """FLOPs of one forward + backward + update (torch's FLOP counter, CPU formulas corrected)."""
+    from cpuopt_helpers.flops import count_flops as counted
+
+    return counted(step, *args)
 
 
 def log_path(config: dict, key: str = "onednn_verbose") -> str | None:
@@ -246,6 +354,22 @@ def ipex_optimize(model, optimizer, dtype: str, seen: dict):
         return ipex.optimize(model, optimizer=optimizer, dtype=kind, weights_prepack=False)
 
 
+def plain_step_flops(model, workload, batch_size: int, optimizer: str) -> float | None:
+    """FLOPs of one training step of a copy of the plain model (forward, loss, backward, update)."""
+    import copy
+
+    twin = copy.deepcopy(model)
+    opt = make_optimizer(twin.parameters(), optimizer, "default")
+    inputs, targets = workload.make_batch(batch_size)
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+
+    def one_step():
+        opt.zero_grad(set_to_none=True)
+        workload.loss_fn(twin(*args).float(), targets).backward()
+        opt.step()
+    return count_flops(one_step)
+
+
 def prepare(config: dict) -> Prepared:
     """Build the workload, apply the config's optimisations, return the step functions.
 
@@ -271,7 +395,8 @@ def prepare(config: dict) -> Prepared:
         model = model.to(memory_format=torch.channels_last)
     seen: dict = {}
     optimizer = make_optimizer(model.parameters(), config.get("optimizer", "sgd"), config.get("optimizer_impl", "default"))
-    if config.get("ipex"):
+    if config.get("ipex"):  # IPEX's own operators escape the FLOP counter: count the same work before
+        seen["flops_per_step"] = plain_step_flops(model, workload, batch_size, config.get("optimizer", "sgd"))
         model, optimizer = ipex_optimize(model, optimizer, config["dtype"], seen)
     if ddp:
         import torch.distributed as dist
@@ -354,23 +479,27 @@ def train(config: dict) -> dict:
     prepared = prepare(config)
     workload, batch_size, step = prepared.workload, prepared.batch_size, prepared.step
     clock = time.perf_counter
-    losses, warmup_s, first_step_wall = [], [], time.time()
-    for _ in range(config["warmup"]):
-        t = clock()
-        losses.append(step()[0])
-        warmup_s.append(clock() - t)
+    first_step_wall = time.time()
+    agree = all_ranks_agree if config.get("mode") == "ddp" else (lambda settled: settled)
+    warmup_s, losses, settled = run_warmup(step, config["warmup"], config["steps"], agree)
     flops_per_step = (workload.flops_per_sample * batch_size if workload.flops_per_sample
-                      else count_flops(step))
+                      else prepared.seen.get("flops_per_step") or count_flops(step))
     wait_for_peers()
     steps, phases = [], []
     verbose_log, trace = log_path(config), log_path(config, "trace")
     with onednn_verbose_to(verbose_log), profiler_trace_to(trace, config["steps"]):
+        timed_start = time.time()  # wall clock: comparable between the instances of one run
         for _ in range(config["steps"]):
             t = clock()
             loss, phase = step()
             steps.append(clock() - t)
             phases.append(phase)
             losses.append(loss)
+        timed_end = time.time()
+    compile_warm = None
+    if config.get("compile"):  # after every instance's timed steps, which it must not disturb
+        wait_for_peers(config.get("timeout_s", 600.0), stage="timed")
+        compile_warm = warm_compile_s(step)
     if verbose_log:  # what the log covers, so `cpuopt profile LOG --project` needs no --steps
         with open(f"{verbose_log}.meta.json", "w") as f:
             json.dump({"steps": config["steps"], "threads": torch.get_num_threads(),
@@ -383,6 +512,11 @@ def train(config: dict) -> dict:
         "batch_size": batch_size,
         "step_s": steps,
         "warmup_s": warmup_s,
+        "warmup_steps": len(warmup_s),
+        "warmup_settled": settled,
+        "timed_start": timed_start,
+        "timed_end": timed_end,
+        "compile_warm_s": compile_warm,
         "phase_s": {name: [p[i] for p in phases] for i, name in enumerate(("forward", "backward", "optimizer"))},
         "loss_first": losses[0],
         "loss_last": losses[-1],
@@ -415,11 +549,13 @@ def main(argv: list[str] | None = None) -> int:
     config = json.loads(parser.parse_args(argv).config)
     cores, pinned_by = pin_to_cores()
     try:
-        result = train(config)
+        with fresh_inductor_cache(bool(config.get("compile"))) as inductor_cache:  # before torch is imported
+            result = train(config)
     except CpuoptError as exc:  # e.g. an IPEX that does not match this torch: say so, exit 2
         print(f"cpuopt worker: error: {exc}", file=sys.stderr)
         return 2
     result.update({
+        "inductor_cache": inductor_cache,
         "index": int(os.environ.get("CPUOPT_INSTANCE", "0")),
         "pid": os.getpid(),
         "cores": cores,

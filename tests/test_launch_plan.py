@@ -160,3 +160,13 @@ def test_parse_core_list():
         launch.parse_core_list("0-x")
     with pytest.raises(CpuoptError, match="twice"):
         launch.parse_core_list("0-2,1")
+
+
+def test_a_users_inductor_cache_wins_with_a_warning_for_compiled_runs():
+    assert not plan(RunConfig(compile="default"), env={}).warnings  # the worker makes a fresh cache itself
+    assert not plan(RunConfig(), env={"TORCHINDUCTOR_CACHE_DIR": "/c"}).warnings  # eager runs compile nothing
+    p = plan(RunConfig(compile="default"), env={"TORCHINDUCTOR_CACHE_DIR": "/c"})
+    assert any("TORCHINDUCTOR_CACHE_DIR=/c" in w and "cold" in w for w in p.warnings)
+    assert "TORCHINDUCTOR_CACHE_DIR" not in p.instances[0].env
+    p = plan(RunConfig(compile="default", env={"TORCHINDUCTOR_CACHE_DIR": "/mine"}))
+    assert any("TORCHINDUCTOR_CACHE_DIR=/mine" in w for w in p.warnings)

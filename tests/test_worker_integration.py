@@ -50,7 +50,15 @@ def test_two_instances_on_different_cores():
     a, b = r["instances"]
     assert len(a["affinity"]) == 1 and len(b["affinity"]) == 1 and a["affinity"] != b["affinity"]
     assert a["pid"] != b["pid"] and a["torch_threads"] == b["torch_threads"] == 1
-    assert r["samples_per_s"] == pytest.approx(a["samples_per_s"] + b["samples_per_s"])
+    # all samples over the window from the first start of timed steps to the last end (not a sum of rates)
+    window = max(a["timed_end"], b["timed_end"]) - min(a["timed_start"], b["timed_start"])
+    assert window >= max(a["timed_end"] - a["timed_start"], b["timed_end"] - b["timed_start"]) > 0
+    samples = sum(i["batch_size"] * i["step_ms"]["n"] for i in (a, b))
+    assert r["timed_window_s"] == pytest.approx(window) and r["samples_per_s"] == pytest.approx(samples / window)
+    assert max(a["timed_start"], b["timed_start"]) < min(a["timed_end"], b["timed_end"])  # the barrier: they overlap
+    assert r["warmup_steps"] == max(a["warmup_steps"], b["warmup_steps"])
+    assert r["warmup_settled"] == (a["warmup_settled"] and b["warmup_settled"])
+    assert r["machine_state"]["threads"] == 2
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")

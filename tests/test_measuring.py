@@ -1,0 +1,287 @@
+"""Measuring core: steady-state warm-up, the multi-instance aggregate, machine state, code version."""
+
+import os
+import re
+import time
+
+import pytest
+
+from cpuopt_helpers import launch, worker
+from cpuopt_helpers.config import RunConfig
+
+# /proc/stat of a 2-CPU guest, read before and after a run: per CPU 1000 jiffies pass;
+# cpu0 has 100 of them stolen, cpu1 10 (fields: user nice system idle iowait irq softirq steal guest guest_nice)
+STAT_BEFORE = """\
+cpu  20143 0 3386 20554 573 0 164 319 0 0
+cpu0 5335 0 1157 15702 123 0 62 155 0 0
+cpu1 14808 0 2229 4852 450 0 102 164 0 0
+intr 1234567 0 0
+ctxt 987654
+"""
+STAT_AFTER = """\
+cpu  21783 0 3536 20654 573 0 164 429 0 0
+cpu0 6135 0 1207 15752 123 0 62 255 0 0
+cpu1 15648 0 2329 4902 450 0 102 174 0 0
+intr 1234999 0 0
+ctxt 999999
+"""
+OLD_KERNEL_STAT = "cpu  100 0 50 800 10 0 5\ncpu0 100 0 50 800 10 0 5\n"  # no steal column
+
+
+# --- steady-state warm-up -------------------------------------------------------------
+
+@pytest.mark.parametrize("times, settled", [
+    ([], False),
+    ([1.0, 1.0], False),  # two steps cannot show steady state
+    ([5.0, 1.0, 1.02], True),  # the cold step sits in the window without deciding
+    ([9.0, 1.0, 1.5], False),  # one fast step after slow ones is not steady
+    ([1.0, 1.5, 1.0], False),  # a spike among the last two
+    ([1.5, 1.0, 1.0], True),  # the spike has left the last two
+    ([1.0, 1.09, 1.0], True),  # inside 10%
+    ([1.0, 1.25, 1.0], False),
+])
+def test_settle_rule(times, settled):
+    assert worker.warmup_settled(times) is settled
+
+
+@pytest.mark.parametrize("warmup, steps, cap", [
+    (0, 20, 0),  # warmup=0: no warm-up at all
+    (1, 6, 7),  # standard: never more extra steps than the run times
+    (3, 20, 13),  # quick: warmup + 10
+    (5, 30, 15),  # full: 3 x warmup
+    (1, 3, 4), (1, 1, 3),  # at least three steps, so steady state can be shown
+])
+def test_warmup_cap(warmup, steps, cap):
+    assert worker.warmup_cap(warmup, steps) == cap
+
+
+class ScriptedSteps:
+    """A step whose durations follow a script, on a fake clock."""
+
+    def __init__(self, durations):
+        self.durations, self.now, self.calls = list(durations), 0.0, 0
+
+    def clock(self):
+        return self.now
+
+    def step(self):
+        self.now += self.durations[min(self.calls, len(self.durations) - 1)]
+        self.calls += 1
+        return float(self.calls), (0.0, 0.0, 0.0)
+
+
+def warm(durations, warmup, steps, **kw):
+    s = ScriptedSteps(durations)
+    times, losses, settled = worker.run_warmup(s.step, warmup, steps, clock=s.clock, **kw)
+    assert losses == [float(i + 1) for i in range(len(times))] and s.calls == len(times)
+    return times, settled
+
+
+def test_warmup_runs_until_steady():
+    times, settled = warm([5, 1, 1.5, 1, 1, 1, 1], warmup=1, steps=20)
+    assert times == [5, 1, 1.5, 1, 1] and settled
+
+
+def test_warmup_runs_at_least_the_configured_steps():
+    times, settled = warm([1.0], warmup=5, steps=20)
+    assert len(times) == 5 and settled
+
+
+def test_warmup_stops_at_the_cap_unsettled():
+    times, settled = warm([1, 2] * 20, warmup=1, steps=6)
+    assert len(times) == worker.warmup_cap(1, 6) == 7 and not settled
+
+
+def test_warmup_zero_runs_nothing():
+    assert warm([1.0], warmup=0, steps=20) == ([], False)
+
+
+def test_warmup_follows_the_agreed_verdict():  # DDP: a rank keeps stepping until every rank settled
+    asked = []
+    times, settled = warm([1.0], warmup=1, steps=20, agree=lambda mine: asked.append(mine) or len(asked) >= 5)
+    assert len(times) == 5 and settled and asked == [False, False, True, True, True]
+
+
+def test_fresh_inductor_cache_for_compiled_runs_only(monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    with worker.fresh_inductor_cache(False) as used:
+        assert used is None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    with worker.fresh_inductor_cache(True) as used:
+        folder = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        assert used == "fresh" and os.path.isdir(folder) and not os.listdir(folder)
+    assert not os.path.exists(folder) and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/mine")
+    with worker.fresh_inductor_cache(True) as used:
+        assert used == "yours: /somewhere/mine" and os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/mine"
+
+
+# --- the multi-instance aggregate -------------------------------------------------------
+
+def instance(index, start, end, step_s, batch=8, **extra):
+    return {"index": index, "pid": 100 + index, "cores": [index], "affinity": [index], "pinned_by": "taskset",
+            "ld_preload": "", "omp_num_threads": "1", "torch_threads": 1, "batch_size": batch,
+            "output_dtype": "float32", "step_s": step_s, "warmup_s": extra.pop("warmup_s", [0.5, 0.1, 0.1]),
+            "warmup_steps": extra.pop("warmup_steps", 3), "warmup_settled": extra.pop("warmup_settled", True),
+            "timed_start": start, "timed_end": end, "compile_warm_s": extra.pop("compile_warm_s", None),
+            "phase_s": {"forward": step_s, "backward": step_s, "optimizer": step_s}, "peak_rss_mb": 100.0,
+            "loss_first": 2.0, "loss_last": 1.0, "flops_per_step": 1e9, "first_step_wall": (start or 100.0) - 1,
+            "launch_wall": (start or 100.0) - 2, "versions": {"torch": "x"}, **extra}
+
+
+def test_aggregate_is_total_samples_over_the_union_window():
+    a = instance(0, 100.0, 101.0, [0.25] * 4)  # 32 samples in 1 s
+    b = instance(1, 100.2, 101.5, [0.3] * 4)  # 32 samples in 1.3 s, started and ended later
+    rate, window = launch.aggregate_samples_per_s([a, b])
+    assert window == pytest.approx(1.5) and rate == pytest.approx(64 / 1.5)
+    assert rate < 32 / 1.0 + 32 / 1.2  # less than the sum of the per-instance rates
+
+
+def test_aggregate_without_timestamps_falls_back_to_the_longest_instance():
+    a, b = instance(0, None, None, [0.25] * 4), instance(1, None, None, [0.5] * 4)
+    assert launch.aggregate_samples_per_s([a, b]) == (pytest.approx(64 / 2.0), pytest.approx(2.0))
+
+
+def test_slow_step_summary():
+    s = launch.slow_step_summary([10.0] * 5 + [30.0])
+    assert s["slow_steps"] == 1 and s["mean_over_median"] == pytest.approx(40 / 3 / 10)
+    assert launch.slow_step_summary([]) == {"slow_steps": None, "mean_over_median": None}
+
+
+def fake_plan(config):
+    from cpuopt_helpers import system
+
+    topo = system.Topology(tuple(system.Cpu(cpu=i, core=i, socket=0, node=0) for i in range(4)))
+    return launch.build_plan(config, launch.Machine(topo, {}, False, True), base_env={}, python="/py")
+
+
+def test_make_result_carries_the_new_fields():
+    plan = fake_plan(RunConfig(instances=2, threads=1, compile="default", steps=4))
+    state = launch.machine_state(0.5, 4, 2, 0.1)
+    a = instance(0, 100.0, 101.0, [0.25] * 4, warmup_steps=4, warmup_s=[9.0, 0.3, 0.25, 0.25], compile_warm_s=1.5)
+    b = instance(1, 100.2, 101.5, [0.3] * 4, warmup_steps=6, warmup_settled=False,
+                 warmup_s=[8.0, 0.4, 0.2, 0.3, 0.25, 0.3], compile_warm_s=2.0)
+    r = launch.make_result(plan, "ok", "", [b, a], None, state)
+    assert r["samples_per_s"] == pytest.approx(64 / 1.5) and r["timed_window_s"] == pytest.approx(1.5)
+    assert r["achieved_gflops"] == pytest.approx(8 * 1e9 / 1.5 / 1e9)
+    assert r["warmup_steps"] == 6 and r["warmup_settled"] is False
+    assert r["compile_s"] == 9.0 and r["compile_warm_s"] == 2.0
+    assert r["machine_state"] == state and r["code_version"] == launch.code_version()
+    assert [i["samples_per_s"] for i in r["instances"]] == [pytest.approx(32 / 1.0), pytest.approx(32 / 1.2)]
+    assert [i["timed_start"] for i in r["instances"]] == [100.0, 100.2]
+    failed = launch.make_result(plan, "failed", "boom", [], None, state)
+    assert failed["machine_state"] == state and failed["code_version"]["measuring_hash"]
+    assert failed["warmup_steps"] is None and failed["compile_warm_s"] is None
+
+
+# --- machine state --------------------------------------------------------------------
+
+def test_proc_stat_parser():
+    rows = launch.parse_proc_stat(STAT_BEFORE)
+    assert set(rows) == {"cpu", "cpu0", "cpu1"} and rows["cpu0"][7] == 155 and len(rows["cpu"]) == 10
+
+
+def test_steal_share_over_the_runs_cores():
+    assert launch.steal_pct(STAT_BEFORE, STAT_AFTER, [0]) == pytest.approx(10.0)
+    assert launch.steal_pct(STAT_BEFORE, STAT_AFTER, [1]) == pytest.approx(1.0)
+    assert launch.steal_pct(STAT_BEFORE, STAT_AFTER, [0, 1]) == pytest.approx(5.5)
+    assert launch.steal_pct(STAT_BEFORE, STAT_AFTER) == pytest.approx(5.5)  # the "cpu" line
+    assert launch.steal_pct(STAT_BEFORE, STAT_AFTER, [7]) == pytest.approx(5.5)  # not listed: all
+    assert launch.steal_pct(STAT_BEFORE, STAT_BEFORE, [0]) is None  # no time passed
+    assert launch.steal_pct(OLD_KERNEL_STAT, OLD_KERNEL_STAT) is None  # no steal column
+
+
+def test_usable_cpus_reads_a_cgroup_quota():
+    assert launch.usable_cpus(8) == 8 and launch.usable_cpus(8, "max 100000\n") == 8
+    assert launch.usable_cpus(8, "150000 100000\n") == 2 and launch.usable_cpus(2, "800000 100000") == 2
+    assert launch.usable_cpus(4, "50000 100000") == 1
+
+
+@pytest.mark.parametrize("load1, usable, steal, previous, loaded", [
+    (0.3, 2, 0.5, 0, False),
+    (2.9, 2, 0.5, 0, False),  # our own previous run (2 threads) plus the margin of 1
+    (3.1, 2, 0.5, 0, True),
+    (3.1, 2, 5.5, 0, True),  # stolen time alone
+    (0.1, 2, 5.1, 0, True),
+    (4.5, 2, 0.0, 4, False),  # the previous run oversubscribed with 4 threads
+    (5.1, 2, 0.0, 4, True),
+    (60.0, 56, None, 0, False), (62.0, 56, None, 0, True),  # margin 10% of the CPUs on a big machine
+    (None, 2, None, 0, False),  # nothing known
+])
+def test_loaded_rule(load1, usable, steal, previous, loaded):
+    assert launch.is_loaded(load1, usable, steal, previous) is loaded
+
+
+def test_machine_state_from_proc_stat_fixtures():
+    state = launch.machine_state(1.2, 2, 2, launch.steal_pct(STAT_BEFORE, STAT_AFTER, [0]))
+    assert state == {"load1": 1.2, "usable_cpus": 2, "threads": 2, "previous_threads": 0, "steal_pct": 10.0,
+                     "loaded": True}
+
+
+def test_run_threads_counts_dataloader_workers():
+    assert launch.run_threads(RunConfig(instances=2, threads=3, loader_workers=1)) == 8
+
+
+# --- code version ---------------------------------------------------------------------
+
+def make_tree(root, extra=()):
+    for name in ("worker.py", "launch.py", "config.py", "plots.py", "workloads/cnn.py", "kernels/lamb.py", *extra):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(f"# {name}\n")
+
+
+def test_code_version_changes_with_the_measuring_code_only(tmp_path):
+    make_tree(tmp_path)
+    first = launch.code_version(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{12}", first["measuring_hash"]) and first["package"] == launch.package_version()
+    (tmp_path / "plots.py").write_text("# drawing changed\n")
+    assert launch.code_version(tmp_path) == first  # not measuring code
+    (tmp_path / "workloads" / "cnn.py").write_text("# the model changed\n")
+    changed = launch.code_version(tmp_path)
+    assert changed["measuring_hash"] != first["measuring_hash"]
+    (tmp_path / "flops.py").write_text("# FLOP formulas\n")
+    assert launch.code_version(tmp_path)["measuring_hash"] != changed["measuring_hash"]
+
+
+def test_measuring_hash_is_over_names_and_texts():
+    base = launch.measuring_hash({"worker.py": "a", "launch.py": "b"})
+    assert base == launch.measuring_hash({"launch.py": "b", "worker.py": "a"})  # order does not matter
+    assert base != launch.measuring_hash({"worker.py": "a", "launch.py": "b "})
+    assert base != launch.measuring_hash({"worker.py": "b", "launch.py": "a"})
+
+
+def test_code_version_of_this_package(monkeypatch):
+    names = [f.relative_to(launch.PACKAGE_DIR).as_posix() for f in launch.measuring_files()]
+    assert {"worker.py", "launch.py", "config.py", "workloads/cnn.py", "kernels/lamb.py"} <= set(names)
+    assert "plots.py" not in names and "results.py" not in names
+    version = launch.code_version()
+    assert version["package"] == launch.package_version() and re.fullmatch(r"[0-9a-f]{12}", version["measuring_hash"])
+    texts = {n: (launch.PACKAGE_DIR / n).read_text() for n in names}
+    assert version["measuring_hash"] == launch.measuring_hash(texts)
+
+
+# --- real workers ---------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_quick_worker_reports_steady_state_window_machine_and_code():
+    before = time.time()
+    config = RunConfig.for_preset("cnn", "quick", steps=3)
+    r = launch.run_plan(launch.build_plan(config, launch.Machine.this()))
+    after = time.time()
+    assert r["status"] == "ok", r["reason"]
+    (inst,) = r["instances"]
+    assert config.warmup <= r["warmup_steps"] == inst["warmup_steps"] <= worker.warmup_cap(config.warmup, 3)
+    assert len(inst["warmup_s"]) == r["warmup_steps"] and isinstance(r["warmup_settled"], bool)
+    assert r["warmup_settled"] == worker.warmup_settled(inst["warmup_s"])
+    assert before < inst["timed_start"] < inst["timed_end"] < after
+    window = inst["timed_end"] - inst["timed_start"]
+    assert r["timed_window_s"] == pytest.approx(window)
+    assert r["samples_per_s"] == pytest.approx(inst["batch_size"] * 3 / window)
+    assert window >= 3 * r["step_ms"]["p10"] / 1e3  # the window holds the three timed steps
+    assert r["compile_s"] is None and r["compile_warm_s"] is None and inst["inductor_cache"] is None
+    assert isinstance(r["slow_steps"], int) and r["mean_over_median"] >= 0.5
+    state = r["machine_state"]
+    assert set(state) == {"load1", "usable_cpus", "threads", "previous_threads", "steal_pct", "loaded"}
+    assert state["load1"] >= 0 and state["usable_cpus"] == len(os.sched_getaffinity(0))
+    assert state["threads"] == inst["torch_threads"] and isinstance(state["loaded"], bool)
+    assert state["steal_pct"] is None or 0 <= state["steal_pct"] <= 100
+    assert r["code_version"] == launch.code_version()
