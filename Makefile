@@ -1,19 +1,34 @@
 # cpuopt workbook. Every target bootstraps what it needs; a second call is quick.
-#   make run    execute the workbook (PRESET=standard by default) into build/
-#   make test   every test: unit, integration (real workers), notebooks (papermill + nbval)
-#   make lab    JupyterLab on notebooks/ with the `cpuopt` kernel
+#   make run        execute the workbook (PRESET=standard by default) into build/
+#   make test       every test: unit, integration (real workers), notebooks (each once: 00 by nbval, 01-09 by papermill)
+#   make test-fast  the tests that start no worker process and no notebook (-m "not slow"): the edit loop
+#   make lab        JupyterLab on notebooks/ with the `cpuopt` kernel
+#
+# Where: VENV, by default .venv here (created with $(PYTHON)). To use an environment you already
+# have, name it on the command line, e.g. in an activated conda env: make run VENV=$CONDA_PREFIX
+# (make installs into it and registers the kernel there; it creates a venv only where VENV does
+# not exist yet, and refuses a folder that holds no bin/python).
+# What: the package with its extras [workbook,test] at the exact versions of CONSTRAINTS
+# (constraints.txt; CONSTRAINTS= installs within pyproject.toml's ranges and keeps what the
+# environment already has), torch from PyTorch's CPU index TORCH_INDEX as well (TORCH_INDEX= : only
+# pip's own indexes, which on Linux give a CUDA build). After changing either: rm $(VENV)/.cpuopt-setup
 
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.cpuopt-setup
+CONSTRAINTS ?= constraints.txt
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# torch's range as in pyproject.toml (tests/test_packaging.py keeps them equal)
+TORCH_RANGE := torch>=2.4
+PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 PRESET ?= standard
 IPEX_VENV := .venv-ipex
 IPEX_STAMP := $(IPEX_VENV)/.cpuopt-setup
 IPEX ?= 1
 
-.PHONY: setup system-deps ipex run test lab overhead parse-speed focal-loss lamb clean
+.PHONY: setup system-deps ipex run test test-fast lab overhead parse-speed focal-loss lamb clean
 
 setup: $(STAMP) system-deps $(if $(filter 0,$(IPEX)),,ipex)
 
@@ -28,10 +43,21 @@ $(IPEX_STAMP): requirements-ipex.txt
 	@PYTHONPATH=. $(IPEX_VENV)/bin/python -m cpuopt_helpers.runtimes 2>/dev/null | grep -q '"ipex_usable": true' || { echo "cpuopt: the IPEX runtime does not import IPEX; see the pip output above"; exit 1; }
 	@touch $(IPEX_STAMP)
 
-$(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e . 2>&1 | grep -v "^WARNING: Location" || true
+# torch first and alone (--no-deps), from PyTorch's CPU index as well as pip's own: for the same
+# version pip prefers the CPU build (2.13.0+cpu sorts above 2.13.0), and only torch is looked up
+# there. Then the package and everything else from pip's own indexes; the torch just installed
+# satisfies it. With the constraints both steps install exactly constraints.txt.
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	@if [ ! -x $(PY) ]; then \
+	  if [ "$(VENV)" != .venv ] && [ -e "$(VENV)" ]; then \
+	    echo "cpuopt: VENV=$(VENV) has no bin/python; name a Python environment (a venv, a conda env) or a new folder"; exit 1; fi; \
+	  if [ "$(VENV)" = .venv ] && [ -n "$${CONDA_PREFIX}$${VIRTUAL_ENV}" ]; then \
+	    echo "cpuopt: creating .venv; to install into the active environment instead: make $(or $(MAKECMDGOALS),setup) VENV=$${VIRTUAL_ENV:-$$CONDA_PREFIX}"; fi; \
+	  $(PYTHON) -m venv $(VENV); fi
+	$(PIP_INSTALL) --no-deps $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH_RANGE)" 2>&1 | grep -v "^WARNING: Location" || true
+	$(PIP_INSTALL) -e '.[workbook,test]' 2>&1 | grep -v "^WARNING: Location" || true
 	@$(PY) -c "import cpuopt_helpers, torch, papermill, nbval" || { echo "cpuopt: installing the environment failed; see the pip output above"; exit 1; }
+	@$(PY) -c "import sys, torch; sys.exit(torch.version.cuda is not None)" || echo "cpuopt: note: $$($(PY) -c 'import torch; print(torch.__version__)') is a CUDA build of torch; the workbook needs only the CPU build: see TORCH_INDEX in the Makefile"
 	$(PY) -m ipykernel install --sys-prefix --name cpuopt --display-name "Python (cpuopt)" >/dev/null
 	@touch $(STAMP)
 
@@ -43,7 +69,11 @@ run: setup
 
 test: setup
 	@bash scripts/system-deps.sh chromium
-	IPEX=$(IPEX) $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider -q -rs
+	IPEX=$(IPEX) $(PY) -m pytest notebooks/00_system_check.ipynb tests --nbval-lax -p no:cacheprovider -q -rs --durations=15
+
+# The edit loop: unit tests and pure functions, no worker processes, no notebooks.
+test-fast: setup
+	IPEX=$(IPEX) $(PY) -m pytest -m "not slow" tests -p no:cacheprovider -q -rs
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks $$([ "$$(id -u)" = 0 ] && echo --allow-root)

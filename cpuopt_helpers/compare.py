@@ -57,6 +57,7 @@ def _t_within(t: float, df: int) -> float:
     return math.sin(theta) * total
 
 
+@functools.lru_cache(maxsize=1024)
 def _t_quantile(p: float, df: int) -> float:
     """Student's t quantile for p > 0.5, by bisection on ``_t_within``."""
     target, low, high = 2 * p - 1, 0.0, 1.0

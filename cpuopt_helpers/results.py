@@ -152,7 +152,8 @@ class ResultStore:
                                                "samples_per_s", "peak_rss_mb", "loss_first", "loss_last",
                                                "achieved_gflops", "flops_per_step", "startup_s", "system",
                                                "created_at")})
-            row.update({"compile_s": r.get("compile_s"), "params_in_sync": r.get("params_in_sync"),
+            row.update({"compile_s": r.get("compile_s"), "compile_warm_s": r.get("compile_warm_s"),
+                        "params_in_sync": r.get("params_in_sync"),
                         "versions.torch": (r.get("versions") or {}).get("torch"),
                         "versions.ipex": (r.get("versions") or {}).get("ipex"),
                         "loaded": (r.get("machine_state") or {}).get("loaded")})
@@ -230,7 +231,16 @@ def run_sweep(configs: Iterable, store: ResultStore, runner: Callable[[object], 
         if result["status"] != "ok":
             log.warning("%s: %s: %s", config.label(), result["status"], (result["reason"] or "").splitlines()[:1])
         out.append(dict(result, sweep=sweep, arm=arm, round=round_, position=position, tag=tag))
+    warn_loaded(out, tag)
     return sorted(out, key=lambda r: (r["round"], r["arm"]))
+
+
+def warn_loaded(results: list[dict], what: str | None) -> None:
+    """Say how many runs ran on a machine busy with other work (``launch.is_loaded``)."""
+    loaded = sum(bool((r.get("machine_state") or {}).get("loaded")) for r in results)
+    if loaded:
+        log.warning("%s: %d of %d runs ran on a loaded machine (load average or steal time above what this "
+                    "run explains); their ratios are noisier", what or "sweep", loaded, len(results))
 
 
 def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], tag: str | None = None,
@@ -270,5 +280,6 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
     out = compare.run_adaptive(measure, done=done, min_rounds=min_rounds, max_rounds=max_rounds, budget_s=budget_s,
                                seed=seed, on_round=lambda i, r: bar.update())
     bar.close()
+    warn_loaded(runs, tag)
     return dict(out, sweep=sweep, tag=tag, a=a.to_dict(), b=b.to_dict(),
                 failures=[r["reason"] for r in runs if r["status"] != "ok"])

@@ -85,10 +85,15 @@ class Session:
 # What `make run` changes per preset so the standard workbook fits in 30 minutes on two
 # cores: the configuration sweeps (03 threading, 04 allocators, 05 runtimes) cover the CNN
 # and the transformer, the RNN keeping its baseline, profile and bf16 rungs; RetinaNet runs
-# 3 timed steps. Parameters given to run_workbook win over these.
+# 3 timed steps. Each confirmation of a screening winner gets BUDGET_MIN minutes (fresh
+# rounds until the verdict is decided, 5 to 14); the launcher comparison of 04 runs 5
+# rounds, enough for an interval. Parameters given to run_workbook win over these.
+CONFIRM = {"BUDGET_MIN": 1.5}
 PRESET_PARAMETERS = {
-    "standard": {"03": {"WORKLOADS": ["cnn", "transformer"]}, "04": {"WORKLOADS": ["cnn", "transformer"]},
-                 "05": {"WORKLOADS": ["cnn", "transformer"]}, "08": {"STEPS": 3}},
+    "standard": {"03": {"WORKLOADS": ["cnn", "transformer"], **CONFIRM},
+                 "04": {"WORKLOADS": ["cnn", "transformer"], "LAUNCHER_ROUNDS": 5, **CONFIRM},
+                 "05": {"WORKLOADS": ["cnn", "transformer"], "COMPILE_MODES": ["default", "max-autotune"], **CONFIRM},
+                 "06": CONFIRM, "07": CONFIRM, "08": {"STEPS": 3, "BUDGET_MIN": 3}, "09": CONFIRM},
 }
 
 
@@ -114,8 +119,12 @@ def check_kernel(name: str = KERNEL) -> None:
 
 
 def run_workbook(preset: str = "standard", only: list[str] | None = None, out: str | None = None,
-                 parameters: dict | None = None, progress: bool = True, folder: Path | None = None) -> list[dict]:
+                 parameters: dict | None = None, progress: bool = True, folder: Path | None = None,
+                 notebook_parameters: dict[str, dict] | None = None) -> list[dict]:
     """Execute the notebooks in order with papermill; a failing one does not stop the rest.
+
+    ``parameters`` go to every notebook; ``notebook_parameters`` (keyed by number, "03")
+    to one; both win over the preset's own choices (PRESET_PARAMETERS).
 
     Executed notebooks go to OUT/notebooks, figures to OUT/figures, results to
     OUT/results.sqlite (OUT defaults to build/). Returns one report row per notebook.
@@ -131,7 +140,7 @@ def run_workbook(preset: str = "standard", only: list[str] | None = None, out: s
         os.environ.pop("CPUOPT_RESULTS", None)  # results of this run belong beside its notebooks
     (out_dir / "notebooks").mkdir(parents=True, exist_ok=True)
     try:
-        return _execute(books, out_dir, preset, parameters, progress)
+        return _execute(books, out_dir, preset, parameters, progress, notebook_parameters or {})
     finally:
         for key, value in saved.items():  # leave the caller's environment as it was
             if value is None:
@@ -140,7 +149,8 @@ def run_workbook(preset: str = "standard", only: list[str] | None = None, out: s
                 os.environ[key] = value
 
 
-def _execute(books: list[Path], out_dir: Path, preset: str, parameters: dict | None, progress: bool) -> list[dict]:
+def _execute(books: list[Path], out_dir: Path, preset: str, parameters: dict | None, progress: bool,
+             notebook_parameters: dict[str, dict]) -> list[dict]:
     import papermill
     from tqdm.auto import tqdm
 
@@ -149,7 +159,8 @@ def _execute(books: list[Path], out_dir: Path, preset: str, parameters: dict | N
         target = out_dir / "notebooks" / book.name
         start = time.monotonic()
         try:
-            chosen = {"PRESET": preset, **PRESET_PARAMETERS.get(preset, {}).get(book.name[:2], {}), **(parameters or {})}
+            chosen = {"PRESET": preset, **PRESET_PARAMETERS.get(preset, {}).get(book.name[:2], {}), **(parameters or {}),
+                      **notebook_parameters.get(book.name[:2], {})}
             papermill.execute_notebook(str(book), str(target), parameters=chosen,
                                        kernel_name=KERNEL, language="python", cwd=str(book.parent),
                                        progress_bar=progress)

@@ -36,6 +36,7 @@ def test_gate_needs_onednn_to_agree_and_conversion_only_is_not_a_fast_path():
     assert not gate["accelerated"] and "conversions" in gate["reason"]
 
 
+@pytest.mark.slow
 def test_doctor_reports_the_gate_for_this_machine():
     facts = system.collect_facts()
     gate = facts["bf16"]

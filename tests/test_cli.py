@@ -1,12 +1,17 @@
-"""The `cpuopt` command as a user runs it: exit codes, one-line errors, JSON results."""
+"""The `cpuopt` command as a user runs it: exit codes, one-line errors, JSON results.
+
+Bad input is checked in-process through ``cli.main`` (fast) and, all of it once more, as the
+command a user types (slow: one process per input); every bench starts worker processes (slow).
+"""
 
 import json
+import logging
 import subprocess
 import sys
 
 import pytest
 
-from cpuopt_helpers import system
+from cpuopt_helpers import cli, system
 
 
 def cpuopt(*args, timeout=300):
@@ -14,7 +19,7 @@ def cpuopt(*args, timeout=300):
                           timeout=timeout)
 
 
-@pytest.mark.parametrize("args,needle", [
+BAD_INPUT = [
     (["bench", "--batch-size", "0"], "batch size must be a positive integer"),
     (["bench", "--workload", "nosuch"], "unknown workload 'nosuch'"),
     (["bench", "--threads", "4096"], "logical cores"),
@@ -26,19 +31,33 @@ def cpuopt(*args, timeout=300):
     (["workbook", "run", "--only", "77"], "no notebook numbered 77"),
     (["workbook", "run", "--preset", "huge"], "unknown preset"),
     (["frobnicate"], "invalid choice"),
-])
-def test_bad_input_exits_2_with_one_line(args, needle):
-    proc = cpuopt(*args)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD_INPUT)
+def test_bad_input_exits_2_with_one_line(args, needle, capsys, caplog):
+    caplog.set_level(logging.WARNING)
+    assert cli.main(args) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cpuopt: error:") and needle in lines[0]
-    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert out == "" and not caplog.records  # no warning logged before the error either
 
 
-def test_dry_run_prints_a_plan_and_runs_nothing():
-    proc = cpuopt("bench", "--threads", "1", "--dry-run")
-    assert proc.returncode == 0, proc.stderr
-    assert "OMP_NUM_THREADS=1" in proc.stdout and "cpuopt_helpers.worker" in proc.stdout
+@pytest.mark.slow
+def test_bad_input_from_the_command_line_exits_2_with_one_line():
+    for args, needle in BAD_INPUT:
+        proc = cpuopt(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("cpuopt: error:") and needle in lines[0], (args, proc.stderr)
+        assert "Traceback" not in proc.stderr and proc.stdout == "", (args, proc.stderr)
+
+
+def test_dry_run_prints_a_plan_and_runs_nothing(capsys):
+    assert cli.main(["bench", "--threads", "1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "OMP_NUM_THREADS=1" in out and "cpuopt_helpers.worker" in out
 
 
 @pytest.mark.slow

@@ -1,5 +1,10 @@
-"""DDP ranks and torchrun launches: real processes on this machine's cores."""
+"""DDP ranks and torchrun launches: real processes on this machine's cores.
 
+The DDP tests read one shared job (two ranks, started as a user would, through `cpuopt bench`);
+bad launch input is checked in-process (fast) and once more through the command (slow).
+"""
+
+import json
 import os
 import subprocess
 import sys
@@ -8,11 +13,11 @@ import time
 import pytest
 import torch
 
+from cpuopt_helpers import cli as cpuopt_cli
 from cpuopt_helpers import launch, rank_exec, system, worker
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
 
-QUICK = dict(steps=4, warmup=1)
 TWO_CORES = system.topology().logical_cores >= 2
 
 
@@ -47,10 +52,21 @@ def test_rank_exec_reads_its_core_group():
         rank_exec.rank_cores("0;1", 2)
 
 
+@pytest.fixture(scope="module")
+def ddp_job():
+    """One DDP job, two ranks of one thread, a global batch of 16, through `cpuopt bench --json`."""
+    if not TWO_CORES:
+        pytest.skip("needs two cores")
+    proc = cli("bench", "--workload", "cnn", "--preset", "quick", "--instances", "2", "--threads", "1",
+               "--mode", "ddp", "--batch-size", "16", "--batch-policy", "global", "--steps", "4", "--warmup", "1",
+               "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(not TWO_CORES, reason="needs two cores")
-def test_two_ddp_ranks_on_two_cores_end_in_sync():
-    r = run(RunConfig(mode="ddp", instances=2, threads=1, **QUICK))
+def test_two_ddp_ranks_on_two_cores_end_in_sync(ddp_job):
+    r = ddp_job
     assert r["status"] == "ok", r["reason"]
     assert r["params_in_sync"] is True and r["backend"] == "gloo"
     assert len(r["param_checksums"]) == 2 and r["param_checksums"][0] == r["param_checksums"][1]
@@ -60,9 +76,8 @@ def test_two_ddp_ranks_on_two_cores_end_in_sync():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not TWO_CORES, reason="needs two cores")
-def test_global_batch_is_split_between_ranks():
-    r = run(RunConfig(mode="ddp", instances=2, threads=1, batch_size=16, batch_policy="global", **QUICK))
+def test_global_batch_is_split_between_ranks(ddp_job):
+    r = ddp_job
     assert r["status"] == "ok", r["reason"]
     assert [i["batch_size"] for i in r["instances"]] == [8, 8] and r["global_batch"] == 16
 
@@ -87,14 +102,8 @@ def test_a_crashing_rank_ends_the_job_and_leaves_no_process():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not TWO_CORES, reason="needs two cores")
-def test_cli_bench_ddp_reports_two_ranks_in_sync():
-    import json
-
-    proc = cli("bench", "--workload", "cnn", "--preset", "quick", "--instances", "2", "--threads", "1",
-               "--mode", "ddp", "--steps", "4", "--warmup", "1", "--json")
-    assert proc.returncode == 0, proc.stderr
-    r = json.loads(proc.stdout)
+def test_cli_bench_ddp_reports_two_ranks_in_sync(ddp_job):
+    r = ddp_job
     assert r["status"] == "ok" and r["params_in_sync"] is True
     assert [i["cores"] for i in r["instances"]] == [[0], [1]]
 
@@ -111,15 +120,27 @@ def test_torchrun_launch_pins_each_rank(tmp_path):
         assert f"rank {rank}/2 local_rank {rank} cores [{core}] OMP_NUM_THREADS=1 torch_threads=1" in log
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_TORCHRUN_INPUT = [
     (["--nproc-per-node", "0", "--", "python", "examples/ddp_train.py"], "at least 1"),
     (["--nproc-per-node", "2", "--", "python", "-m", "train"], "training script"),
     (["--nproc-per-node", "2", "--", "python", "missing.py"], "no such script"),
     (["--nproc-per-node", "9999", "--", "python", "examples/ddp_train.py"], "instances"),
-])
-def test_torchrun_launch_bad_input_is_one_line_and_exit_2(args, message):
-    proc = cli("launch", *args)
-    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_TORCHRUN_INPUT)
+def test_torchrun_launch_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    assert cpuopt_cli.main(["launch", *args]) == 2
+    out, err = capsys.readouterr()
+    assert message in err and len(err.strip().splitlines()) == 1 and out == ""
+
+
+@pytest.mark.slow
+def test_torchrun_launch_bad_input_from_the_command_line():
+    for args, message in BAD_TORCHRUN_INPUT:
+        proc = cli("launch", *args)
+        assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
+            (args, proc.stderr)
 
 
 def test_torchrun_plan_passes_multi_node_options():

@@ -1,4 +1,8 @@
-"""The IPEX runtime: a real IPEX training step, the version-mismatch path, the skip path."""
+"""The IPEX runtime: a real IPEX training step, the version-mismatch path, the skip path.
+
+Whatever starts an interpreter (the command, a worker, the IPEX runtime's probe) is slow; the
+version rules and the skip path's messages are checked in-process.
+"""
 
 import json
 import os
@@ -7,6 +11,7 @@ import sys
 
 import pytest
 
+from cpuopt_helpers import cli as cpuopt_cli
 from cpuopt_helpers import runtimes
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
@@ -43,6 +48,7 @@ def test_ipex_needs_the_same_torch_major_minor(torch_version, ipex_version, ok):
         assert "needs torch 2.8.x" in why and "--runtime ipex" in why
 
 
+@pytest.mark.slow
 def test_a_mismatched_ipex_is_a_clear_error_not_a_dead_process(mismatched_ipex):
     proc = cli("bench", "--ipex", "--runtime", sys.executable, env=mismatched_ipex)
     assert proc.returncode == 2, proc.stderr
@@ -50,6 +56,7 @@ def test_a_mismatched_ipex_is_a_clear_error_not_a_dead_process(mismatched_ipex):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_the_worker_checks_versions_before_importing_ipex(mismatched_ipex):
     config = RunConfig(ipex=True, runtime=sys.executable, steps=1, warmup=0).to_json()
     proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers.worker", "--config", config],
@@ -57,7 +64,18 @@ def test_the_worker_checks_versions_before_importing_ipex(mismatched_ipex):
     assert proc.returncode == 2 and "needs torch 2.8.x" in proc.stderr  # not IPEX's exit code 17
 
 
-def test_skip_path_says_what_was_skipped_and_why(tmp_path):
+def test_skip_path_says_what_was_skipped_and_why(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("IPEX", "0")
+    monkeypatch.setenv("CPUOPT_IPEX_VENV", str(tmp_path / "none"))
+    assert cpuopt_cli.main(["bench", "--ipex", "--runtime", "ipex"]) == 2
+    err = capsys.readouterr().err
+    assert "IPEX=0 was set" in err and "make ipex" in err and len(err.strip().splitlines()) == 1
+    facts = runtimes.ipex_facts()  # what doctor reports as its ipex_runtime
+    assert facts["available"] is False and "IPEX=0" in facts["reason"]
+
+
+@pytest.mark.slow
+def test_doctor_command_says_the_ipex_runtime_was_skipped(tmp_path):
     env = dict(os.environ, IPEX="0", CPUOPT_IPEX_VENV=str(tmp_path / "none"))
     proc = cli("bench", "--ipex", "--runtime", "ipex", env=env)
     assert proc.returncode == 2 and "IPEX=0 was set" in proc.stderr and "make ipex" in proc.stderr
@@ -90,6 +108,7 @@ def test_a_real_ipex_training_step_in_its_runtime():
     assert r["loss_last"] < r["loss_first"] * 1.5 and r["samples_per_s"] > 0
 
 
+@pytest.mark.slow
 @needs_ipex
 def test_doctor_reports_the_ipex_runtime():
     facts = runtimes.ipex_facts()

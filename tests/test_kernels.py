@@ -1,12 +1,18 @@
-"""The case-study kernels: the closed-form focal loss against torchvision's formula, and Lamb."""
+"""The case-study kernels: the closed-form focal loss against torchvision's formula, and Lamb.
+
+The value matrices run the eager kernels (fast). The compiled kernels are checked in a few cases
+(slow: Inductor compiles them), each of which must see Inductor-compiled graphs run, so an eager
+fallback cannot pass for a compiled run.
+"""
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from cpuopt_helpers.kernels import focal_loss
 from cpuopt_helpers.kernels.focal_loss import reference_sigmoid_focal_loss, sigmoid_focal_loss
 
-IMPLS = ["eager", "compiled"]
+COMPILED_GRAPH = "## Call CompiledFxGraph"  # the record_function around every call of Inductor's compiled code
 
 
 def pair(shape=(64, 80), positive_share=0.1, scale=3.0, seed=0, dtype=torch.float32):
@@ -23,37 +29,96 @@ def values_and_grads(fn, x, t, reduction="sum", **kw):
     return loss.detach(), x.grad
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
-@pytest.mark.parametrize("positive_share", [0.0, 0.1, 1.0])  # all-negative, detection-like, all-positive
-def test_values_and_gradients_match_the_reference(impl, reduction, positive_share):
-    x, t = pair(positive_share=positive_share)
-    ref_loss, ref_grad = values_and_grads(reference_sigmoid_focal_loss, x, t, reduction)
-    loss, grad = values_and_grads(sigmoid_focal_loss, x, t, reduction, impl=impl)
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-7)
+def compiled_graphs_run(fn):
+    """Run ``fn`` under torch's profiler: (its result, how many Inductor-compiled graphs ran in it)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        result = fn()
+    return result, sum(e.count for e in prof.key_averages() if e.key.startswith(COMPILED_GRAPH))
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("alpha, gamma", [(0.25, 2.0), (0.5, 1.0), (-1.0, 2.0), (0.25, 0.0), (0.75, 3.5)])
-def test_other_alpha_and_gamma(impl, alpha, gamma):
-    x, t = pair(seed=1)
-    ref = values_and_grads(reference_sigmoid_focal_loss, x, t, alpha=alpha, gamma=gamma)
-    mine = values_and_grads(sigmoid_focal_loss, x, t, alpha=alpha, gamma=gamma, impl=impl)
-    for a, b in zip(mine, ref):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+@pytest.fixture
+def fresh_focal_status(monkeypatch):
+    """focal_loss as in a new process: auto has not decided yet, nothing compiled (restored afterwards)."""
+    monkeypatch.setitem(focal_loss.STATUS, "compiled", None)
+    monkeypatch.setitem(focal_loss.STATUS, "reason", "")
+    monkeypatch.setattr(focal_loss, "_compiled", {})
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_extreme_logits_give_no_inf_or_nan(impl):
-    x = torch.tensor([-100.0, 100.0, -100.0, 100.0, -88.0, 88.0, 0.0])
-    t = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0])
-    loss, grad = values_and_grads(sigmoid_focal_loss, x, t, "none", impl=impl)
+@pytest.fixture
+def fresh_compile(fresh_focal_status):
+    """As above, and Dynamo forgets every compiled graph: this test compiles its own (Inductor's disk
+    cache may make it quick) and cannot meet the recompile limit, past which Dynamo runs eager."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def cpp_compiler():
+    """The C++ compiler Inductor would use here, or None (then torch.compile cannot work on CPU)."""
+    from torch._inductor import cpp_builder
+
+    try:
+        return cpp_builder.get_cpp_compiler()
+    except Exception:
+        return None
+
+
+def check_extreme_logits(loss, grad):
     assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
     # a confidently wrong logit costs alpha_t * |x|, with gradient -+alpha_t
     torch.testing.assert_close(loss[[0, 3]], torch.tensor([25.0, 75.0]))
     torch.testing.assert_close(grad[[0, 3]], torch.tensor([-0.25, 0.75]))
     assert loss[1] == 0 and loss[2] == 0  # confidently right
+
+
+EXTREME = (torch.tensor([-100.0, 100.0, -100.0, 100.0, -88.0, 88.0, 0.0]),
+           torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0]))
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("positive_share", [0.0, 0.1, 1.0])  # all-negative, detection-like, all-positive
+def test_values_and_gradients_match_the_reference(reduction, positive_share):
+    x, t = pair(positive_share=positive_share)
+    ref_loss, ref_grad = values_and_grads(reference_sigmoid_focal_loss, x, t, reduction)
+    loss, grad = values_and_grads(sigmoid_focal_loss, x, t, reduction, impl="eager")
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("alpha, gamma", [(0.25, 2.0), (0.5, 1.0), (-1.0, 2.0), (0.25, 0.0), (0.75, 3.5)])
+def test_other_alpha_and_gamma(alpha, gamma):
+    x, t = pair(seed=1)
+    ref = values_and_grads(reference_sigmoid_focal_loss, x, t, alpha=alpha, gamma=gamma)
+    mine = values_and_grads(sigmoid_focal_loss, x, t, alpha=alpha, gamma=gamma, impl="eager")
+    for a, b in zip(mine, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_extreme_logits_give_no_inf_or_nan():
+    check_extreme_logits(*values_and_grads(sigmoid_focal_loss, *EXTREME, "none", impl="eager"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["detection-like, alpha 0.75, gamma 3.5", "extreme logits"])
+def test_compiled_kernels_run_compiled_and_match(case, fresh_compile):
+    """Two compiled cases (Inductor compiles per shape, alpha and gamma): a gamma taking the pow
+    path against the reference, and logits of +-100 against the exact values. Both must run the
+    compiled forward and backward graphs: an eager fallback fails here."""
+    if case == "extreme logits":
+        (loss, grad), graphs = compiled_graphs_run(
+            lambda: values_and_grads(sigmoid_focal_loss, *EXTREME, "none", impl="compiled"))
+        check_extreme_logits(loss, grad)
+    else:
+        x, t = pair(seed=1)
+        kw = dict(alpha=0.75, gamma=3.5)
+        ref = values_and_grads(reference_sigmoid_focal_loss, x, t, "mean", **kw)
+        mine, graphs = compiled_graphs_run(lambda: values_and_grads(sigmoid_focal_loss, x, t, "mean",
+                                                                    impl="compiled", **kw))
+        for a, b in zip(mine, ref):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert graphs >= 2, f"{graphs} compiled graphs ran; the compiled forward and backward should have"
 
 
 def test_gradcheck_in_float64():
@@ -63,21 +128,45 @@ def test_gradcheck_in_float64():
     assert torch.autograd.gradcheck(lambda v: sigmoid_focal_loss(v, t, reduction="mean", impl="eager"), (x,))
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_bf16_inputs_match_the_reference_at_bf16_precision(impl):
+def test_bf16_inputs_match_the_reference_at_bf16_precision():
     x, t = pair(seed=3)
     ref_loss, ref_grad = values_and_grads(reference_sigmoid_focal_loss, x, t)  # fp32 truth
-    loss, grad = values_and_grads(sigmoid_focal_loss, x.bfloat16(), t.bfloat16(), impl=impl)
+    loss, grad = values_and_grads(sigmoid_focal_loss, x.bfloat16(), t.bfloat16(), impl="eager")
     assert loss.dtype == torch.bfloat16 and grad.dtype == torch.bfloat16
     torch.testing.assert_close(loss.float(), ref_loss, rtol=2e-2, atol=1e-2)
     torch.testing.assert_close(grad.float(), ref_grad, rtol=2e-2, atol=1e-2)
 
 
-def test_auto_picks_a_working_kernel_and_says_which():
+@pytest.mark.slow
+def test_auto_picks_a_working_kernel_and_says_which(fresh_compile):
+    """What auto does on this machine: with a C++ compiler, torch.compile works and auto runs the
+    compiled graphs; without one it says why and runs eager. The values are eager's either way."""
     x, t = pair()
-    sigmoid_focal_loss(x, t)
-    assert focal_loss.STATUS["compiled"] in (True, False)
-    assert focal_loss.STATUS["compiled"] or focal_loss.STATUS["reason"]
+    sigmoid_focal_loss(x, t)  # auto decides (and compiles for this shape where it can)
+    (loss, grad), graphs = compiled_graphs_run(lambda: values_and_grads(sigmoid_focal_loss, x, t))
+    eager = values_and_grads(sigmoid_focal_loss, x, t, impl="eager")
+    if cpp_compiler():
+        assert focal_loss.STATUS == {"compiled": True, "reason": ""}, focal_loss.STATUS
+        assert graphs >= 2, f"auto says compiled, but {graphs} compiled graphs ran"
+    else:
+        assert focal_loss.STATUS["compiled"] is False and focal_loss.STATUS["reason"]
+        assert graphs == 0
+    torch.testing.assert_close(loss, eager[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, eager[1], rtol=1e-5, atol=1e-7)
+
+
+def test_auto_falls_back_to_eager_and_says_why(fresh_focal_status, monkeypatch):
+    """Where torch.compile fails (no compiler, an Inductor bug), auto keeps the reason and runs eager."""
+    def broken_compile(*args, **kwargs):
+        raise RuntimeError("no C++ compiler here\nsecond line")
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    x, t = pair()
+    loss, grad = values_and_grads(sigmoid_focal_loss, x, t)
+    assert focal_loss.STATUS == {"compiled": False, "reason": "RuntimeError: no C++ compiler here"}
+    eager = values_and_grads(sigmoid_focal_loss, x, t, impl="eager")
+    torch.testing.assert_close(loss, eager[0], rtol=0, atol=0)
+    torch.testing.assert_close(grad, eager[1], rtol=0, atol=0)
 
 
 def test_bad_reduction_and_impl_are_refused():

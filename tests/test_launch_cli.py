@@ -1,4 +1,8 @@
-"""`cpuopt launch -- COMMAND`: plans for any script, real instances, per-instance logs."""
+"""`cpuopt launch -- COMMAND`: plans for any script, real instances, per-instance logs.
+
+Plans and bad input are checked in-process through ``cli.main`` (fast); real instances, and the
+bad input once more as the command a user types, start processes (slow).
+"""
 
 import os
 import subprocess
@@ -6,7 +10,7 @@ import sys
 
 import pytest
 
-from cpuopt_helpers import system
+from cpuopt_helpers import cli, system
 
 SCRIPT = "import os; print('AFFINITY', sorted(os.sched_getaffinity(0)), 'PRELOAD', os.environ.get('LD_PRELOAD'))"
 
@@ -16,15 +20,16 @@ def launch(*args, cwd=None):
                           timeout=120, cwd=cwd)
 
 
-def test_dry_run_preloads_the_versioned_jemalloc():
+def test_dry_run_preloads_the_versioned_jemalloc(capsys):
     lib = system.locate_library("jemalloc")
     if lib is None:
         pytest.skip("jemalloc not installed here (make setup installs it as root)")
-    proc = launch("--allocator", "jemalloc", "--dry-run", "--", "python", "train.py")
-    assert proc.returncode == 0, proc.stderr
-    assert f"LD_PRELOAD={lib}" in proc.stdout and proc.stdout.strip().endswith("python train.py")
+    assert cli.main(["launch", "--allocator", "jemalloc", "--dry-run", "--", "python", "train.py"]) == 0
+    out = capsys.readouterr().out
+    assert f"LD_PRELOAD={lib}" in out and out.strip().endswith("python train.py")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_two_real_instances_print_their_affinity_and_preload(tmp_path):
     lib = system.locate_library("tcmalloc")
@@ -41,6 +46,7 @@ def test_two_real_instances_print_their_affinity_and_preload(tmp_path):
         assert "AFFINITY" in (tmp_path / f"instance_{i}.log").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_a_failing_instance_is_reported_and_the_other_stopped(tmp_path):
     script = ("import os, sys, time\n"
@@ -51,12 +57,24 @@ def test_a_failing_instance_is_reported_and_the_other_stopped(tmp_path):
     assert "instance 0 on cores" in proc.stderr and "exit code -15" in proc.stderr
 
 
-@pytest.mark.parametrize("args,needle", [
+BAD_INPUT = [
     ([], "no command given"),
     (["--cores", "0-1", "--ninstances", "3", "--", "true"], "do not split evenly"),
     (["--allocator", "hoard", "--", "true"], "unknown allocator"),
     (["--affinity", "diagonal", "--", "true"], "unknown affinity"),
-])
-def test_bad_launch_input_exits_2(args, needle):
-    proc = launch(*args)
-    assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD_INPUT)
+def test_bad_launch_input_exits_2(args, needle, capsys):
+    assert cli.main(["launch", *args]) == 2
+    out, err = capsys.readouterr()
+    assert needle in err and len(err.strip().splitlines()) == 1 and out == ""
+
+
+@pytest.mark.slow
+def test_bad_launch_input_from_the_command_line_exits_2():
+    for args, needle in BAD_INPUT:
+        proc = launch(*args)
+        assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
+            (args, proc.stderr)

@@ -22,21 +22,28 @@ def outputs_text(nb_path):
     return "\n".join(chunks)
 
 
+# Each notebook executes once per `make test`: 00 through nbval (its NBVAL_CHECK_OUTPUT cell is
+# compared with the committed output; `make test` names it before tests/ so it runs first and
+# leaves the roofline in the store), 01-09 here through papermill on the quick preset. The
+# configuration sweeps of 03-05 run on the CNN only, which exercises every code path of theirs.
+EXECUTED = [p.name for p in workbook.list_notebooks() if not p.name.startswith("00")]
+TEST_PARAMETERS = {nn: {"WORKLOADS": ["cnn"]} for nn in ("03", "04", "05")}
+
+
 @pytest.fixture(scope="module")
 def quick_run():
-    """The whole workbook on the quick preset, into the test session's build folder.
-
-    The nbval pass over notebooks/ runs later in the same session against the same store,
-    so it resumes the sweeps measured here instead of measuring them twice.
-    """
+    """Notebooks 01-09 on the quick preset, into the test session's build folder (and 00 too
+    when this session did not run it through nbval, e.g. `pytest tests/test_notebooks.py`)."""
     out = Path(os.environ["CPUOPT_BUILD"])
-    report = workbook.run_workbook(preset="quick", out=str(out), parameters=None, progress=False)
+    books = ([] if (out / "figures" / "00_roofline.png").exists() else ["00_system_check.ipynb"]) + EXECUTED
+    report = workbook.run_workbook(preset="quick", only=[n[:2] for n in books], out=str(out), progress=False,
+                                   notebook_parameters=TEST_PARAMETERS)
     return out, report
 
 
 def test_every_notebook_runs_on_the_quick_preset(quick_run):
     out, report = quick_run
-    assert [r["notebook"] for r in report] == [p.name for p in workbook.list_notebooks()]
+    assert [r["notebook"] for r in report if not r["notebook"].startswith("00")] == EXECUTED
     assert all(r["status"] == "ok" for r in report), workbook.format_report(report)
     for r in report:
         assert (out / "notebooks" / r["notebook"]).exists()
@@ -50,8 +57,7 @@ def test_system_check_records_the_roofline(quick_run):
     roof = store.get_fact(system.collect_facts()["fingerprint"], "roofline/quick")
     assert roof["gemm_gflops_best"] > 1 and roof["copy_gbs_best"] > 0.1
     assert (out / "figures" / "00_roofline.png").stat().st_size > 1000
-    text = outputs_text(out / "notebooks" / "00_system_check.ipynb")
-    assert f"fp32 GEMM {roof['gemm_gflops_best']:.0f} GFLOP/s" in text  # the answer quotes the data
+    assert roof.get("gemm_gflops_bf16_best") is None or roof["gemm_gflops_bf16_best"] > 0
 
 
 def test_baseline_measures_every_workload_and_hands_on(quick_run):
@@ -119,7 +125,7 @@ def test_threading_sweeps_and_hands_on_a_measured_choice(quick_run):
     out, _ = quick_run
     store = ResultStore(out / "results.sqlite")
     df = store.load(tag="03_threading")
-    assert set(df.workload) == {"cnn", "transformer", "rnn"} and (df.status == "ok").all()
+    assert set(df.workload) == {"cnn"} and (df.status == "ok").all()
     assert {"threads=1", "affinity=none", "oversubscribe=True", "loader_workers=1"} <= {
         part for label in df.label for part in label.split()}
     ladder = store.get_fact(machine_id(), "ladder/cnn/quick")
@@ -172,7 +178,7 @@ def test_ipex_runtimes_and_upstream_replacements_side_by_side(quick_run):
     store = ResultStore(out / "results.sqlite")
     df = store.load(tag="05_ipex")
     assert (df.status == "ok").all()
-    assert {"default", "max-autotune"} <= set(df["config.compile"].dropna())
+    assert "default" in set(df["config.compile"].dropna()) and df["compile_s"].dropna().gt(0).all()
     assert {"foreach", "fused"} <= set(df["config.optimizer_impl"]) and "adamw" in set(df["config.optimizer"])
     text = outputs_text(out / "notebooks" / "05_ipex.ipynb")
     if runtimes.ipex_status()["available"]:
@@ -238,8 +244,7 @@ def test_report_opens_in_a_browser_with_every_figure(quick_run):
     out, _ = quick_run
     index = build_report(out, system.collect_facts())
     figures = sorted((out / "figures").glob("*.png"))
-    assert len(figures) >= 10 and len(list((index.parent / "notebooks").glob("*.html"))) == len(
-        workbook.list_notebooks())
+    assert len(figures) >= 10 and len(list((index.parent / "notebooks").glob("*.html"))) >= len(EXECUTED)
     dom = chromium("--dump-dom", index.as_uri()).stdout
     assert f'data-figures-loaded="{len(figures)}/{len(figures)}"' in dom  # every <img> decoded by the browser
     assert "05_runtimes" in dom and "07_layouts" in dom and "cnn[quick]" in dom

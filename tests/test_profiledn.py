@@ -144,20 +144,22 @@ def test_replay_runs_every_conv_direction_in_a_pinned_process():
     assert conv and all(r["replayed"] and r["replay_ms"] > 0 for r in conv)
 
 
-def test_cli_profile_json_and_bad_logs(tmp_path):
+def test_cli_profile_json_and_bad_logs(tmp_path, capsys):
+    from cpuopt_helpers import cli  # in-process: `python -m cpuopt_helpers` is this main (tests/test_cli.py)
+
     log = LOGS / "onednn_312_cnn_two_steps.log"
-    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers", "profile", str(log), "--by", "direction",
-                           "--steps", "2", "--json", "--csv", str(tmp_path / "t.csv")],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    code = cli.main(["profile", str(log), "--by", "direction", "--steps", "2", "--json",
+                     "--csv", str(tmp_path / "t.csv")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    out = json.loads(out)
     assert {r["direction"] for r in out["breakdown"]} == {"forward", "backward_data", "backward_weights", "none"}
     assert len(pd.read_csv(tmp_path / "t.csv")) == 132
     (tmp_path / "junk.log").write_text("just program output\n")
     for args in (["/nonexistent.log"], [str(tmp_path / "junk.log")], [str(log), "--project"], [str(log), "--by", "x"]):
-        proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers", "profile", *args],
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (args, proc.stderr)
+        code = cli.main(["profile", *args])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1, (args, err)
 
 
 @pytest.mark.slow

@@ -177,6 +177,7 @@ def _writer(path, n, worker):
         store.save_result(fake_result(RunConfig(seed=worker * 1000 + i)))
 
 
+@pytest.mark.slow
 def test_concurrent_writers_never_corrupt(tmp_path):
     path = tmp_path / "r.sqlite"
     ResultStore(path)

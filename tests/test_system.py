@@ -87,6 +87,7 @@ def test_find_libraries_from_ldconfig_cache(tmp_path):
     assert system.find_libraries("tcmalloc", [], [str(lib)]) == []
 
 
+@pytest.mark.slow  # the command, which probes oneDNN's ISA and the IPEX runtime in interpreters of their own
 def test_doctor_json_reports_this_machine():
     proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers", "doctor", "--json"],
                           capture_output=True, text=True, timeout=120)

@@ -22,6 +22,13 @@ def build(preset: str = "quick") -> Workload:
     return Workload("mlp", model, make_batch, nn.functional.mse_loss, 8, flops_per_sample=6 * (32 * 64 + 64))
 
 
+def build_uncounted(preset: str = "quick") -> Workload:
+    """The same MLP without ``flops_per_sample``: the worker must count its FLOPs itself."""
+    workload = build(preset)
+    workload.flops_per_sample = None
+    return workload
+
+
 def crash(preset: str = "quick") -> Workload:
     """A workload whose construction fails, as a broken user model would."""
     raise RuntimeError("deliberate crash in a user workload")
