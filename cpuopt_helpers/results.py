@@ -131,6 +131,17 @@ class ResultStore:
             db.execute("INSERT OR IGNORE INTO sweeps (id, machine, tag, kind, code_version, arms) VALUES (?, ?, ?, ?, ?, ?)",
                        (sweep, machine, tag, kind, json.dumps(code_version, sort_keys=True), json.dumps(arms)))
 
+    def sweeps(self, kind: str | None = None, machine: str | None = None) -> list[dict]:
+        """The recorded sweeps (oldest first): id, machine, tag, kind, arms (config dicts), code version."""
+        query, args = "SELECT id, machine, tag, kind, arms, code_version, created_at FROM sweeps WHERE 1=1", []
+        for column, value in (("kind", kind), ("machine", machine)):
+            if value is not None:
+                query, args = query + f" AND {column} = ?", args + [value]
+        with closing(self._connect()) as db:
+            rows = db.execute(query + " ORDER BY created_at, rowid", args).fetchall()
+        return [{"id": r[0], "machine": r[1], "tag": r[2], "kind": r[3], "arms": json.loads(r[4]),
+                 "code_version": json.loads(r[5]) if r[5] else None, "created_at": r[6]} for r in rows]
+
     def results(self, tag: str | None = None, machine: str | None = None, sweep: str | None = None) -> list[dict]:
         """Stored RunResults (oldest first), each with its sweep, arm, round, position and tag."""
         query, args = "SELECT sweep, arm, round, position, tag, result FROM results WHERE 1=1", []

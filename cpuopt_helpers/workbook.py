@@ -220,8 +220,32 @@ def results_markdown(store: ResultStore, facts: dict, preset: str = "standard") 
     lines += _precision_lines(store, machine, preset) + _ladder_lines(store, machine, table.index, preset)
     lines += ["", "![thread scaling](docs/03_scaling.png)", "![launchers](docs/04_launchers.png)",
               "![bf16 throughput](docs/06_throughput.png)", "![bf16 accuracy](docs/06_accuracy.png)"]
+    lines += _confirmation_lines(store, machine)
     lines += _answer_lines(Path(store.path).parent / "notebooks")
     return "\n".join(lines)
+
+
+def _confirmation_lines(store: ResultStore, machine: str) -> list[str]:
+    """Every adaptive A/B of the run: what was confirmed against what, in how many rounds,
+    and why it stopped (the verdict, or the budget) - what the time budget allowed."""
+    from cpuopt_helpers import analysis
+
+    rows = []
+    for sweep in store.sweeps(kind="ab", machine=machine):
+        runs = [r for r in store.results(sweep=sweep["id"]) if r["status"] == "ok"]
+        by = {(r["arm"], r["round"]): r["samples_per_s"] for r in runs}
+        rounds = sorted({k[1] for k in by if (0, k[1]) in by and (1, k[1]) in by})
+        if not rounds:
+            continue
+        result = compare.sequential_ratio([by[(0, i)] for i in rounds], [by[(1, i)] for i in rounds])
+        change = analysis.setting_label(sweep["arms"][1], sweep["arms"][0])
+        rows.append(f"| {(sweep['tag'] or '').split('/')[0]} | {sweep['arms'][0]['workload']} | {change} | "
+                    f"{compare.describe(result)} |")
+    if not rows:
+        return []
+    return ["", "Every confirmation of this run (a screening winner against the incumbent in fresh rounds, at least "
+            "5, at most 14, within the notebook's `BUDGET_MIN`): the rounds the budget allowed and the verdict.", "",
+            "| notebook | workload | change confirmed | ratio, interval, rounds: verdict |", "|---|---|---|---|", *rows]
 
 
 ANSWERS = {"05_ipex": ("IPEX and its upstream replacements (notebook 05)", ["05_runtimes"]),

@@ -204,3 +204,18 @@ def test_readme_quotes_a_notebooks_answer_from_its_last_cell(tmp_path):
     path = tmp_path / "05_ipex.ipynb"
     nbformat.write(nb, path)
     assert notebook_answer(path) == ["- cnn: 1.19x", "- rnn: kept"]
+
+
+def test_readme_lists_every_confirmation_with_its_rounds(tmp_path):
+    from cpuopt_helpers.results import run_comparison
+    from cpuopt_helpers.workbook import _confirmation_lines
+
+    store = ResultStore(tmp_path / "r.sqlite")
+    a, b = RunConfig(workload="cnn", threads=2), RunConfig(workload="cnn", threads=2, allocator="jemalloc")
+    sps = iter([100.0, 110.0, 101.0, 112.0, 99.0, 109.0, 100.0, 111.0, 102.0, 110.0] * 3)
+    out = run_comparison(a, b, store, lambda c: fake_result(c, sps=next(sps)), tag="04_allocator/confirm",
+                         machine="m1", progress=False)
+    assert [s["kind"] for s in store.sweeps()] == ["ab"] and store.sweeps(kind="sweep") == []
+    lines = _confirmation_lines(store, "m1")
+    assert lines[-1].startswith("| 04_allocator | cnn | allocator=jemalloc | ")
+    assert f"{out['n']} rounds): {out['verdict']}" in lines[-1]
