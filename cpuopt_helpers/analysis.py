@@ -529,8 +529,11 @@ def focal_findings(bench: dict, phase_backward_ms: dict) -> list[str]:
     lines = []
     for shape, g in rows[rows["part"] == "both"].groupby("shape", sort=False):
         best = g[g["kernel"] != "reference"].sort_values("speedup", ascending=False).iloc[0]
+        ratio = {"ratio": best.speedup, "ci_low": best.speedup_low, "ci_high": best.speedup_high,
+                 "n": int(best.get("rounds", bench.get("rounds", 0))), "verdict": best.get("verdict", "no different"),
+                 "margin": compare.MARGIN, "min_rounds": compare.MIN_ROUNDS, "label": "95% CI"}
         lines.append(f"focal loss at {shape} ({int(best.elements):,} logits): {best.kernel} forward + backward "
-                     f"{best.speedup:.2f}x the reference (95% CI {best.speedup_low:.2f}-{best.speedup_high:.2f}).")
+                     f"over the reference, paired calls: {compare.describe(ratio)}.")
     ref = rows[(rows["kernel"] == "reference") & (rows["part"] == "backward")]
     for shape, backward_ms in phase_backward_ms.items():
         hit = ref[ref["shape"] == shape]
@@ -549,10 +552,12 @@ def lamb_findings(bench: list[dict]) -> list[str]:
             continue
         for k, v in r["kernels"].items():
             if k != "loop":
+                ratio = {"ratio": v["speedup_vs_loop"], "ci_low": v["ci"][0], "ci_high": v["ci"][1],
+                         "n": v.get("rounds", 0), "verdict": v.get("verdict", "no different"), "margin": compare.MARGIN,
+                         "min_rounds": compare.MIN_ROUNDS, "label": "95% CI"}
                 lines.append(f"Lamb on RetinaNet[{r['preset']}]'s {r['elements']:,} trainable parameters, torch "
                              f"{r['torch']}: {k} {v['median_ms']:.1f} ms vs the loop's "
-                             f"{r['kernels']['loop']['median_ms']:.1f} ms, {v['speedup_vs_loop']:.2f}x "
-                             f"(95% CI {v['ci'][0]:.2f}-{v['ci'][1]:.2f}).")
+                             f"{r['kernels']['loop']['median_ms']:.1f} ms: {compare.describe(ratio)}.")
     return lines
 
 
@@ -581,24 +586,29 @@ def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict
     for r in store.results(machine=machine):
         if r["status"] == "ok" and r["config"]["workload"] == workload:
             runs.setdefault(RunConfig.from_dict(r["config"]).config_hash(), []).append(r)  # today's hash
-    rows, previous = [], ladder[0]["config"]
+    def as_run(d: dict) -> RunConfig:
+        c = RunConfig.from_dict(d)
+        return c.replace(threads=c.threads or max(1, physical_cores // c.instances))
+
+    rows, previous = [], as_run(ladder[0]["config"]).to_dict()
     for rung in ladder:
-        config = RunConfig.from_dict(rung["config"])
-        config = config.replace(threads=config.threads or max(1, physical_cores // config.instances))  # as run
+        config = as_run(rung["config"])
         measured = runs.get(config.config_hash(), [])
         sps = stats.summarize([r["samples_per_s"] for r in measured])["median"] if measured else None
         gflops = stats.summarize([r["achieved_gflops"] for r in measured if r.get("achieved_gflops")])["median"] \
             if any(r.get("achieved_gflops") for r in measured) else None
-        change = setting_label(rung["config"], previous) if rung is not ladder[0] else "PyTorch's defaults"
+        change = setting_label(config.to_dict(), previous) if rung is not ladder[0] else "PyTorch's defaults"
         evidence = (rung.get("evidence") or {}).get("comparison") or {}
+        if change == "baseline":  # the rung kept the configuration: what it tried and rejected is not a step
+            evidence = {}
         ceiling = ceiling_gflops(roofline or {}, config.dtype) if roofline else None
         rows.append({"step": rung["step"], "change": "kept" if change == "baseline" else change,
                      "samples_per_s": sps, "runs": len(measured), "achieved_gflops": gflops,
                      "vs_previous": evidence.get("ratio"), "vs_previous_low": evidence.get("ci_low"),
                      "vs_previous_high": evidence.get("ci_high"), "verdict": evidence.get("verdict"),
                      "peak_share": gflops / ceiling if gflops and ceiling else None,
-                     "ceiling": f"{config.dtype} GEMM", "config": rung["config"]})
-        previous = rung["config"]
+                     "ceiling": f"{config.dtype} GEMM", "config": config.to_dict()})
+        previous = config.to_dict()
     table = pd.DataFrame(rows)
     # each rung's confirmed ratio to the one before (1 where it kept the configuration), chained
     table["cumulative_speedup"] = table["vs_previous"].where(table["change"] != "kept").fillna(1.0).cumprod()

@@ -491,6 +491,9 @@ def _kill(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
+UNSUPPORTED_EXIT = 3  # the worker's exit code when this CPU has no kernel for the run (worker.UNSUPPORTED_EXIT)
+
+
 def run_plan(plan: LaunchPlan, facts: dict | None = None) -> dict:
     """Start every instance together, wait up to the timeout, and build the RunResult."""
     config = plan.config
@@ -542,6 +545,8 @@ def run_plan(plan: LaunchPlan, facts: dict | None = None) -> dict:
         status, reason = "failed", "a worker exited without printing its result"
     if status != "ok":
         bad = next((i for i, p in enumerate(procs) if p.returncode not in (0, None, -9)), 0)
+        if status == "failed" and procs[bad].returncode == UNSUPPORTED_EXIT:  # see worker.UNSUPPORTED_SIGNS
+            status, reason = "unsupported", "this CPU has no kernel for it"
         reason = f"{reason}; stderr tail of instance {bad}:\n{_tail(errs[bad])}"
     shutil.rmtree(workdir, ignore_errors=True)
     result = make_result(plan, status, reason, [r for r in results if r], facts, state)

@@ -543,6 +543,12 @@ def train(config: dict) -> dict:
     return result
 
 
+# oneDNN has no kernel for this operation in this dtype on this CPU (e.g. a bf16 LSTM on an
+# AVX2-only CPU): the run is recorded as `unsupported`, measured and said, not a crash
+UNSUPPORTED_SIGNS = ("could not create a primitive descriptor",)
+UNSUPPORTED_EXIT = 3
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="cpuopt's measured process (started by the launcher)")
     parser.add_argument("--config", required=True, help="RunConfig as JSON")
@@ -554,6 +560,11 @@ def main(argv: list[str] | None = None) -> int:
     except CpuoptError as exc:  # e.g. an IPEX that does not match this torch: say so, exit 2
         print(f"cpuopt worker: error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:
+        if not any(sign in str(exc) for sign in UNSUPPORTED_SIGNS):
+            raise
+        print(f"cpuopt worker: unsupported on this CPU: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return UNSUPPORTED_EXIT
     result.update({
         "inductor_cache": inductor_cache,
         "index": int(os.environ.get("CPUOPT_INSTANCE", "0")),

@@ -162,7 +162,8 @@ def test_bf16_measured_with_accuracy_and_a_computed_choice(quick_run):
     out, _ = quick_run
     store = ResultStore(out / "results.sqlite")
     df = store.load(tag="06_bf16")
-    assert {"fp32", "bf16"} <= set(df["config.dtype"]) and (df.status == "ok").all()
+    assert {"fp32", "bf16"} <= set(df["config.dtype"]) and df.status.isin(["ok", "unsupported"]).all()
+    assert (df[df["config.dtype"] == "fp32"].status == "ok").all()  # only bf16 may lack a kernel on this CPU
     text = outputs_text(out / "notebooks" / "06_bf16.ipynb")
     assert "the forward pass produced bfloat16" in text
     assert "digits, bf16: final test accuracy" in text and "cnn: bf16 handed on" in text or "cnn: fp32 handed on" in text
