@@ -196,7 +196,7 @@ def results_markdown(store: ResultStore, facts: dict, preset: str = "standard") 
     from cpuopt_helpers import analysis
 
     machine = facts["fingerprint"]
-    runs = [r for r in store.results(tag="01_baseline", machine=machine) if r["config"]["preset"] == preset]
+    runs = last_sweep_runs(store, "01_baseline", machine, preset)
     roof = store.get_fact(machine, f"roofline/{preset}")
     if not runs or roof is None:
         raise CpuoptError(f"no {preset} results for this machine in {store.path}; run `make run` first")
@@ -225,6 +225,14 @@ def results_markdown(store: ResultStore, facts: dict, preset: str = "standard") 
     lines += _confirmation_lines(store, machine)
     lines += _answer_lines(Path(store.path).parent / "notebooks")
     return "\n".join(lines)
+
+
+def last_sweep_runs(store: ResultStore, tag: str, machine: str, preset: str | None = None) -> list[dict]:
+    """The results of the latest sweep with this tag (of this preset): a re-run notebook's
+    sweep replaces the earlier one in the README, never mixes with it."""
+    sweeps = [s for s in store.sweeps(kind="sweep", machine=machine) if s["tag"] == tag
+              and (preset is None or any(arm["preset"] == preset for arm in s["arms"]))]
+    return store.results(sweep=sweeps[-1]["id"]) if sweeps else []
 
 
 def _confirmation_lines(store: ResultStore, machine: str) -> list[str]:
@@ -281,16 +289,20 @@ def _answer_lines(folder: Path) -> list[str]:
 def _precision_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
     from cpuopt_helpers import analysis
 
-    runs = store.results(tag="06_bf16", machine=machine)
+    runs = last_sweep_runs(store, "06_bf16", machine)
     if not runs:
         return []
     lines = ["", "bf16 autocast against fp32 (notebook 06, loss in fp32; on a CPU without a bf16 fast path "
              "it runs on the quick preset; screening rounds):", "", "| workload | setting | vs fp32 |", "|---|---|---|"]
     for w in dict.fromkeys(r["config"]["workload"] for r in runs):
-        first = next(r["config"] for r in runs if r["config"]["workload"] == w)
+        first = min((r for r in runs if r["config"]["workload"] == w), key=lambda r: r["arm"])["config"]
         for _, row in analysis.compare_configs(runs, first, w).iterrows():
             if isinstance(row.get("comparison"), dict):
                 lines.append(f"| {w} | {row['setting']} | {compare.describe(row['comparison'])} |")
+        for r in runs:
+            if r["config"]["workload"] == w and r["status"] == "unsupported" and r["round"] == 0:
+                reason = r["reason"].splitlines()[-1].replace("cpuopt worker: ", "")[:140]
+                lines.append(f"| {w} | {analysis.setting_label(r['config'], first)} | {reason} |")
     return lines
 
 
@@ -330,7 +342,7 @@ def _profile_lines(store: ResultStore, machine: str, workloads, preset: str) -> 
 def _launcher_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
     from cpuopt_helpers import analysis
 
-    runs = [r for r in store.results(tag="04_launchers", machine=machine) if r["config"]["preset"] == preset]
+    runs = last_sweep_runs(store, "04_launchers", machine, preset)
     if not runs:
         return []
     lines = ["", "Threading, allocator and launchers (notebooks 03-04): the best setting handed on, as a ratio to "
@@ -338,7 +350,7 @@ def _launcher_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
              "| workload | setting | vs PyTorch's defaults |", "|---|---|---|"]
     notes = []
     for w in dict.fromkeys(r["config"]["workload"] for r in runs):
-        default = next(r["config"] for r in runs if r["config"]["workload"] == w)
+        default = min((r for r in runs if r["config"]["workload"] == w), key=lambda r: r["arm"])["config"]
         table = analysis.compare_configs(runs, default, w)
         for _, row in table.iterrows():
             comparison = row.get("comparison") if isinstance(row.get("comparison"), dict) else None
