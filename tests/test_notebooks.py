@@ -152,7 +152,7 @@ def test_allocators_and_launchers_compared(quick_run):
     launchers = store.load(tag="04_launchers")
     assert "run_cpu" in set(launchers["config.launcher"]) and (launchers.status == "ok").all()
     text = outputs_text(out / "notebooks" / "04_allocator.ipynb")
-    assert "run_cpu's log of its choices" in text and "run_cpu's defaults:" in text
+    assert "run_cpu's log of its choices" in text and "run_cpu's defaults over PyTorch's defaults: " in text
     assert "run_cpu's defaults over PyTorch's defaults: " in text
     for name in ("04_allocators", "04_launchers"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000
@@ -167,7 +167,8 @@ def test_bf16_measured_with_accuracy_and_a_computed_choice(quick_run):
     text = outputs_text(out / "notebooks" / "06_bf16.ipynb")
     assert "the forward pass produced bfloat16" in text
     assert "digits, bf16: final test accuracy" in text and "cnn: bf16 handed on" in text or "cnn: fp32 handed on" in text
-    assert "Slowest kernels:" in text
+    # the bf16 log's slowest kernels; on a CPU without a bf16 path, oneDNN may run none at all
+    assert "Slowest kernels:" in text or "No oneDNN primitive ran." in text
     for name in ("06_throughput", "06_accuracy"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000
 
