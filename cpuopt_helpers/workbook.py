@@ -271,7 +271,7 @@ def notebook_answer(path: Path) -> list[str]:
     cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
     text = "".join(o.get("text", "") for o in (cells[-1].get("outputs", []) if cells else [])
                    if o.get("output_type") == "stream")
-    return [line for line in text.splitlines() if line.startswith("- ")]
+    return [line for line in text.replace("\r", "\n").splitlines() if line.startswith("- ")]  # after progress bars
 
 
 def _answer_lines(folder: Path) -> list[str]:
