@@ -270,7 +270,7 @@ def notebook_answer(path: Path) -> list[str]:
 
     cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
     text = "".join(o.get("text", "") for o in (cells[-1].get("outputs", []) if cells else [])
-                   if o.get("output_type") == "stream")
+                   if o.get("output_type") == "stream" and o.get("name") == "stdout")  # not progress bars
     return [line for line in text.replace("\r", "\n").splitlines() if line.startswith("- ")]  # after progress bars
 
 
