@@ -320,7 +320,7 @@ def _ladder_lines(store: ResultStore, machine: str, workloads, preset: str) -> l
             change = analysis.setting_label(rung["config"], dict(previous, threads=rung["config"]["threads"]))
             steps.append(f"{rung['step']}: {'kept' if change == 'baseline' else change}")
             previous = rung["config"]
-        lines.append(f"| {w} | baseline -> " + " -> ".join(steps) + " |")
+        lines.append(f"| {w} | baseline -> " + " -> ".join(steps) + " |" if steps else f"| {w} | baseline (nothing handed on) |")
     return lines if len(lines) > 5 else []
 
 
