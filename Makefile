@@ -30,7 +30,10 @@ IPEX ?= 1
 
 .PHONY: setup system-deps ipex run test test-fast lab overhead parse-speed focal-loss lamb clean
 
-setup: $(STAMP) system-deps $(if $(filter 0,$(IPEX)),,ipex)
+# The three parts are independent: a sub-make builds them side by side (the IPEX runtime's
+# download overlaps the workbook venv's install).
+setup:
+	@$(MAKE) --no-print-directory -s -j3 $(STAMP) system-deps $(if $(filter 0,$(IPEX)),,ipex)
 
 # The IPEX runtime: torch 2.8 + Intel Extension for PyTorch 2.8 in their own venv
 # (IPEX is archived; its last release needs torch 2.8). IPEX=0 skips it.

@@ -83,19 +83,25 @@ class Session:
 
 
 # What `make run` changes per preset so the standard workbook stays within its time: a
-# standard run costs ~20 s on two AVX2 cores (~5 s of it starting Python and torch), so the
-# configuration sweeps (03 threading, 04 allocators, 05 runtimes) cover the CNN only, the
+# standard CNN run costs ~13 s on two AVX2 cores (~4.5 s of it starting Python and torch), so
+# the configuration sweeps (03 threading, 04 allocators, 05 runtimes) cover the CNN only, the
 # transformer and the RNN keeping their baseline, profile and bf16 rungs; RetinaNet runs 3
-# timed steps. Each confirmation of a screening winner gets BUDGET_MIN minutes: fresh
-# rounds until the verdict is decided (5 to 14 rounds; ~40 s a round here, so about 5);
-# the launcher comparison of 04 runs 5 rounds, enough for an interval. Parameters given to
-# run_workbook win over these.
-CONFIRM = {"BUDGET_MIN": 3.5}
+# timed steps. Screening runs every candidate once (SCREEN_ROUNDS = 1, the notebooks'
+# default); each screening winner's confirmation gets BUDGET_MIN minutes: fresh rounds until
+# the verdict is decided (5 to 14 rounds; ~26 s a CNN round here, so 6; RetinaNet ~50 s a
+# round, so 5); the launcher comparison of 04 runs 5 rounds, enough for an interval;
+# torch.compile's max-autotune (minutes of cold compile) only in the full preset, which also
+# screens in 2 rounds. Parameters given to run_workbook win over these.
+CONFIRM = {"BUDGET_MIN": 3.0}
+SCREEN_TWICE = {"SCREEN_ROUNDS": 2}
 PRESET_PARAMETERS = {
     "standard": {"03": {"WORKLOADS": ["cnn"], **CONFIRM},
                  "04": {"WORKLOADS": ["cnn"], "LAUNCHER_ROUNDS": 5, **CONFIRM},
-                 "05": {"WORKLOADS": ["cnn"], "COMPILE_MODES": ["default", "max-autotune"], **CONFIRM},
-                 "06": CONFIRM, "07": CONFIRM, "08": {"STEPS": 3, "BUDGET_MIN": 6}, "09": CONFIRM},
+                 "05": {"WORKLOADS": ["cnn"], **CONFIRM},
+                 "06": CONFIRM, "07": CONFIRM, "08": {"STEPS": 3, "BUDGET_MIN": 4.5}, "09": CONFIRM},
+    "full": {"03": SCREEN_TWICE, "04": {"LAUNCHER_ROUNDS": 5, **SCREEN_TWICE},
+             "05": {"COMPILE_MODES": ["default", "max-autotune"], **SCREEN_TWICE},
+             "06": SCREEN_TWICE, "07": SCREEN_TWICE, "08": SCREEN_TWICE},
 }
 
 

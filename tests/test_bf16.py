@@ -50,8 +50,6 @@ def test_bf16_worker_run_uses_bf16():
     r = launch.run(RunConfig(dtype="bf16", steps=2, warmup=1))
     assert r["status"] == "ok", r["reason"]
     assert r["config"]["dtype"] == "bf16" and r["instances"][0]["output_dtype"] == "bfloat16"
-    fp32 = launch.run(RunConfig(steps=2, warmup=1))
-    assert fp32["instances"][0]["output_dtype"] == "float32"
 
 
 @pytest.mark.slow

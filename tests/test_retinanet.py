@@ -1,8 +1,4 @@
-"""The RetinaNet workload: structure, variants, targets, and a real training run."""
-
-import json
-import subprocess
-import sys
+"""The RetinaNet workload: structure, variants and targets (notebook 08 trains it for real)."""
 
 import pytest
 import torch
@@ -86,16 +82,6 @@ def test_601_classes_widen_the_classification_head(monkeypatch):
 def test_bad_variants_are_refused(spec, message):
     with pytest.raises(CpuoptError, match=message):
         retinanet.variant(spec)
-
-
-@pytest.mark.slow
-def test_cli_bench_retinanet_quick_is_ok():
-    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers.cli", "bench", "--workload", "retinanet",
-                           "--preset", "quick", "--steps", "3", "--warmup", "1", "--json"],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    r = json.loads(proc.stdout)
-    assert r["status"] == "ok" and r["samples_per_s"] > 0 and r["flops_per_step"] > 1e8
 
 
 def test_cli_bad_variant_is_exit_2(capsys):

@@ -62,6 +62,7 @@ def test_cnn_quick_with_defaults(default_run):
     assert r["status"] == "ok", r["reason"]
     assert r["samples_per_s"] > 0 and r["step_ms"]["n"] == 4
     assert set(r["phase_ms"]) == {"forward", "backward", "optimizer"}
+    assert r["instances"][0]["output_dtype"] == "float32"  # no autocast unless asked (test_bf16: bf16 when asked)
     assert sum(r["phase_ms"].values()) <= r["step_ms"]["p90"] * 1.05
     # the worker's count (torch's FLOP counter) against the hand count
     assert abs(r["flops_per_step"] - QUICK_CNN_STEP_FLOPS) <= 0.05 * QUICK_CNN_STEP_FLOPS, r["flops_per_step"]
