@@ -494,6 +494,36 @@ def _kill(procs: list[subprocess.Popen]) -> None:
 UNSUPPORTED_EXIT = 3  # the worker's exit code when this CPU has no kernel for the run (worker.UNSUPPORTED_EXIT)
 
 
+# What changes where or how a run executes, not the work of one step: runs that differ only
+# in these share one FLOP count, counted by the first of them (see flops_cache_file).
+PLACEMENT_FIELDS = ("threads", "cores", "affinity", "allocator", "omp_runtime", "kmp_blocktime", "launcher",
+                    "oversubscribe", "loader_workers", "onednn_verbose", "trace", "timeout_s", "steps", "warmup")
+
+
+def flops_cache_file(config: RunConfig) -> str | None:
+    """Where the workers of this run find (or leave) the FLOP count of one step.
+
+    The worker counts FLOPs with one extra step under torch's FLOP counter (a second or two
+    on a standard model); the count depends only on the model, batch, precision and code, so
+    it is kept in BUILD/cache/flops, keyed by the configuration without its PLACEMENT_FIELDS
+    (its ``runtime`` names the interpreter), this interpreter and its torch version, and the
+    measuring code's hash. None for DDP: its ranks must all run the counted step, or their
+    collectives would not match.
+    """
+    if config.mode == "ddp":
+        return None
+    from cpuopt_helpers.results import build_dir
+
+    fields = {k: v for k, v in config.to_dict().items() if k not in PLACEMENT_FIELDS}
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = None
+    key = json.dumps([fields, sys.executable, torch_version, code_version()["measuring_hash"]], sort_keys=True,
+                     default=str)
+    return str(build_dir() / "cache" / "flops" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json")
+
+
 def run_plan(plan: LaunchPlan, facts: dict | None = None) -> dict:
     """Start every instance together, wait up to the timeout, and build the RunResult."""
     config = plan.config
@@ -501,10 +531,13 @@ def run_plan(plan: LaunchPlan, facts: dict | None = None) -> dict:
     procs, outs, errs = [], [], []
     previous = _previous_run if time.monotonic() - _previous_run.get("end", -math.inf) < PREVIOUS_RUN_MEMORY_S else {}
     load1, stat_before = _load1(), _read_text("/proc/stat")
+    flops_file = flops_cache_file(config)
     launch_wall = time.time()
     for inst in plan.instances:
         out, err = os.path.join(workdir, f"{inst.index}.out"), os.path.join(workdir, f"{inst.index}.err")
         env = dict(os.environ, **inst.env, CPUOPT_BARRIER=workdir, CPUOPT_LAUNCH_TIME=repr(launch_wall))
+        if flops_file:
+            env["CPUOPT_FLOPS_CACHE"] = flops_file
         with open(out, "wb") as fo, open(err, "wb") as fe:
             procs.append(subprocess.Popen(list(inst.argv), env=env, stdout=fo, stderr=fe,
                                           stdin=subprocess.DEVNULL, start_new_session=True))

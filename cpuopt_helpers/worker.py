@@ -188,6 +188,28 @@ def count_flops(step, *args) -> float | None:
     return counted(step, *args)
 
 
+def cached_flops(count: Callable[[], float | None]) -> float | None:
+    """``count()``, or the count an earlier run of the same model left in the file the launcher
+    names in CPUOPT_FLOPS_CACHE (see launch.flops_cache_file); a fresh count is left there."""
+    path = os.environ.get("CPUOPT_FLOPS_CACHE")
+    if path:
+        try:
+            with open(path) as f:
+                return float(json.load(f)["flops_per_step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    flops = count()
+    if path and flops:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(f"{path}.{os.getpid()}", "w") as f:
+                json.dump({"flops_per_step": flops}, f)
+            os.replace(f"{path}.{os.getpid()}", path)  # whole or not at all, whoever writes last
+        except OSError:
+            pass
+    return flops
+
+
 def log_path(config: dict, key: str = "onednn_verbose") -> str | None:
     """Where this instance writes its oneDNN verbose log (or trace), if asked to."""
     path = config.get(key)
@@ -483,7 +505,7 @@ def train(config: dict) -> dict:
     agree = all_ranks_agree if config.get("mode") == "ddp" else (lambda settled: settled)
     warmup_s, losses, settled = run_warmup(step, config["warmup"], config["steps"], agree)
     flops_per_step = (workload.flops_per_sample * batch_size if workload.flops_per_sample
-                      else prepared.seen.get("flops_per_step") or count_flops(step))
+                      else prepared.seen.get("flops_per_step") or cached_flops(lambda: count_flops(step)))
     wait_for_peers()
     steps, phases = [], []
     verbose_log, trace = log_path(config), log_path(config, "trace")

@@ -278,3 +278,38 @@ def test_bf16_gemm_is_measured_next_to_fp32():
     assert result["gemm_size_bf16"] == 128 and result["gemm_gflops_bf16_best"] >= result["gemm_gflops_bf16"] > 0
     slow = roofline.measure_bf16_gemm(1024, 2, budget_s=1e-6)  # no time: the smallest size
     assert slow["gemm_size_bf16"] == 256
+
+
+def test_runs_of_one_model_share_a_flop_count_and_others_do_not(monkeypatch, tmp_path):
+    from cpuopt_helpers import launch
+    from cpuopt_helpers.config import RunConfig
+
+    monkeypatch.setenv("CPUOPT_BUILD", str(tmp_path))
+    base = RunConfig(workload="cnn", threads=2)
+    same_work = [base.replace(threads=1), base.replace(allocator="jemalloc"), base.replace(steps=3, warmup=0),
+                 base.replace(affinity="none"), base.replace(omp_runtime="intel", kmp_blocktime=1)]
+    other_work = [base.replace(batch_size=7), base.replace(workload="rnn"), base.replace(preset="standard"),
+                  base.replace(dtype="bf16"), base.replace(env={"CPUOPT_RETINANET": "classes=601"}),
+                  base.replace(instances=2, batch_policy="global")]
+    path = launch.flops_cache_file(base)
+    assert path.startswith(str(tmp_path / "cache" / "flops"))
+    assert all(launch.flops_cache_file(c) == path for c in same_work)
+    assert len({launch.flops_cache_file(c) for c in other_work} | {path}) == len(other_work) + 1
+    assert launch.flops_cache_file(base.replace(instances=2, mode="ddp")) is None  # every rank must count
+
+
+def test_a_cached_count_is_read_a_missing_or_corrupt_one_counted_and_left(monkeypatch, tmp_path):
+    cache = tmp_path / "sub" / "k.json"
+    monkeypatch.setenv("CPUOPT_FLOPS_CACHE", str(cache))
+    counted = []
+
+    def count():
+        counted.append(1)
+        return 123.0
+
+    assert worker.cached_flops(count) == 123.0 and len(counted) == 1  # missing: counted and left
+    assert worker.cached_flops(count) == 123.0 and len(counted) == 1  # read, not counted again
+    cache.write_text("{not json")
+    assert worker.cached_flops(count) == 123.0 and len(counted) == 2  # corrupt: counted again
+    monkeypatch.delenv("CPUOPT_FLOPS_CACHE")
+    assert worker.cached_flops(count) == 123.0 and len(counted) == 3  # no cache named: always counted

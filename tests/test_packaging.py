@@ -259,7 +259,12 @@ def test_readme_opens_with_the_two_commands_and_ci_calls_the_test_one():
     for target in ("run:", "test:", "test-fast:", "lab:", "setup:"):
         assert re.search(rf"^{target}", makefile, re.MULTILINE)
     assert '-m "not slow" tests' in recipe(makefile, "test-fast"), "make test-fast: no workers, no notebooks"
-    assert " -m " not in recipe(makefile, "test").replace("-m pytest", ""), "make test deselects nothing"
+    assert "test-notebooks test-others" in recipe(makefile, "test"), "make test runs both halves"
+    notebooks, others = recipe(makefile, "test-notebooks"), recipe(makefile, "test-others")
+    assert "notebooks/00_system_check.ipynb tests/test_notebooks.py" in notebooks
+    assert "pytest tests --ignore=tests/test_notebooks.py " in others, "the other half: everything else"
+    for half in (notebooks, others):
+        assert " -m " not in half.replace("-m pytest", ""), "make test deselects nothing"
 
 
 def test_notebooks_in_git_carry_no_outputs():
