@@ -76,15 +76,16 @@ test: setup
 	@echo "cpuopt: the notebook tests and the other tests run side by side (two pytest processes); each prints its report when it ends"
 	@$(MAKE) --no-print-directory -s -j2 -Otarget test-notebooks test-others
 
-# The two halves of `make test`. The notebooks (00 through nbval first, its NBVAL_CHECK_OUTPUT
+# The two halves of `make test` (which sets up first). The notebooks (00 through nbval first, its NBVAL_CHECK_OUTPUT
 # compared with the committed output; then 01-09 through papermill) are one sequence of worker
-# processes; the other tests are independent of it, so they share the machine with it (their
-# numbers are not findings: no test asserts a timing beyond generous ratios and timeouts).
-test-notebooks: setup
+# processes, the longer half; the other tests are independent of it, so they run beside it at
+# the lowest priority (nice 19), on what CPU time the notebooks leave (their numbers are not
+# findings: no test asserts a timing beyond generous ratios and timeouts).
+test-notebooks:
 	IPEX=$(IPEX) $(PY) -m pytest notebooks/00_system_check.ipynb tests/test_notebooks.py --nbval-lax -p no:cacheprovider -q -rs --durations=5
 
-test-others: setup
-	IPEX=$(IPEX) $(PY) -m pytest tests --ignore=tests/test_notebooks.py -p no:cacheprovider -q -rs --durations=10
+test-others:
+	IPEX=$(IPEX) nice -n 19 $(PY) -m pytest tests --ignore=tests/test_notebooks.py -p no:cacheprovider -q -rs --durations=10
 
 # The edit loop: unit tests and pure functions, no worker processes, no notebooks.
 test-fast: setup

@@ -25,14 +25,16 @@ def outputs_text(nb_path):
 # Each notebook executes once per `make test`: 00 through nbval (its NBVAL_CHECK_OUTPUT cell is
 # compared with the committed output; `make test` names it before tests/ so it runs first and
 # leaves the roofline in the store), 01-09 here through papermill on the quick preset, made
-# smaller still where that loses no code path: the sweeps of 03-06 on the CNN only, 2 baseline
+# smaller still where that loses no code path: the sweeps of 03-06 on the CNN only (02's profiles
+# on the CNN and the RNN), 2 baseline
 # rounds, one launcher round, confirmations of one round (BUDGET_MIN 0.2: they end in "too few
 # rounds", the verdict path the unit tests of compare.py cover in full), shorter trainings.
 EXECUTED = [p.name for p in workbook.list_notebooks() if not p.name.startswith("00")]
 ONE_ROUND = {"BUDGET_MIN": 0.2}
 CNN = {"WORKLOADS": ["cnn"], **ONE_ROUND}
 BASELINE_ROUNDS = 2
-TEST_PARAMETERS = {"01": {"ROUNDS": BASELINE_ROUNDS}, "03": CNN, "04": {"LAUNCHER_ROUNDS": 1, **CNN}, "05": CNN,
+PROFILED = ["cnn", "rnn"]  # the transformer's profile takes no path of its own
+TEST_PARAMETERS = {"01": {"ROUNDS": BASELINE_ROUNDS}, "02": {"WORKLOADS": PROFILED}, "03": CNN, "04": {"LAUNCHER_ROUNDS": 1, **CNN}, "05": CNN,
                    "06": {"ACCURACY_EPOCHS": 3, **CNN}, "07": {"MAX_EPOCHS": 4, **ONE_ROUND},
                    "08": {"KERNEL_ROUNDS": 4, **ONE_ROUND}, "09": ONE_ROUND}
 
@@ -116,7 +118,7 @@ def test_profiling_breaks_down_projects_and_compares(quick_run):
     assert f"efficiency ratio {prof['efficiency']:.0%}" in text  # the answer quotes the stored numbers
     assert "cnn, default vs channels_last: measured step" in text
     # plain, verbose-logged and profiler-traced runs per workload, plus plain and logged in channels-last
-    assert len(store.load(tag="02_profiling")) == 3 * 3 + 2
+    assert len(store.load(tag="02_profiling")) == len(PROFILED) * 3 + 2
     assert 0 <= prof["trace_outside_onednn"] <= 1 and prof["ops_per_step"] > 10
     assert (out / "onednn_logs" / "cnn_quick.trace.json").exists()
     assert (out / "figures" / "02_trace_top_ops.png").stat().st_size > 1000
