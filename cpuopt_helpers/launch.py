@@ -545,9 +545,28 @@ def run_plan(plan: LaunchPlan, facts: dict | None = None) -> dict:
         errs.append(err)
     deadline = time.monotonic() + config.timeout_s
     status, reason = "ok", ""
+    seen_exit: dict[int, float] = {}  # instance -> when this loop first saw it exited
+
+    def failed_at(i: int) -> float:
+        """When instance i said it failed (worker.note_failure), else infinity."""
+        try:
+            return float(open(os.path.join(workdir, f"{plan.instances[i].index}.failed")).read())
+        except (OSError, ValueError):
+            return math.inf
+
+    def failed_first() -> list[int]:
+        """Instances that failed, the first to fail first: a DDP rank whose peer crashed fails
+        too, a moment later, and the launcher may see both exits at once; the first is the cause."""
+        now = time.monotonic()
+        for i, p in enumerate(procs):
+            if p.returncode is not None:
+                seen_exit.setdefault(i, now)
+        return sorted((i for i, p in enumerate(procs) if p.returncode not in (None, 0)),
+                      key=lambda i: (failed_at(i), seen_exit.get(i, math.inf), i))
+
     try:
         while any([p.poll() is None for p in procs]):  # a list: poll every process, not just the first
-            failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
+            failed = failed_first()
             if failed:
                 status, reason = "failed", f"instance {failed[0]} exited with code {procs[failed[0]].returncode}"
                 break
@@ -566,7 +585,7 @@ def run_plan(plan: LaunchPlan, facts: dict | None = None) -> dict:
                           threads, steal_pct(stat_before, stat_after, cpus) if stat_before and stat_after else None,
                           previous.get("threads", 0))
     if status == "ok":
-        failed = [i for i, p in enumerate(procs) if p.returncode != 0]
+        failed = failed_first()
         if failed:
             status, reason = "failed", f"instance {failed[0]} exited with code {procs[failed[0]].returncode}"
     results = [_parse_instance(open(o, errors="replace").read()) for o in outs]
@@ -577,7 +596,8 @@ def run_plan(plan: LaunchPlan, facts: dict | None = None) -> dict:
     if status == "ok" and any(r is None for r in results):
         status, reason = "failed", "a worker exited without printing its result"
     if status != "ok":
-        bad = next((i for i, p in enumerate(procs) if p.returncode not in (0, None, -9)), 0)
+        order = failed_first()  # the first to fail, passing over those this launcher killed (-9)
+        bad = next((i for i in order if procs[i].returncode != -9), order[0] if order else 0)
         if status == "failed" and procs[bad].returncode == UNSUPPORTED_EXIT:  # see worker.UNSUPPORTED_SIGNS
             status, reason = "unsupported", "this CPU has no kernel for it"
         reason = f"{reason}; stderr tail of instance {bad}:\n{_tail(errs[bad])}"

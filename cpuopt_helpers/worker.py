@@ -7,7 +7,8 @@ starts; the worker never changes thread pools or allocators itself.
 Environment read here (set by launch.py):
     CPUOPT_CORES        comma list of logical CPUs to run on (pins itself if not already)
     CPUOPT_INSTANCE     index of this instance, CPUOPT_INSTANCES how many run together
-    CPUOPT_BARRIER      a folder; timed steps start when every instance has warmed up
+    CPUOPT_BARRIER      a folder; timed steps start when every instance has warmed up (and a
+                        failing instance leaves the moment it failed there: N.failed)
     CPUOPT_LAUNCH_TIME  wall time at which the launcher started the process
     TORCHINDUCTOR_CACHE_DIR  for --compile: when unset, the worker makes a fresh empty one
                         (so ``compile_s`` is a cold compile) and removes it at the end
@@ -571,6 +572,18 @@ UNSUPPORTED_SIGNS = ("could not create a primitive descriptor",)
 UNSUPPORTED_EXIT = 3
 
 
+def note_failure() -> None:
+    """Leave the moment this instance failed in the launcher's folder (CPUOPT_BARRIER), so that
+    it names the instance that failed first: a DDP rank fails too once its peer has crashed."""
+    folder = os.environ.get("CPUOPT_BARRIER")
+    if folder:
+        try:
+            with open(os.path.join(folder, f"{os.environ.get('CPUOPT_INSTANCE', '0')}.failed"), "w") as f:
+                f.write(repr(time.time()))
+        except OSError:
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="cpuopt's measured process (started by the launcher)")
     parser.add_argument("--config", required=True, help="RunConfig as JSON")
@@ -579,14 +592,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with fresh_inductor_cache(bool(config.get("compile"))) as inductor_cache:  # before torch is imported
             result = train(config)
-    except CpuoptError as exc:  # e.g. an IPEX that does not match this torch: say so, exit 2
-        print(f"cpuopt worker: error: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:
-        if not any(sign in str(exc) for sign in UNSUPPORTED_SIGNS):
-            raise
-        print(f"cpuopt worker: unsupported on this CPU: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return UNSUPPORTED_EXIT
+    except BaseException as exc:
+        note_failure()
+        if isinstance(exc, CpuoptError):  # e.g. an IPEX that does not match this torch: say so, exit 2
+            print(f"cpuopt worker: error: {exc}", file=sys.stderr)
+            return 2
+        if isinstance(exc, RuntimeError) and any(sign in str(exc) for sign in UNSUPPORTED_SIGNS):
+            print(f"cpuopt worker: unsupported on this CPU: {str(exc).splitlines()[0]}", file=sys.stderr)
+            return UNSUPPORTED_EXIT
+        raise
     result.update({
         "inductor_cache": inductor_cache,
         "index": int(os.environ.get("CPUOPT_INSTANCE", "0")),

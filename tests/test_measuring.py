@@ -285,3 +285,11 @@ def test_quick_worker_reports_steady_state_window_machine_and_code():
     assert state["threads"] == inst["torch_threads"] and isinstance(state["loaded"], bool)
     assert state["steal_pct"] is None or 0 <= state["steal_pct"] <= 100
     assert r["code_version"] == launch.code_version()
+
+
+def test_a_failing_worker_leaves_the_moment_it_failed_for_the_launcher(monkeypatch, tmp_path):
+    monkeypatch.setenv("CPUOPT_BARRIER", str(tmp_path))
+    monkeypatch.setenv("CPUOPT_INSTANCE", "1")
+    before = time.time()
+    worker.note_failure()
+    assert before <= float((tmp_path / "1.failed").read_text()) <= time.time()
