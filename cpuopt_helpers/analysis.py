@@ -346,7 +346,7 @@ def runtime_findings(results: list[dict], configs: dict, table: pd.DataFrame, wo
         lines.append(f"{workload}: stock torch (this venv) over torch 2.8 + IPEX: "
                      f"{compare.describe(paired(results, h['torch 2.8 + IPEX'], h['torch (stock)']))}.")
     upstream = table[~table["name"].isin(["torch 2.8 (stock)", "torch 2.8 + IPEX", "AdamW (default)",
-                                          "AdamW fused"])].dropna(subset=["ratio"])
+                                          "AdamW fused"]) & (table["setting"] != "baseline")].dropna(subset=["ratio"])
     best = upstream.sort_values("ratio", ascending=False).iloc[0] if len(upstream) else None
     if best is not None:
         lines.append(f"{workload}: fastest with this torch in screening: {best['name']} at "
