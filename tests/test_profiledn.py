@@ -176,6 +176,10 @@ def test_bench_captures_the_timed_steps_only(tmp_path):
     per_step = parse("onednn_312_cnn_two_steps.log").exec
     fwd_per_step = ((per_step.kind == "convolution") & (per_step.direction == "forward")).sum() / 2
     assert ((p.exec.kind == "convolution") & (p.exec.direction == "forward")).sum() == 3 * fwd_per_step
+    # the logged primitives ran inside the timed window: a share of it, however busy the machine
+    inst = r["instances"][0]
+    logged_s = p.exec["time_ms"].sum() / 1e3
+    assert 0 < logged_s <= inst["timed_end"] - inst["timed_start"]
 
 
 def test_real_log_total_equals_an_independent_sum_of_last_fields():

@@ -37,8 +37,17 @@ class Profile:
         return self.config.steps
 
     def coverage(self) -> float:
-        """Share of the measured step that the logged oneDNN primitives account for."""
-        return self.parsed.exec["time_ms"].sum() / self.steps / self.plain["step_ms"]["median"]
+        """Share of the logged run's timed steps that its oneDNN primitives account for.
+
+        Both come from the one traced run, so it is a true share (at most 1): against the plain
+        run's step a traced run slowed by a busy machine once read 607%.
+        """
+        inst = self.traced["instances"][0]
+        if inst.get("timed_end") and inst.get("timed_start"):
+            window_ms = (inst["timed_end"] - inst["timed_start"]) * 1e3
+        else:  # a result stored before the window was recorded
+            window_ms = self.traced["step_ms"]["median"] * self.steps
+        return self.parsed.exec["time_ms"].sum() / window_ms
 
 
 def safe_name(text: str) -> str:
@@ -115,8 +124,8 @@ def profiling_findings(profiles: list[Profile]) -> list[str]:
             lines.append(f"{p.label}: not profiled ({reason}).")
     for name, row in table.iterrows():
         eff = f"; efficiency ratio {row.efficiency:.0%}" if pd.notna(row.efficiency) else ""
-        lines.append(f"{name}: oneDNN primitives account for {row.coverage:.0%} of the {row.step_ms:.1f} ms step "
-                     f"({row.onednn_calls_per_step:.0f} calls per step){eff}.")
+        lines.append(f"{name}: oneDNN primitives account for {row.coverage:.0%} of the logged run's steps "
+                     f"({row.onednn_calls_per_step:.0f} calls per {row.step_ms:.1f} ms step){eff}.")
     if len(table) and (table["coverage"] < 0.3).any():
         low = ", ".join(table.index[table["coverage"] < 0.3])
         lines.append(f"For {low} most of the step runs outside oneDNN (GEMMs through MKL, PyTorch's own kernels): "
