@@ -255,18 +255,53 @@ def torch_facts() -> dict:
 ONEDNN_ISA_PROBE = "import torch; torch.nn.functional.conv2d(torch.randn(4, 16, 32, 32), torch.randn(16, 16, 3, 3))"
 
 
+def onednn_isa_cache_key() -> str:
+    """What decides oneDNN's dispatch: this Python and torch, the CPU, the ISA caps in the environment."""
+    import torch
+
+    cpuinfo = _read("/proc/cpuinfo")
+    parts = [sys.executable, torch.__version__, str(Path(torch.__file__).parent), parse_cpu_model(cpuinfo),
+             " ".join(sorted(set(re.findall(r"^flags\s*:\s*(.*)$", cpuinfo, re.M)))),
+             os.environ.get("ONEDNN_MAX_CPU_ISA", ""), os.environ.get("DNNL_MAX_CPU_ISA", "")]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def onednn_isa_cache_file() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "cpuopt" / "onednn_isa.json"
+
+
 @functools.lru_cache(maxsize=1)
 def onednn_isa() -> str | None:
-    """The ISA oneDNN dispatches to, from the header of its verbose log (a tiny probe process)."""
+    """The ISA oneDNN dispatches to, from the header of its verbose log (a tiny probe process).
+
+    The answer is cached per Python, torch, CPU and ISA caps (the probe starts torch: ~3 s
+    of every CLI call and notebook otherwise); a failed probe is not cached.
+    """
+    key, path = onednn_isa_cache_key(), onednn_isa_cache_file()
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if isinstance(cached, dict) and isinstance(cached.get(key), str):
+        return cached[key]
     try:
         proc = subprocess.run([sys.executable, "-c", ONEDNN_ISA_PROBE], capture_output=True, text=True, timeout=60,
                               env=dict(os.environ, ONEDNN_VERBOSE="1"))
     except (OSError, subprocess.TimeoutExpired):
         proc = None
-    if proc is None:
+    match = re.search(r"isa:([^\n]+)", proc.stdout) if proc is not None else None
+    if not match:
         return None
-    match = re.search(r"isa:([^\n]+)", proc.stdout)
-    return match.group(1).strip() if match else None
+    isa = match.group(1).strip()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({**(cached if isinstance(cached, dict) else {}), key: isa}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return isa
 
 
 def bf16_gate(isa: dict, onednn_bf16_supported: bool, onednn_isa_line: str | None) -> dict:

@@ -130,3 +130,30 @@ def test_loaded_openmp_runtime_from_maps():
     assert system.loaded_openmp(gomp) == "gnu"
     assert system.loaded_openmp(gomp + iomp) == "intel"  # preloaded iomp takes over the symbols
     assert system.loaded_openmp("").startswith("unknown")
+
+
+def test_onednn_isa_probe_is_cached_per_cpu_torch_and_isa_cap(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    probes = []
+
+    def fake_run(cmd, **kw):
+        probes.append(kw["env"].get("ONEDNN_MAX_CPU_ISA"))
+        isa = "Intel AVX2" if kw["env"].get("ONEDNN_MAX_CPU_ISA") else "Intel AVX-512"
+        return subprocess.CompletedProcess(cmd, 0, f"onednn_verbose,v1,info,cpu,isa:{isa}\n", "")
+
+    monkeypatch.setattr(system.subprocess, "run", fake_run)
+    system.onednn_isa.cache_clear()
+    assert system.onednn_isa() == "Intel AVX-512" and len(probes) == 1
+    system.onednn_isa.cache_clear()  # as a new process would: read from the file, no probe
+    assert system.onednn_isa() == "Intel AVX-512" and len(probes) == 1
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # a cap changes the dispatch: probed anew
+    system.onednn_isa.cache_clear()
+    assert system.onednn_isa() == "Intel AVX2" and probes == [None, "AVX2"]
+    assert len(json.loads(system.onednn_isa_cache_file().read_text())) == 2
+    monkeypatch.setattr(system.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "boom"))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "SSE41")
+    system.onednn_isa.cache_clear()
+    assert system.onednn_isa() is None  # a failed probe is said as unknown and not cached
+    assert len(json.loads(system.onednn_isa_cache_file().read_text())) == 2
+    system.onednn_isa.cache_clear()
