@@ -607,13 +607,26 @@ def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict
                      "vs_previous": evidence.get("ratio"), "vs_previous_low": evidence.get("ci_low"),
                      "vs_previous_high": evidence.get("ci_high"), "verdict": evidence.get("verdict"),
                      "peak_share": gflops / ceiling if gflops and ceiling else None,
-                     "ceiling": f"{config.dtype} GEMM", "config": config.to_dict()})
+                     "ceiling": f"{config.dtype} GEMM", "config": config.to_dict(), "comparison": evidence or None})
         previous = config.to_dict()
     table = pd.DataFrame(rows)
     # each rung's confirmed ratio to the one before (1 where it kept the configuration), chained
     table["cumulative_speedup"] = table["vs_previous"].where(table["change"] != "kept").fillna(1.0).cumprod()
     table["usd_per_1000_samples"] = price_per_hour / 3600 * 1000 / table["samples_per_s"]
     return table
+
+
+def one_rung_final(table: pd.DataFrame) -> dict | None:
+    """The ladder's end against its start where one rung made the whole change: that rung's
+    own comparison, which paired exactly these two configurations in fresh rounds, so it is
+    reused rather than run again (None where several rungs changed something)."""
+    if len(table) < 2:
+        return None
+    changed = table.iloc[1:][table["change"].iloc[1:] != "kept"]
+    if len(changed) != 1 or changed.iloc[0]["config"] != table.iloc[-1]["config"]:
+        return None
+    comparison = changed.iloc[0]["comparison"]
+    return dict(comparison, reused=changed.iloc[0]["step"]) if comparison and comparison.get("n") else None
 
 
 def ladder_summary(tables: dict, finals: dict, price_per_hour: float) -> list[str]:
@@ -625,7 +638,9 @@ def ladder_summary(tables: dict, finals: dict, price_per_hour: float) -> list[st
             continue
         last = t.iloc[-1]
         final = finals.get(w)
-        head = (f"{w}: the ladder's end over PyTorch's defaults, in fresh paired rounds: {compare.describe(final)}"
+        where = (f"in the paired rounds of its one rung ({final['reused']})" if final and final.get("reused")
+                 else "in fresh paired rounds")
+        head = (f"{w}: the ladder's end over PyTorch's defaults, {where}: {compare.describe(final)}"
                 if final else f"{w}: nothing was handed on beyond PyTorch's defaults")
         confirmed = t[t["verdict"] == "faster"]
         if len(confirmed):

@@ -70,7 +70,8 @@ class Session:
         """Record the best configuration so far for a workload (the optimisation ladder),
         with the comparison that handed it on (ratio to the rung before, interval, verdict)."""
         ladder = self.store.get_fact(self.machine, f"ladder/{config.workload}/{config.preset}", [])
-        kept = {k: comparison[k] for k in ("ratio", "ci_low", "ci_high", "n", "verdict", "label", "sweep")
+        kept = {k: comparison[k] for k in ("ratio", "ci_low", "ci_high", "n", "verdict", "label", "sweep", "margin",
+                                        "min_rounds")
                 if k in comparison} if comparison else None
         ladder = [s for s in ladder if s["step"] != step] + [
             {"step": step, "config": config.to_dict(), "evidence": dict(evidence or {}, comparison=kept)}]

@@ -148,3 +148,28 @@ def test_runtime_findings_when_stock_torch_beats_every_replacement():
     lines = analysis.runtime_findings(results, configs, table, "cnn")
     # the reference itself is no candidate: the fastest replacement is named, slower than stock
     assert any("fastest with this torch in screening: SGD foreach at 90.0 samples/s, 0.90x" in line for line in lines)
+
+
+def test_the_ladders_end_reuses_a_one_rung_comparison_and_not_several(tmp_path):
+    from cpuopt_helpers.results import ResultStore
+    from cpuopt_helpers.workbook import Session
+
+    session = Session(facts={"fingerprint": "m", "physical_cores": 2}, store=ResultStore(tmp_path / "r.sqlite"))
+    start = RunConfig.for_preset("retinanet", "quick").replace(threads=2)
+    fixed = start.replace(optimizer_impl="foreach")
+    comparison = {"ratio": 1.3, "ci_low": 1.1, "ci_high": 1.5, "n": 6, "verdict": "faster", "label": "95% CI",
+                  "sweep": "s1", "margin": 0.05, "min_rounds": 5, "order": ["ab"] * 6}
+
+    def final():
+        return analysis.one_rung_final(analysis.ladder_table(session.store, "m", "retinanet", "quick", None, 1.0, 2))
+
+    session.hand_on(start, "baseline")
+    assert final() is None  # nothing changed: nothing to claim
+    session.hand_on(fixed, "case-study fixes", comparison=comparison)
+    got = final()
+    assert got["reused"] == "case-study fixes" and got["ratio"] == 1.3 and "order" not in got
+    assert "1.30x (95% CI: 1.10-1.50, 6 rounds): faster" in analysis.compare.describe(got)
+    session.hand_on(fixed, "bf16", comparison=dict(comparison, verdict="no different"))  # a rung that kept it
+    assert final()["reused"] == "case-study fixes"
+    session.hand_on(fixed.replace(channels_last=True), "layout", comparison=comparison)  # two changes: run anew
+    assert final() is None
