@@ -68,19 +68,42 @@ class Session:
 
     def hand_on(self, config: RunConfig, step: str, evidence: dict | None = None, comparison: dict | None = None) -> None:
         """Record the best configuration so far for a workload (the optimisation ladder),
-        with the comparison that handed it on (ratio to the rung before, interval, verdict)."""
+        with the comparison that handed it on (ratio to the rung before, interval, verdict).
+
+        Rungs are kept in the order of LADDER_STAGES, not of arrival: a notebook re-run alone
+        replaces its own rung and leaves the others where they were.
+        """
+        if step not in LADDER_STAGES:
+            raise CpuoptError(f"unknown ladder stage {step!r}; use one of {', '.join(LADDER_STAGES)}")
         ladder = self.store.get_fact(self.machine, f"ladder/{config.workload}/{config.preset}", [])
         kept = {k: comparison[k] for k in ("ratio", "ci_low", "ci_high", "n", "verdict", "label", "sweep", "margin",
                                         "min_rounds")
                 if k in comparison} if comparison else None
         ladder = [s for s in ladder if s["step"] != step] + [
             {"step": step, "config": config.to_dict(), "evidence": dict(evidence or {}, comparison=kept)}]
+        ladder.sort(key=lambda s: stage_index(s["step"]))
         self.store.put_fact(self.machine, f"ladder/{config.workload}/{config.preset}", ladder)
 
-    def best_config(self, workload: str, preset: str) -> RunConfig:
-        """The last configuration handed on for this workload, else the preset's default."""
+    def best_config(self, workload: str, preset: str, before: str | None = None) -> RunConfig:
+        """The last configuration handed on for this workload, else the preset's default.
+
+        ``before`` names the stage asking: it starts from the rungs ahead of its own, so a
+        notebook re-run after a full run measures from the same base as in that run.
+        """
         ladder = self.store.get_fact(self.machine, f"ladder/{workload}/{preset}", [])
+        if before is not None:
+            ladder = [s for s in ladder if stage_index(s["step"]) < stage_index(before)]
         return RunConfig.from_dict(ladder[-1]["config"]) if ladder else RunConfig.for_preset(workload, preset)
+
+
+# The ladder's rungs in the method's order: the stage each notebook hands on (08 hands on
+# RetinaNet's baseline, then its case-study fixes). Profiling (02) measures the baseline rung.
+LADDER_STAGES = ("baseline", "threading", "allocator", "runtime", "bf16", "multi-instance", "case-study fixes")
+
+
+def stage_index(step: str) -> int:
+    """Where a rung sits in the ladder; a name from an older store goes last, in arrival order."""
+    return LADDER_STAGES.index(step) if step in LADDER_STAGES else len(LADDER_STAGES)
 
 
 # What `make run` changes per preset so the standard workbook stays within its time: a

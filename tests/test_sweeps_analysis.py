@@ -155,21 +155,47 @@ def test_the_ladders_end_reuses_a_one_rung_comparison_and_not_several(tmp_path):
     from cpuopt_helpers.workbook import Session
 
     session = Session(facts={"fingerprint": "m", "physical_cores": 2}, store=ResultStore(tmp_path / "r.sqlite"))
-    start = RunConfig.for_preset("retinanet", "quick").replace(threads=2)
-    fixed = start.replace(optimizer_impl="foreach")
+    start = RunConfig.for_preset("cnn", "quick").replace(threads=2)
+    threaded = start.replace(threads=1)
     comparison = {"ratio": 1.3, "ci_low": 1.1, "ci_high": 1.5, "n": 6, "verdict": "faster", "label": "95% CI",
                   "sweep": "s1", "margin": 0.05, "min_rounds": 5, "order": ["ab"] * 6}
 
     def final():
-        return analysis.one_rung_final(analysis.ladder_table(session.store, "m", "retinanet", "quick", None, 1.0, 2))
+        return analysis.one_rung_final(analysis.ladder_table(session.store, "m", "cnn", "quick", None, 1.0, 2))
 
     session.hand_on(start, "baseline")
     assert final() is None  # nothing changed: nothing to claim
-    session.hand_on(fixed, "case-study fixes", comparison=comparison)
+    session.hand_on(threaded, "threading", comparison=comparison)
     got = final()
-    assert got["reused"] == "case-study fixes" and got["ratio"] == 1.3 and "order" not in got
+    assert got["reused"] == "threading" and got["ratio"] == 1.3 and "order" not in got
     assert "1.30x (95% CI: 1.10-1.50, 6 rounds): faster" in analysis.compare.describe(got)
-    session.hand_on(fixed, "bf16", comparison=dict(comparison, verdict="no different"))  # a rung that kept it
-    assert final()["reused"] == "case-study fixes"
-    session.hand_on(fixed.replace(channels_last=True), "layout", comparison=comparison)  # two changes: run anew
+    session.hand_on(threaded, "allocator", comparison=dict(comparison, verdict="no different"))  # kept it
+    assert final()["reused"] == "threading"
+    session.hand_on(threaded.replace(dtype="bf16"), "bf16", comparison=comparison)  # two changes: run anew
     assert final() is None
+
+
+def test_a_stage_rerun_alone_starts_from_its_own_base_and_keeps_the_ladders_order(tmp_path):
+    from cpuopt_helpers.errors import CpuoptError
+    from cpuopt_helpers.results import ResultStore
+    from cpuopt_helpers.workbook import Session
+
+    session = Session(facts={"fingerprint": "m", "physical_cores": 2}, store=ResultStore(tmp_path / "r.sqlite"))
+    base = RunConfig.for_preset("cnn", "quick")
+    threaded, allocated = base.replace(threads=1), base.replace(threads=1, allocator="jemalloc")
+    session.hand_on(base, "baseline")
+    session.hand_on(threaded, "threading")
+    session.hand_on(allocated, "allocator")
+    assert session.best_config("cnn", "quick") == allocated  # the whole ladder
+    # notebook 03 re-run alone after a full run: it starts from the baseline, as it did then ...
+    assert session.best_config("cnn", "quick", before="threading") == base
+    assert session.best_config("cnn", "quick", before="runtime") == allocated
+    session.hand_on(base.replace(threads=2), "threading")
+    ladder = session.store.get_fact("m", "ladder/cnn/quick")
+    # ... and replaces its own rung where it was, not at the end
+    assert [s["step"] for s in ladder] == ["baseline", "threading", "allocator"]
+    assert ladder[1]["config"]["threads"] == 2
+    assert session.best_config("cnn", "quick") == allocated
+    with pytest.raises(CpuoptError, match="unknown ladder stage 'thread'"):
+        session.hand_on(base, "thread")
+    assert session.best_config("rnn", "quick", before="threading") == RunConfig.for_preset("rnn", "quick")
