@@ -89,9 +89,11 @@ def system_findings(facts: dict, roofline: dict) -> list[str]:
 
 def setting_label(config: dict, baseline: dict) -> str:
     """What a configuration changes against the baseline, e.g. 'omp_runtime=intel kmp_blocktime=0'."""
-    skip = {"timeout_s", "onednn_verbose", "trace"}
+    skip = {"timeout_s", "onednn_verbose", "trace", "options"}
     parts = [f"{k}={v}" for k, v in config.items() if k not in skip and v != baseline.get(k)]
-    return " ".join(parts).replace("env={", "env={") or "baseline"
+    mine, theirs = config.get("options") or {}, baseline.get("options") or {}  # a workload's options by name
+    parts += [f"{k}={mine.get(k, 'default')}" for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+    return " ".join(parts) or "baseline"
 
 
 def compare_configs(results: list[dict], baseline: dict, workload: str | None = None) -> pd.DataFrame:

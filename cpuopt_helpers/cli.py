@@ -66,8 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write the oneDNN verbose log of the timed steps (not the warm-up) to FILE")
     bench.add_argument("--trace", metavar="FILE",
                        help="record the timed steps with torch.profiler: Chrome trace to FILE, operators to FILE.ops.json")
+    bench.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                       help="an option of the workload, e.g. --option classes=601 for retinanet (repeatable; "
+                            "a name it does not have is refused with the list of those it has)")
     bench.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                       help="an environment variable for the worker, e.g. CPUOPT_RETINANET=classes=601 (repeatable)")
+                       help="an environment variable for the worker, e.g. MALLOC_CONF=... (repeatable)")
     bench.add_argument("--timeout", type=float, default=600, help="seconds before the run is stopped")
     bench.add_argument("--dry-run", action="store_true", help="print the launch plan as shell commands and exit")
     bench.add_argument("--save", action="store_true", help="also write the result to the results store")
@@ -175,7 +178,7 @@ def bench_config(args):
                        oversubscribe=args.oversubscribe, loader_workers=args.loader_workers, launcher=args.launcher,
                        bf16_loss=args.bf16_loss, runtime=args.runtime, ipex=args.ipex, compile=args.compile,
                        optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, batch_policy=args.batch_policy,
-                       env=parse_env(args.env))
+                       env=parse_env(args.env), options=parse_env(args.option, "--option"))
 
 
 def _compare(args) -> int:
@@ -218,13 +221,13 @@ def _compare(args) -> int:
     return 0 if result["n"] else 1
 
 
-def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
-    """KEY=VALUE pairs from --env, checked."""
+def parse_env(items: list[str], flag: str = "--env") -> tuple[tuple[str, str], ...]:
+    """KEY=VALUE pairs from --env (or --option), checked."""
     pairs = []
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise CpuoptError(f"--env {item!r} is not KEY=VALUE")
+            raise CpuoptError(f"{flag} {item!r} is not KEY=VALUE")
         pairs.append((key, value))
     return tuple(sorted(pairs))
 

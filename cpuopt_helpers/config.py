@@ -7,6 +7,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import os
 from dataclasses import dataclass, field
 
 from cpuopt_helpers.errors import CpuoptError
@@ -33,6 +34,8 @@ class RunConfig:
     ``threads`` is per instance; None means the physical cores divided by the instances.
     ``cores`` pins instance i to cores[i]; None lets the launcher hand out cores.
     ``env`` adds extra environment variables (as sorted key/value pairs).
+    ``options`` are the workload's own options (as sorted key/value pairs), passed to its
+    ``build(preset, **options)``, e.g. RetinaNet's ``frozen_bn=fused``.
     ``affinity``: compact (consecutive cores), scatter (spread across sockets) or none (no
     pinning). ``oversubscribe`` allows more threads than cores, to measure what that costs.
     ``dtype="bf16"`` trains under ``torch.autocast("cpu", dtype=torch.bfloat16)`` with the
@@ -84,6 +87,7 @@ class RunConfig:
     batch_policy: str = "per_rank"
     timeout_s: float = 600.0
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    options: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
     @classmethod
     def for_preset(cls, workload: str, preset: str, **fields) -> "RunConfig":
@@ -95,8 +99,9 @@ class RunConfig:
 
     def replace(self, **changes) -> "RunConfig":
         """A copy with some fields changed (configs are never edited in place)."""
-        if "env" in changes and isinstance(changes["env"], dict):
-            changes["env"] = tuple(sorted(changes["env"].items()))
+        for key in ("env", "options"):
+            if key in changes and isinstance(changes[key], dict):
+                changes[key] = pairs(changes[key])
         if changes.get("cores") is not None:
             changes["cores"] = tuple(tuple(c) for c in changes["cores"])
         return dataclasses.replace(self, **changes)
@@ -105,6 +110,7 @@ class RunConfig:
         d = dataclasses.asdict(self)
         d["cores"] = [list(c) for c in self.cores] if self.cores is not None else None
         d["env"] = dict(self.env)
+        d["options"] = dict(self.options)
         return d
 
     def to_json(self) -> str:
@@ -119,7 +125,8 @@ class RunConfig:
         d = dict(d)
         if d.get("cores") is not None:
             d["cores"] = tuple(tuple(c) for c in d["cores"])
-        d["env"] = tuple(sorted((d.get("env") or {}).items()))
+        d["env"] = pairs(d.get("env") or {})
+        d["options"] = pairs(d.get("options") or {})
         return cls(**d)
 
     @classmethod
@@ -127,18 +134,22 @@ class RunConfig:
         return cls.from_dict(json.loads(text))
 
     def config_hash(self) -> str:
-        """Stable id of what is measured (the timeout does not change the measurement)."""
-        d = self.to_dict()
+        """Stable id of what is measured: the fields that differ from their defaults (so a
+        field added later, at its default, re-measures nothing). The timeout and where a
+        log goes do not change the measurement."""
+        d, default = self.to_dict(), RunConfig().to_dict()
         d.pop("timeout_s")
-        for key in ("onednn_verbose", "trace"):  # where a log goes does not change the measurement
+        for key in ("onednn_verbose", "trace"):
             d[key] = bool(d[key]) if d[key] else d[key]
+        d = {k: v for k, v in d.items() if k in ("workload", "preset") or v != default[k]}
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def label(self) -> str:
         """A short human name: only the fields that differ from the defaults."""
         default = RunConfig(workload=self.workload, preset=self.preset).to_dict()
         parts = [f"{k}={v}" for k, v in self.to_dict().items()
-                 if k not in ("workload", "preset", "timeout_s") and v != default[k]]
+                 if k not in ("workload", "preset", "timeout_s", "options") and v != default[k]]
+        parts += [f"{k}={v}" for k, v in self.options]
         return f"{self.workload}[{self.preset}]" + (" " + " ".join(parts) if parts else "")
 
 
@@ -242,10 +253,18 @@ def validate(config: RunConfig, logical_cores: int, physical_cores: int, check_w
         bad = [c for c in flat if not 0 <= c < 4096]
         if bad:
             raise CpuoptError(f"core ids {bad} are not valid CPU numbers")
+    for where, names in (("--env", dict(config.env)), ("your environment", os.environ)):
+        if "CPUOPT_RETINANET" in names:
+            raise CpuoptError(f"CPUOPT_RETINANET (in {where}) is not read any more: give RetinaNet's variant as "
+                              "workload options (cpuopt bench --option frozen_bn=fused) and unset it")
     if check_workload:
         check_workload_spec(config.workload)
-        if config.workload == "retinanet":  # its variant, checked before any process starts
-            from cpuopt_helpers.workloads.retinanet import variant
+        from cpuopt_helpers.workloads import check_options
 
-            variant(dict(config.env).get("CPUOPT_RETINANET", ""))
+        check_options(config.workload, dict(config.options))  # before any process starts
     return config.replace(threads=threads)
+
+
+def pairs(mapping: dict) -> tuple[tuple[str, str], ...]:
+    """A dict of settings as the sorted (key, string value) pairs a RunConfig holds."""
+    return tuple(sorted((str(k), str(v)) for k, v in mapping.items()))

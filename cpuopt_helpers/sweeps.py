@@ -135,25 +135,20 @@ def multi_instance_configs(base: RunConfig, facts: dict, batch_policy: str = "pe
     return unique(configs)
 
 
-def retinanet_variant(config: RunConfig, **settings) -> RunConfig:
-    """The config with CPUOPT_RETINANET settings added to the ones it has."""
-    env = dict(config.env)
-    current = dict(p.split("=", 1) for p in env.get("CPUOPT_RETINANET", "").split(",") if p)
-    current.update({k: str(v) for k, v in settings.items()})
-    env["CPUOPT_RETINANET"] = ",".join(f"{k}={v}" for k, v in sorted(current.items()))
-    return config.replace(env=env)
+def with_options(config: RunConfig, **options) -> RunConfig:
+    """The config with these workload options added to the ones it has."""
+    return config.replace(options=dict(config.options) | {k: str(v) for k, v in options.items()})
 
 
 def case_study_configs(base: RunConfig, facts: dict) -> dict[str, RunConfig]:
     """Notebook 08: RetinaNet as the paper trained it (Lamb, torchvision's FrozenBatchNorm2d
     and focal loss), each of the paper's fixes alone, then all of them together."""
-    env = {k: v for k, v in base.env if k != "CPUOPT_RETINANET"}  # the baseline has none of the fixes,
-    base = retinanet_variant(normalise(base, facts["physical_cores"]).replace(  # even when they were handed on
-        workload="retinanet", optimizer="lamb", optimizer_impl="default", env=env))
+    base = normalise(base, facts["physical_cores"]).replace(  # the baseline has none of the fixes,
+        workload="retinanet", optimizer="lamb", optimizer_impl="default", options={})  # even when handed on
     return {
         "baseline": base,
-        "fused FrozenBatchNorm2d": retinanet_variant(base, frozen_bn="fused"),
-        "closed-form focal loss": retinanet_variant(base, focal="fast"),
+        "fused FrozenBatchNorm2d": with_options(base, frozen_bn="fused"),
+        "closed-form focal loss": with_options(base, focal="fast"),
         "multi-tensor Lamb": base.replace(optimizer_impl="foreach"),
-        "all fixes": retinanet_variant(base, frozen_bn="fused", focal="fast").replace(optimizer_impl="foreach"),
+        "all fixes": with_options(base, frozen_bn="fused", focal="fast").replace(optimizer_impl="foreach"),
     }

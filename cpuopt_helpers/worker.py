@@ -407,7 +407,7 @@ def prepare(config: dict) -> Prepared:
     torch.manual_seed(config["seed"])
     rank, world = rank_and_world()
     ddp = config.get("mode") == "ddp"
-    workload = build_workload(config["workload"], config["preset"])
+    workload = build_workload(config["workload"], config["preset"], config.get("options") or {})
     batch_size = config["batch_size"] or workload.default_batch_size
     if config.get("batch_policy") == "global":
         batch_size = max(1, batch_size // world)

@@ -222,8 +222,7 @@ def analytic_step_flops(model, inputs) -> float:
 
 @pytest.mark.parametrize("name", ["cnn", "transformer", "rnn", "retinanet"])
 def test_workload_counts_match_the_hand_count(monkeypatch, name):
-    monkeypatch.setenv("CPUOPT_RETINANET", "")  # RetinaNet's defaults: 80 classes, 3 trained stages
-    w = build_workload(name, "quick")
+    w = build_workload(name, "quick")  # RetinaNet's defaults: 80 classes, 3 trained stages
     x, targets = w.make_batch(w.default_batch_size)
     inputs = x if isinstance(x, tuple) else (x,)
     w.model.train()
@@ -289,7 +288,7 @@ def test_runs_of_one_model_share_a_flop_count_and_others_do_not(monkeypatch, tmp
     same_work = [base.replace(threads=1), base.replace(allocator="jemalloc"), base.replace(steps=3, warmup=0),
                  base.replace(affinity="none"), base.replace(omp_runtime="intel", kmp_blocktime=1)]
     other_work = [base.replace(batch_size=7), base.replace(workload="rnn"), base.replace(preset="standard"),
-                  base.replace(dtype="bf16"), base.replace(env={"CPUOPT_RETINANET": "classes=601"}),
+                  base.replace(dtype="bf16"), base.replace(options={"depth": "2"}),
                   base.replace(instances=2, batch_policy="global")]
     path = launch.flops_cache_file(base)
     assert path.startswith(str(tmp_path / "cache" / "flops"))

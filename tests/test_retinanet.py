@@ -8,8 +8,8 @@ from cpuopt_helpers.workloads import build_workload, retinanet
 
 
 def build(monkeypatch, spec=""):
-    monkeypatch.setenv("CPUOPT_RETINANET", spec)
-    return build_workload("retinanet", "quick")
+    options = dict(item.split("=") for item in spec.split(",") if item)
+    return build_workload("retinanet", "quick", options)
 
 
 def test_heads_cover_every_anchor_of_p3_to_p7(monkeypatch):
@@ -77,15 +77,41 @@ def test_601_classes_widen_the_classification_head(monkeypatch):
     assert w.model(w.make_batch(1)[0]).shape[-1] == 605
 
 
-@pytest.mark.parametrize("spec, message", [("classes=0", "positive integer"), ("trainable_layers=6", "0-5"),
-                                           ("frozen_bn=folded", "separate or fused"), ("speed=11", "unknown")])
-def test_bad_variants_are_refused(spec, message):
+@pytest.mark.parametrize("options, message", [
+    ({"classes": "0"}, "positive integer"), ({"classes": "x"}, "classes='x' is not a int"),
+    ({"trainable_layers": "6"}, "0-5"), ({"frozen_bn": "folded"}, "separate or fused"),
+    ({"speed": "11"}, "has no option 'speed'; its options .*classes=80, trainable_layers=3")])
+def test_bad_options_are_refused_before_anything_is_built(options, message):
+    from cpuopt_helpers.workloads import check_options
+
     with pytest.raises(CpuoptError, match=message):
-        retinanet.variant(spec)
+        check_options("retinanet", options)
 
 
-def test_cli_bad_variant_is_exit_2(capsys):
+def test_options_are_typed_from_the_build_signature():
+    from cpuopt_helpers.workloads import check_options, declared_options
+
+    assert declared_options("retinanet") == {"classes": 80, "trainable_layers": 3, "frozen_bn": "separate",
+                                             "focal": "reference"}
+    assert check_options("retinanet", {"classes": "601", "focal": "fast"}) == {"classes": 601, "focal": "fast"}
+    with pytest.raises(CpuoptError, match="workload 'cnn' has no option 'classes'; its options .*: none"):
+        check_options("cnn", {"classes": "601"})
+
+
+def test_cli_bad_option_is_exit_2_and_an_option_changes_the_hash(capsys, monkeypatch):
     from cpuopt_helpers import cli
+    from cpuopt_helpers.config import RunConfig
 
-    assert cli.main(["bench", "--workload", "retinanet", "--env", "CPUOPT_RETINANET=classes=x"]) == 2
-    assert "classes must be a positive integer" in capsys.readouterr().err
+    assert cli.main(["bench", "--workload", "retinanet", "--option", "classes=x", "--dry-run"]) == 2
+    assert "option classes='x' is not a int" in capsys.readouterr().err
+    assert cli.main(["bench", "--workload", "retinanet", "--option", "classes", "--dry-run"]) == 2
+    assert "--option 'classes' is not KEY=VALUE" in capsys.readouterr().err
+    args = cli.build_parser().parse_args(["bench", "--workload", "retinanet", "--option", "frozen_bn=fused"])
+    config = cli.bench_config(args)
+    assert config.options == (("frozen_bn", "fused"),) and "frozen_bn=fused" in config.label()
+    plain = RunConfig(workload="retinanet")
+    assert config.replace(options={}).config_hash() == plain.config_hash() != config.config_hash()
+    # the old environment variable no longer picks a variant behind the config's back: refused
+    monkeypatch.setenv("CPUOPT_RETINANET", "frozen_bn=fused")
+    assert cli.main(["bench", "--workload", "retinanet", "--dry-run"]) == 2
+    assert "CPUOPT_RETINANET (in your environment) is not read any more" in capsys.readouterr().err

@@ -127,11 +127,13 @@ def test_scaling_table_and_findings():
 
 
 def test_case_study_baseline_drops_fixes_handed_on_earlier():
-    fixed = sweeps.retinanet_variant(RunConfig.for_preset("retinanet", "quick"), focal="fast").replace(
+    fixed = sweeps.with_options(RunConfig.for_preset("retinanet", "quick"), focal="fast").replace(
         optimizer="lamb", optimizer_impl="foreach")
     configs = sweeps.case_study_configs(fixed, FACTS)
-    assert dict(configs["baseline"].env)["CPUOPT_RETINANET"] == "" and configs["baseline"].optimizer_impl == "default"
-    assert dict(configs["all fixes"].env)["CPUOPT_RETINANET"] == "focal=fast,frozen_bn=fused"
+    assert configs["baseline"].options == () and configs["baseline"].optimizer_impl == "default"
+    assert dict(configs["all fixes"].options) == {"focal": "fast", "frozen_bn": "fused"}
+    assert analysis.setting_label(configs["all fixes"].to_dict(), configs["baseline"].to_dict()) == \
+        "optimizer_impl=foreach focal=fast frozen_bn=fused"
 
 
 def test_runtime_findings_when_stock_torch_beats_every_replacement():

@@ -1,12 +1,17 @@
-"""The workload registry and protocol: `build(preset) -> Workload`.
+"""The workload registry and protocol: `build(preset, **options) -> Workload`.
 
 A workload knows nothing about launching. Built-ins are registered by name; any
 ``package.module:function`` on the import path is a user workload, built the same way.
+Its options are the keyword parameters of ``build`` with their defaults (RetinaNet's
+``classes=80, trainable_layers=3, frozen_bn="separate", focal="reference"``): a config
+carries them as strings, converted here to the type of each default; a module may add
+``validate_options(options)`` to refuse values before any process starts.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -39,15 +44,53 @@ class Workload:
     image_like: bool = False
 
 
-def build_workload(spec: str, preset: str) -> Workload:
-    """Build a built-in (by name) or user workload (``package.module:function``)."""
+def build_function(spec: str) -> Callable:
+    """The ``build`` function a workload name or ``package.module:function`` stands for."""
     target = BUILTINS.get(spec, spec)
     if ":" not in target:
         raise CpuoptError(f"unknown workload {spec!r}; use one of {', '.join(sorted(BUILTINS))} "
                           "or package.module:function")
     module_name, _, func_name = target.partition(":")
-    func = getattr(importlib.import_module(module_name), func_name)
-    workload = func(preset)
+    return getattr(importlib.import_module(module_name), func_name)
+
+
+def declared_options(spec: str) -> dict[str, Any]:
+    """The options a workload declares: its build's keyword parameters and their defaults."""
+    params = list(inspect.signature(build_function(spec)).parameters.values())[1:]  # after the preset
+    return {p.name: p.default for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is not p.empty}
+
+
+def check_options(spec: str, options: dict[str, str]) -> dict[str, Any]:
+    """The options converted to the types of their defaults; a clear error for an unknown
+    name or a bad value."""
+    declared = declared_options(spec)
+    typed = {}
+    for name, text in options.items():
+        if name not in declared:
+            offered = ", ".join(f"{k}={v}" for k, v in declared.items()) or "none"
+            raise CpuoptError(f"workload {spec!r} has no option {name!r}; its options (with defaults): {offered}")
+        default = declared[name]
+        try:
+            if isinstance(default, bool):
+                if str(text).lower() not in ("true", "false", "1", "0"):
+                    raise ValueError
+                typed[name] = str(text).lower() in ("true", "1")
+            else:
+                typed[name] = type(default)(text) if default is not None else text
+        except (TypeError, ValueError):
+            raise CpuoptError(f"workload {spec!r}: option {name}={text!r} is not a {type(default).__name__} "
+                              f"(default {default!r})") from None
+    validate = getattr(importlib.import_module(build_function(spec).__module__), "validate_options", None)
+    if callable(validate):
+        validate(typed)
+    return typed
+
+
+def build_workload(spec: str, preset: str, options: dict[str, str] | None = None) -> Workload:
+    """Build a built-in (by name) or user workload (``package.module:function``)."""
+    typed = check_options(spec, options or {})
+    workload = build_function(spec)(preset, **typed)
     if not isinstance(workload, Workload):
         missing = [a for a in ("model", "make_batch", "loss_fn", "default_batch_size") if not hasattr(workload, a)]
         if missing:

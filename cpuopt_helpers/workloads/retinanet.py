@@ -4,8 +4,9 @@ ResNeXt-50 32x4d with FrozenBatchNorm2d, an FPN (P3-P7), the classification and 
 heads, 9 anchors per cell, IoU target assignment and the focal loss plus smooth-L1 box
 loss, on deterministic synthetic images and boxes.
 
-Variants (the fixes notebook 08 measures) come from the environment variable
-CPUOPT_RETINANET, e.g. ``classes=601,trainable_layers=5,frozen_bn=fused,focal=fast``:
+Variants (the fixes notebook 08 measures) are the workload's options, the keyword
+parameters of ``build`` (``cpuopt bench --workload retinanet --option frozen_bn=fused``,
+``RunConfig(options={"focal": "fast"})``):
 
 - ``classes``: 80 (COCO-like, default) or 601 (OpenImages-like), or any count;
 - ``trainable_layers``: 0-5 backbone stages trained, the rest frozen (torchvision's
@@ -22,7 +23,6 @@ fixed), not inside the timed step.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
@@ -37,29 +37,19 @@ PRESETS = {
     "standard": (64, 32, 4, (3, 4, 6, 3), 256, 4, 256, 2),   # ResNeXt-50 32x4d at 256 px
     "full": (64, 32, 4, (3, 4, 6, 3), 256, 4, 800, 2),       # the paper's 800 px
 }
-DEFAULTS = {"classes": "80", "trainable_layers": "3", "frozen_bn": "separate", "focal": "reference"}
 ANCHORS_PER_CELL = 9
 BOXES_PER_IMAGE = 6
 
 
-def variant(env: str | None = None) -> dict:
-    """The CPUOPT_RETINANET settings, checked."""
-    text = os.environ.get("CPUOPT_RETINANET", "") if env is None else env
-    settings = dict(DEFAULTS)
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        key, _, value = item.partition("=")
-        if key not in DEFAULTS:
-            raise CpuoptError(f"CPUOPT_RETINANET: unknown setting {key!r}; use {', '.join(DEFAULTS)}")
-        settings[key] = value
-    if not settings["classes"].isdigit() or int(settings["classes"]) < 1:
-        raise CpuoptError(f"CPUOPT_RETINANET: classes must be a positive integer, got {settings['classes']!r}")
-    if settings["trainable_layers"] not in {str(i) for i in range(6)}:
-        raise CpuoptError(f"CPUOPT_RETINANET: trainable_layers must be 0-5, got {settings['trainable_layers']!r}")
+def validate_options(options: dict) -> None:
+    """Refuse option values RetinaNet cannot build, before any process starts."""
+    if options.get("classes", 80) < 1:
+        raise CpuoptError(f"retinanet: classes must be a positive integer, got {options['classes']}")
+    if not 0 <= options.get("trainable_layers", 3) <= 5:
+        raise CpuoptError(f"retinanet: trainable_layers must be 0-5, got {options['trainable_layers']}")
     for key, allowed in (("frozen_bn", ("separate", "fused")), ("focal", ("reference", "fast"))):
-        if settings[key] not in allowed:
-            raise CpuoptError(f"CPUOPT_RETINANET: {key} must be {' or '.join(allowed)}, got {settings[key]!r}")
-    return {"classes": int(settings["classes"]), "trainable_layers": int(settings["trainable_layers"]),
-            "frozen_bn": settings["frozen_bn"], "focal": settings["focal"]}
+        if options.get(key, allowed[0]) not in allowed:
+            raise CpuoptError(f"retinanet: {key} must be {' or '.join(allowed)}, got {options[key]!r}")
 
 
 class FrozenBatchNorm2d(nn.Module):
@@ -261,15 +251,16 @@ def detection_loss(focal):
     return loss_fn
 
 
-def build(preset: str = "quick") -> Workload:
+def build(preset: str = "quick", classes: int = 80, trainable_layers: int = 3, frozen_bn: str = "separate",
+          focal: str = "reference") -> Workload:
     from cpuopt_helpers.kernels import focal_loss
 
-    settings = variant()
+    validate_options({"classes": classes, "trainable_layers": trainable_layers, "frozen_bn": frozen_bn,
+                      "focal": focal})
     size, batch = preset_value(preset, PRESETS)[6:]
     torch.manual_seed(0)
-    model = RetinaNet(preset, settings["classes"], settings["trainable_layers"], settings["frozen_bn"])
+    model = RetinaNet(preset, classes, trainable_layers, frozen_bn)
     grid = anchors(size)
-    classes = settings["classes"]
 
     def make_batch(batch_size: int):
         g = torch.Generator().manual_seed(batch_size)
@@ -283,7 +274,6 @@ def build(preset: str = "quick") -> Workload:
             targets.append(assign(grid, boxes, labels))
         return images, torch.stack(targets)
 
-    focal = (focal_loss.sigmoid_focal_loss if settings["focal"] == "fast"
-             else focal_loss.reference_sigmoid_focal_loss)
-    name = f"retinanet-{preset}-{classes}c-tl{settings['trainable_layers']}"
-    return Workload(name, model, make_batch, detection_loss(focal), batch, image_like=True)
+    loss = focal_loss.sigmoid_focal_loss if focal == "fast" else focal_loss.reference_sigmoid_focal_loss
+    name = f"retinanet-{preset}-{classes}c-tl{trainable_layers}"
+    return Workload(name, model, make_batch, detection_loss(loss), batch, image_like=True)
