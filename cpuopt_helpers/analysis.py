@@ -574,46 +574,39 @@ def ladder_findings(table: pd.DataFrame) -> list[str]:
 
 def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict | None,
                  price_per_hour: float, physical_cores: int) -> pd.DataFrame:
-    """The optimisation ladder of one workload from the store: each rung handed on, its
-    confirmed ratio to the rung before (the comparison that handed it on, with its
-    interval), its measured throughput (median of the stored runs of that configuration),
+    """The optimisation ladder of one workload from the store (``ladder.rungs``): each rung
+    handed on, its confirmed ratio to the rung before and to the baseline (chained, with
+    intervals), its measured throughput (median of the stored runs of that configuration),
     the share of the measured GEMM ceiling of the dtype it ran in, and the cost per 1000
     training samples at the given price per machine-hour."""
+    from cpuopt_helpers import ladder
     from cpuopt_helpers.roofline import ceiling_gflops
 
-    ladder = store.get_fact(machine, f"ladder/{workload}/{preset}", [])
-    if not ladder:
+    rungs = ladder.rungs(store, machine, workload, preset, physical_cores)
+    if not rungs:
         return pd.DataFrame()
     runs: dict[str, list[dict]] = {}
     for r in store.results(machine=machine):
         if r["status"] == "ok" and r["config"]["workload"] == workload:
             runs.setdefault(RunConfig.from_dict(r["config"]).config_hash(), []).append(r)  # today's hash
-    def as_run(d: dict) -> RunConfig:
-        c = RunConfig.from_dict(d)
-        return c.replace(threads=c.threads or max(1, physical_cores // c.instances))
-
-    rows, previous = [], as_run(ladder[0]["config"]).to_dict()
-    for rung in ladder:
-        config = as_run(rung["config"])
+    rows = []
+    for rung in rungs:
+        config = RunConfig.from_dict(rung["config"])
         measured = runs.get(config.config_hash(), [])
         sps = stats.summarize([r["samples_per_s"] for r in measured])["median"] if measured else None
         gflops = stats.summarize([r["achieved_gflops"] for r in measured if r.get("achieved_gflops")])["median"] \
             if any(r.get("achieved_gflops") for r in measured) else None
-        change = setting_label(config.to_dict(), previous) if rung is not ladder[0] else "PyTorch's defaults"
-        evidence = (rung.get("evidence") or {}).get("comparison") or {}
-        if change == "baseline":  # the rung kept the configuration: what it tried and rejected is not a step
-            evidence = {}
+        evidence, chained = rung["vs_previous"] or {}, rung["vs_baseline"]
         ceiling = ceiling_gflops(roofline or {}, config.dtype) if roofline else None
-        rows.append({"step": rung["step"], "change": "kept" if change == "baseline" else change,
+        rows.append({"step": rung["step"], "change": rung["change"],
                      "samples_per_s": sps, "runs": len(measured), "achieved_gflops": gflops,
                      "vs_previous": evidence.get("ratio"), "vs_previous_low": evidence.get("ci_low"),
                      "vs_previous_high": evidence.get("ci_high"), "verdict": evidence.get("verdict"),
+                     "cumulative_speedup": chained["ratio"], "cumulative_low": chained["ci_low"],
+                     "cumulative_high": chained["ci_high"],
                      "peak_share": gflops / ceiling if gflops and ceiling else None,
-                     "ceiling": f"{config.dtype} GEMM", "config": config.to_dict(), "comparison": evidence or None})
-        previous = config.to_dict()
+                     "ceiling": f"{config.dtype} GEMM", "config": rung["config"], "comparison": rung["vs_previous"]})
     table = pd.DataFrame(rows)
-    # each rung's confirmed ratio to the one before (1 where it kept the configuration), chained
-    table["cumulative_speedup"] = table["vs_previous"].where(table["change"] != "kept").fillna(1.0).cumprod()
     table["usd_per_1000_samples"] = price_per_hour / 3600 * 1000 / table["samples_per_s"]
     return table
 

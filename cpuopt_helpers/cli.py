@@ -109,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--budget-min", type=float, default=10, help="minutes the search may take (default 10)")
     tune.add_argument("--json", action="store_true", help="print the recommendation as JSON")
 
+    lad = sub.add_parser("ladder", help="what the notebooks handed on: each rung, its ratio to the rung before "
+                                        "and to the baseline, with intervals")
+    lad.add_argument("--workload", help="one workload (default: every workload with a ladder)")
+    lad.add_argument("--preset", default="standard", help="quick | standard | full (default standard, as make run)")
+    lad.add_argument("--json", action="store_true", help="print the rungs as JSON")
+
     prof = sub.add_parser("profile", help="break a oneDNN verbose log down, compare two, project the ceiling")
     prof.add_argument("log", help="a oneDNN verbose log (any version), e.g. from `cpuopt bench --onednn-verbose`")
     prof.add_argument("--compare", metavar="LOG2", help="a second log to compare against (the reference first)")
@@ -179,6 +185,26 @@ def bench_config(args):
                        bf16_loss=args.bf16_loss, runtime=args.runtime, ipex=args.ipex, compile=args.compile,
                        optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, batch_policy=args.batch_policy,
                        env=parse_env(args.env), options=parse_env(args.option, "--option"))
+
+
+def _ladder(args) -> int:
+    from cpuopt_helpers import ladder, system
+    from cpuopt_helpers.results import ResultStore
+
+    store, facts = ResultStore(), system.collect_facts()
+    machine = facts["fingerprint"]
+    names = [args.workload] if args.workload else ladder.workloads(store, machine, args.preset)
+    found = {w: ladder.rungs(store, machine, w, args.preset, facts["physical_cores"]) for w in names}
+    found = {w: rows for w, rows in found.items() if rows}
+    if not found:
+        raise CpuoptError(f"no ladder for {args.workload or 'any workload'} on the {args.preset} preset on this machine "
+                          f"in {store.path}; run the notebooks first (make run, or --preset quick after make test)")
+    if args.json:
+        print(json.dumps({w: [dict(r, command=ladder.command(r["config"])) for r in rows] for w, rows in found.items()},
+                         indent=2))
+    else:
+        print("\n".join(line for w, rows in found.items() for line in ladder.format_rungs(w, rows)))
+    return 0
 
 
 def _compare(args) -> int:
@@ -420,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(_glue_option_strings(sys.argv[1:] if argv is None else list(argv)))
         commands = {"doctor": _doctor, "bench": _bench, "launch": _launch, "profile": _profile, "workbook": _workbook,
-                    "tune": _tune, "compare": _compare}
+                    "tune": _tune, "compare": _compare, "ladder": _ladder}
         return commands[args.command](args)
     except CpuoptError as exc:
         print(f"cpuopt: error: {exc}", file=sys.stderr)

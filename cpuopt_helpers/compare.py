@@ -107,6 +107,30 @@ def paired_ratio(a: Sequence[float], b: Sequence[float], confidence: float = CON
     return dict(out, ci_low=low, ci_high=high, verdict=verdict)
 
 
+def chain(steps: Sequence[dict]) -> dict:
+    """The product of several independent comparisons (a ladder's rungs, each b over the
+    rung before): the ratio to the first rung's baseline, with an interval whose log
+    half-width is the rungs' log half-widths added in quadrature (independent rounds; a
+    little wide, as each half-width is a t or repeated-confidence one). Without an interval
+    for every step there is none for the chain. No steps: the ratio 1, exactly.
+    """
+    out = {"ratio": 1.0, "ci_low": 1.0, "ci_high": 1.0, "n": sum(s.get("n") or 0 for s in steps),
+           "steps": len(steps), "verdict": "no different", "margin": MARGIN, "min_rounds": MIN_ROUNDS,
+           "label": f"chained {CONFIDENCE:.0%} CI"}
+    if not steps:
+        return out
+    logs = [math.log(s["ratio"]) for s in steps]
+    out["ratio"] = math.exp(sum(logs))
+    bounds = [(s.get("ci_low"), s.get("ci_high")) for s in steps]
+    if any(lo is None or hi is None or not lo > 0 or not hi > 0 for lo, hi in bounds):  # NaN fails "> 0"
+        return dict(out, ci_low=math.nan, ci_high=math.nan, verdict="too few rounds")
+    half = math.sqrt(sum(((math.log(hi) - math.log(lo)) / 2) ** 2 for lo, hi in bounds))
+    centre = sum((math.log(hi) + math.log(lo)) / 2 for lo, hi in bounds)
+    low, high = math.exp(centre - half), math.exp(centre + half)
+    return dict(out, ci_low=low, ci_high=high,
+                verdict="faster" if low > 1 else "slower" if high < 1 else "no different")
+
+
 @functools.lru_cache(maxsize=32)
 def per_look_confidence(min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS,
                         confidence: float = CONFIDENCE, sims: int = 200_000, seed: int = 20261130) -> float:
@@ -200,6 +224,8 @@ def describe(result: dict | None, what: str = "") -> str:
     if not result or not result.get("n"):
         return f"{what}not measured" if what else "not measured"
     head = f"{what}{result['ratio']:.2f}x"
+    if result["verdict"] == "too few rounds" and "steps" in result:
+        return f"{head} (chained over {result['steps']} rungs, one of them without an interval): too few rounds"
     if result["verdict"] == "too few rounds":
         return (f"{head} ({result['n']} round{'s' * (result['n'] != 1)}, fewer than the {result['min_rounds']} "
                 "a verdict needs): too few rounds")

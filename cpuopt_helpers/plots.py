@@ -280,7 +280,7 @@ def waterfall(tables: dict, finals: dict | None = None):
                 ax.errorbar(i, final["ratio"], yerr=[[final["ratio"] - final["ci_low"]], [final["ci_high"] - final["ratio"]]],
                             color="black", capsize=3, lw=1)
             ax.text(i, final["ratio"], f"{final['ratio']:.2f}x", ha="center", va="bottom", fontsize=8)
-            labels.append("end vs start\n(fresh rounds)")
+            labels.append("end vs start\n(paired rounds)")
         ax.set_xticks(range(len(labels)), labels, rotation=35, ha="right", fontsize=8)
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set_ylabel("speedup over PyTorch's defaults")

@@ -181,6 +181,13 @@ class ResultStore:
             db.execute("INSERT OR REPLACE INTO facts (machine, name, value, created_at) "
                        "VALUES (?, ?, ?, datetime('now'))", (machine or "", name, json.dumps(value)))
 
+    def fact_names(self, machine: str | None, prefix: str = "") -> list[str]:
+        """The names of this machine's facts that start with ``prefix``, sorted."""
+        with closing(self._connect()) as db:
+            rows = db.execute("SELECT name FROM facts WHERE machine = ? AND substr(name, 1, ?) = ? ORDER BY name",
+                              (machine or "", len(prefix), prefix)).fetchall()
+        return [r[0] for r in rows]
+
     def get_fact(self, machine: str | None, name: str, default=None):
         with closing(self._connect()) as db:
             row = db.execute("SELECT value FROM facts WHERE machine = ? AND name = ?",

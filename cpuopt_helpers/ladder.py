@@ -1,0 +1,91 @@
+"""The optimisation ladder as typed rungs: what each stage handed on, and by how much.
+
+The notebooks hand rungs on through ``workbook.Session.hand_on`` (kept in the method's
+order, ``workbook.LADDER_STAGES``); this module reads them back for notebook 09, the
+README, the report and ``cpuopt ladder``. Each rung carries its configuration, its
+comparison with the rung before (the confirmation that handed it on: ratio, interval,
+verdict, the sweep it came from) and its ratio to the baseline, chained through the rungs
+that changed something (``compare.chain``; ``median`` is that chained ratio: each rung's
+ratio is the geometric mean of its paired ratios, the estimate of their median).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from cpuopt_helpers import compare
+from cpuopt_helpers.config import RunConfig
+
+DEFAULTS_LABEL = "PyTorch's defaults"
+
+
+def as_run(config: dict, physical_cores: int) -> RunConfig:
+    """The configuration as it ran: the thread count spelled out."""
+    c = RunConfig.from_dict(config)
+    return c.replace(threads=c.threads or max(1, physical_cores // c.instances))
+
+
+def rungs(store, machine: str, workload: str, preset: str, physical_cores: int) -> list[dict]:
+    """The ordered rungs of one workload's ladder (empty when nothing was handed on)."""
+    from cpuopt_helpers.analysis import setting_label
+
+    ladder = store.get_fact(machine, f"ladder/{workload}/{preset}", [])
+    out, changed, previous = [], [], None
+    for rung in ladder:
+        config = as_run(rung["config"], physical_cores).to_dict()
+        change = DEFAULTS_LABEL if previous is None else setting_label(config, previous)
+        comparison = (rung.get("evidence") or {}).get("comparison") or None
+        if change == "baseline":  # the stage kept the configuration: what it tried and rejected is no step
+            change, comparison = "kept", None
+        elif previous is not None and comparison:
+            changed.append(comparison)
+        chained = compare.chain(list(changed))
+        out.append({"step": rung["step"], "change": change, "config": config, "vs_previous": comparison,
+                    "vs_baseline": dict(chained, median=chained["ratio"])})
+        previous = config
+    return out
+
+
+def workloads(store, machine: str, preset: str) -> list[str]:
+    """The workloads with a ladder for this machine and preset."""
+    names = store.fact_names(machine, "ladder/")
+    return [n.split("/")[1] for n in names if n.endswith(f"/{preset}") and n.count("/") == 2]
+
+
+def command(config: dict) -> str:
+    """The `cpuopt bench` line that trains with this configuration."""
+    c = RunConfig.from_dict(config)
+    default = RunConfig(workload=c.workload, preset=c.preset)
+    words = ["cpuopt", "bench", "--workload", c.workload, "--preset", c.preset]
+    flags = {"batch_size": "--batch-size", "steps": "--steps", "warmup": "--warmup", "threads": "--threads",
+             "instances": "--instances", "mode": "--mode", "allocator": "--allocator", "omp_runtime": "--omp-runtime",
+             "kmp_blocktime": "--kmp-blocktime", "dtype": "--dtype", "affinity": "--affinity",
+             "loader_workers": "--loader-workers", "launcher": "--launcher", "runtime": "--runtime",
+             "optimizer": "--optimizer", "optimizer_impl": "--optimizer-impl", "batch_policy": "--batch-policy"}
+    for field, flag in flags.items():
+        if getattr(c, field) != getattr(default, field):
+            words += [flag, str(getattr(c, field))]
+    for field, flag in (("channels_last", "--channels-last"), ("oversubscribe", "--oversubscribe"),
+                        ("bf16_loss", "--bf16-loss"), ("ipex", "--ipex")):
+        if getattr(c, field):
+            words.append(flag)
+    if c.compile:
+        words += ["--compile", c.compile]
+    words += [w for k, v in c.env for w in ("--env", f"{k}={v}")]
+    words += [w for k, v in c.options for w in ("--option", f"{k}={v}")]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def format_rungs(workload: str, rows: list[dict]) -> list[str]:
+    """The ladder as lines of text: each rung, its change, and its ratios."""
+    lines = [f"{workload}:"]
+    for r in rows:
+        head = f"  {r['step']:<17} {r['change']}"
+        if r["vs_previous"]:
+            head += f"; vs the rung before {compare.describe(r['vs_previous'])}"
+        if r["change"] not in ("kept", DEFAULTS_LABEL):
+            head += f"; vs the baseline {compare.describe(r['vs_baseline'])}"
+        lines.append(head)
+    if rows:
+        lines.append(f"  train with: {command(rows[-1]['config'])}")
+    return lines
