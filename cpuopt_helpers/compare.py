@@ -127,6 +127,8 @@ def chain(steps: Sequence[dict]) -> dict:
     half = math.sqrt(sum(((math.log(hi) - math.log(lo)) / 2) ** 2 for lo, hi in bounds))
     centre = sum((math.log(hi) + math.log(lo)) / 2 for lo, hi in bounds)
     low, high = math.exp(centre - half), math.exp(centre + half)
+    if len(steps) == 1:  # one step: its own interval, as it was labelled
+        out["label"] = steps[0].get("label", out["label"])
     return dict(out, ci_low=low, ci_high=high,
                 verdict="faster" if low > 1 else "slower" if high < 1 else "no different")
 
@@ -227,10 +229,10 @@ def describe(result: dict | None, what: str = "") -> str:
     if result["verdict"] == "too few rounds" and "steps" in result:
         return f"{head} (chained over {result['steps']} rungs, one of them without an interval): too few rounds"
     if result["verdict"] == "too few rounds":
-        return (f"{head} ({result['n']} round{'s' * (result['n'] != 1)}, fewer than the {result['min_rounds']} "
+        return (f"{head} ({result['n']} round{'s' * (result['n'] != 1)}, fewer than the {result.get('min_rounds', MIN_ROUNDS)} "
                 "a verdict needs): too few rounds")
     label = result.get("label", "95% CI")
-    words = {"faster": "faster", "slower": "slower", "equivalent": f"equivalent (within +-{result['margin']:.0%})",
+    words = {"faster": "faster", "slower": "slower", "equivalent": f"equivalent (within +-{result.get('margin', MARGIN):.0%})",
              "no different": "no different (within noise)"}
     return (f"{head} ({label}: {result['ci_low']:.2f}-{result['ci_high']:.2f}, {result['n']} rounds): "
             f"{words[result['verdict']]}")

@@ -249,7 +249,7 @@ def results_markdown(store: ResultStore, facts: dict, preset: str = "standard") 
               *[f"- {line}" for line in analysis.baseline_findings(table, peak)],
               "", "![baseline](docs/01_baseline.png)"]
     lines += _profile_lines(store, machine, table.index, preset) + _launcher_lines(store, machine, preset)
-    lines += _precision_lines(store, machine, preset) + _ladder_lines(store, machine, table.index, preset)
+    lines += _precision_lines(store, machine, preset) + _ladder_lines(store, facts, table.index, preset)
     lines += ["", "![thread scaling](docs/03_scaling.png)", "![launchers](docs/04_launchers.png)",
               "![bf16 throughput](docs/06_throughput.png)", "![bf16 accuracy](docs/06_accuracy.png)"]
     lines += _confirmation_lines(store, machine)
@@ -336,21 +336,19 @@ def _precision_lines(store: ResultStore, machine: str, preset: str) -> list[str]
     return lines
 
 
-def _ladder_lines(store: ResultStore, machine: str, workloads, preset: str) -> list[str]:
-    from cpuopt_helpers import analysis
+def _ladder_lines(store: ResultStore, facts: dict, workloads, preset: str) -> list[str]:
+    from cpuopt_helpers import compare, ladder
 
-    lines = ["", "The optimisation ladder so far: what each notebook handed on (a step that kept the previous "
-             "configuration says so).", "", "| workload | ladder |", "|---|---|"]
+    lines = ["", "The optimisation ladder: what each notebook handed on (a step that kept the previous "
+             "configuration says so), and the last rung over PyTorch's defaults (`cpuopt ladder` prints it).", "",
+             "| workload | ladder | over PyTorch's defaults |", "|---|---|---|"]
     for w in workloads:
-        ladder = store.get_fact(machine, f"ladder/{w}/{preset}", [])
-        if not ladder:
+        rungs = ladder.rungs(store, facts["fingerprint"], w, preset, facts["physical_cores"])
+        if not rungs:
             continue
-        steps, previous = [], ladder[0]["config"]
-        for rung in ladder[1:]:
-            change = analysis.setting_label(rung["config"], dict(previous, threads=rung["config"]["threads"]))
-            steps.append(f"{rung['step']}: {'kept' if change == 'baseline' else change}")
-            previous = rung["config"]
-        lines.append(f"| {w} | baseline -> " + " -> ".join(steps) + " |" if steps else f"| {w} | baseline (nothing handed on) |")
+        steps = " -> ".join(f"{r['step']}: {r['change']}" for r in rungs[1:])
+        lines.append(f"| {w} | baseline -> {steps} | {compare.describe(rungs[-1]['vs_baseline'])} |" if steps
+                     else f"| {w} | baseline (nothing handed on) | |")
     return lines if len(lines) > 5 else []
 
 
