@@ -1,6 +1,8 @@
 """The workbook's report: BUILD/report/index.html from what a run left in BUILD.
 
-One page with the machine's facts, a gallery of every figure, the results table (one row
+One page that opens with the answer (per workload and preset: the best confirmed
+configuration, its speedup over PyTorch's defaults with its interval, and the command that
+trains with it), then the machine's facts, a gallery of every figure, the results table (one row
 per configuration and notebook: median samples/s with its spread) and links to every
 executed notebook rendered to HTML (nbconvert). Figures are copied beside the page, so
 the folder can be moved or served as it is. A small script on the page records, once it
@@ -64,6 +66,25 @@ def results_rows(store: ResultStore) -> list[dict]:
     return rows
 
 
+def answer_rows(store: ResultStore, facts: dict) -> list[list[str]]:
+    """Per ladder in the store: workload, preset, what its last rung changed, the speedup
+    over PyTorch's defaults (chained from the confirmed rungs, with its interval), the command."""
+    from cpuopt_helpers import compare, ladder
+
+    machine = facts.get("fingerprint", "")
+    rows = []
+    for name in store.fact_names(machine, "ladder/"):
+        _, workload, preset = name.split("/")
+        rungs = ladder.rungs(store, machine, workload, preset, facts.get("physical_cores") or 1)
+        if not rungs:
+            continue
+        changes = [r["change"] for r in rungs[1:] if r["change"] != "kept"]
+        best = "; ".join(changes) if changes else "PyTorch's defaults (nothing was confirmed faster)"
+        speedup = compare.describe(rungs[-1]["vs_baseline"]) if changes else "1.00x"
+        rows.append([workload, preset, best, speedup, ladder.command(rungs[-1]["config"])])
+    return rows
+
+
 def _table(header: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = []
@@ -105,6 +126,7 @@ def build_report(build: Path, facts: dict, store: ResultStore | None = None, tit
     links = render_notebooks(notebooks, report / "notebooks")
     store = store or ResultStore(build / "results.sqlite")
     rows = results_rows(store)
+    answers = answer_rows(store, facts)
     gallery = "".join(f"<figure><img src='figures/{html.escape(f.name)}' alt='{html.escape(f.stem)}'>"
                       f"<figcaption>{html.escape(f.stem)}</figcaption></figure>" for f in figures)
     page = f"""<!doctype html>
@@ -113,6 +135,9 @@ def build_report(build: Path, facts: dict, store: ResultStore | None = None, tit
 <body>
 <h1>{html.escape(title)}</h1>
 <p>{len(notebooks)} executed notebooks, {len(figures)} figures, {sum(r['runs'] for r in rows)} measured runs.</p>
+<h2>The answer</h2>
+{_table(["workload", "preset", "best confirmed configuration", "over PyTorch's defaults", "train with"], answers)
+ if answers else '<p>No ladder in the store yet: run the notebooks (make run).</p>'}
 <h2>Machine</h2>
 {_table(["fact", "value"], [list(r) for r in _facts_rows(facts)])}
 <h2>Notebooks</h2>

@@ -261,6 +261,10 @@ def test_report_opens_in_a_browser_with_every_figure(quick_run):
     dom = chromium("--dump-dom", index.as_uri()).stdout
     assert f'data-figures-loaded="{len(figures)}/{len(figures)}"' in dom  # every <img> decoded by the browser
     assert "05_runtimes" in dom and "07_layouts" in dom and "cnn[quick]" in dom
+    # it opens with the answer: every workload's ladder, with the command that trains with its last rung
+    assert dom.index("The answer") < dom.index("Machine") < dom.index("Figures")
+    for w in ("cnn", "transformer", "rnn", "retinanet"):
+        assert f"cpuopt bench --workload {w} --preset quick" in dom
     shot = index.parent / "screenshot.png"
     chromium(f"--screenshot={shot}", "--window-size=1280,2400", index.as_uri())
     assert shot.stat().st_size > 20_000
