@@ -173,18 +173,21 @@ def _bench(args) -> int:
 
 
 def bench_config(args):
-    """The RunConfig that `cpuopt bench` options describe."""
+    """The RunConfig that `cpuopt bench` options describe: each option whose name is a
+    RunConfig field sets it (a new knob needs only its field and its option)."""
+    import dataclasses
+
     from cpuopt_helpers.config import RunConfig
 
-    return RunConfig(workload=args.workload, preset=args.preset, batch_size=args.batch_size, steps=args.steps,
-                       warmup=args.warmup, threads=args.threads, instances=args.instances, mode=args.mode,
-                       allocator=args.allocator, omp_runtime=args.omp_runtime, kmp_blocktime=args.kmp_blocktime,
-                       dtype=args.dtype, channels_last=args.channels_last, timeout_s=args.timeout,
-                       onednn_verbose=args.onednn_verbose, trace=args.trace, affinity=args.affinity,
-                       oversubscribe=args.oversubscribe, loader_workers=args.loader_workers, launcher=args.launcher,
-                       bf16_loss=args.bf16_loss, runtime=args.runtime, ipex=args.ipex, compile=args.compile,
-                       optimizer=args.optimizer, optimizer_impl=args.optimizer_impl, batch_policy=args.batch_policy,
-                       env=parse_env(args.env), options=parse_env(args.option, "--option"))
+    fields = {f.name for f in dataclasses.fields(RunConfig)} - {"timeout_s", "env", "options"}
+    return RunConfig(**{k: v for k, v in vars(args).items() if k in fields}, timeout_s=args.timeout,
+                     env=parse_env(args.env), options=parse_env(args.option, "--option"))
+
+
+def bench_flags() -> dict[str, argparse.Action]:
+    """RunConfig field -> the `cpuopt bench` option that sets it."""
+    bench = build_parser()._subparsers._group_actions[0].choices["bench"]
+    return {a.dest: a for a in bench._actions if a.option_strings}
 
 
 def _ladder(args) -> int:

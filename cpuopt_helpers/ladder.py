@@ -53,24 +53,23 @@ def workloads(store, machine: str, preset: str) -> list[str]:
 
 
 def command(config: dict) -> str:
-    """The `cpuopt bench` line that trains with this configuration."""
-    c = RunConfig.from_dict(config)
+    """The `cpuopt bench` line that trains with this configuration: an option for every
+    field that differs from its default (read from the bench parser itself)."""
+    import argparse
+
+    from cpuopt_helpers.cli import bench_flags
+
+    c, flags = RunConfig.from_dict(config), bench_flags()
     default = RunConfig(workload=c.workload, preset=c.preset)
     words = ["cpuopt", "bench", "--workload", c.workload, "--preset", c.preset]
-    flags = {"batch_size": "--batch-size", "steps": "--steps", "warmup": "--warmup", "threads": "--threads",
-             "instances": "--instances", "mode": "--mode", "allocator": "--allocator", "omp_runtime": "--omp-runtime",
-             "kmp_blocktime": "--kmp-blocktime", "dtype": "--dtype", "affinity": "--affinity",
-             "loader_workers": "--loader-workers", "launcher": "--launcher", "runtime": "--runtime",
-             "optimizer": "--optimizer", "optimizer_impl": "--optimizer-impl", "batch_policy": "--batch-policy"}
-    for field, flag in flags.items():
-        if getattr(c, field) != getattr(default, field):
-            words += [flag, str(getattr(c, field))]
-    for field, flag in (("channels_last", "--channels-last"), ("oversubscribe", "--oversubscribe"),
-                        ("bf16_loss", "--bf16-loss"), ("ipex", "--ipex")):
-        if getattr(c, field):
-            words.append(flag)
-    if c.compile:
-        words += ["--compile", c.compile]
+    for field, value in c.to_dict().items():
+        action = flags.get(field)
+        if field in ("workload", "preset", "env", "options") or action is None or value == getattr(default, field):
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            words.append(action.option_strings[0])
+        else:
+            words += [action.option_strings[0], str(value)]
     words += [w for k, v in c.env for w in ("--env", f"{k}={v}")]
     words += [w for k, v in c.options for w in ("--option", f"{k}={v}")]
     return " ".join(shlex.quote(w) for w in words)
