@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 
 MODES = ("fp32", "bf16", "bf16_loss")
@@ -83,13 +82,10 @@ def train_digits(mode: str, epochs: int, batch_size: int, lr: float = 0.05, seed
 def run_accuracy(mode: str, epochs: int, batch_size: int, lr: float = 0.05, seed: int = 0,
                  threads: int | None = None, timeout_s: float = 900) -> dict:
     """Train in a fresh process (threads fixed before it starts) and return its result."""
-    env = dict(os.environ)
-    if threads:
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     from cpuopt_helpers.launch import run_json_module
 
     args = ["--mode", mode, "--epochs", str(epochs), "--batch-size", str(batch_size), "--lr", str(lr), "--seed", str(seed)]
-    return run_json_module("cpuopt_helpers.accuracy", args, env, timeout_s, f"accuracy run {mode}")
+    return run_json_module("cpuopt_helpers.accuracy", args, f"accuracy run {mode}", threads=threads, timeout_s=timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:

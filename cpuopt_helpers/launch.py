@@ -2,7 +2,13 @@
 
 ``build_plan`` is pure: from a validated config, the machine's facts and the caller's
 environment it decides the interpreter, argv, environment and cores of every instance.
-``run_plan`` is the one place that spawns processes.
+``run_plan`` spawns the training workers (and ``run_command_plan`` a user's command);
+every other measured process (ceilings, replays, accuracy, kernel benchmarks, probes of
+another runtime) starts through ``run_json_module``, under the same rule for the caller's
+variables. What of the caller's environment reaches the processes (``measuring_env``:
+OMP_*, KMP_*, GOMP_*, MKL_*, ONEDNN_*, DNNL_*, MALLOC_*, TORCHINDUCTOR_*, LD_PRELOAD) is
+recorded with each result as ``caller_env`` and is part of a sweep's identity, so resume
+never mixes runs made under different environments.
 
 Environment variables the plan sets (values already in the caller's environment win,
 with a warning, except LD_PRELOAD, to which ours are appended):
@@ -76,6 +82,14 @@ log = logging.getLogger(__name__)
 JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
 KMP_AFFINITY = "granularity=fine,compact,1,0"
 USER_WINS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MALLOC_CONF", "KMP_AFFINITY", "KMP_BLOCKTIME")
+# What of the caller's environment reaches a measured process and changes what it does:
+# recorded with each result and part of a sweep's identity (results.sweep_id).
+MEASURING_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "ONEDNN_", "DNNL_", "MALLOC_", "TORCHINDUCTOR_", "LD_PRELOAD")
+
+
+def measuring_env(base_env) -> dict:
+    """The caller's variables that a measured process would see and act on."""
+    return {k: v for k, v in sorted(base_env.items()) if k.startswith(MEASURING_PREFIXES)}
 STDERR_TAIL = 2000
 
 
@@ -625,6 +639,7 @@ def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict
         "slow_steps": None, "mean_over_median": None,
         "machine_state": machine, "code_version": code_version(),
         "env": {k: v for k, v in plan.instances[0].env.items()} if plan.instances else {},
+        "caller_env": measuring_env(os.environ),
         "argv": [list(i.argv) for i in plan.instances], "pinning": plan.pinning,
         "warnings": list(plan.warnings), "versions": {},
         "system": (facts or {}).get("fingerprint"),
@@ -692,17 +707,40 @@ def run(config: RunConfig, facts: dict | None = None) -> dict:
     return run_plan(build_plan(config, Machine.this()), facts)
 
 
-def run_json_module(module: str, args: list[str], env: dict, timeout_s: float, what: str) -> object:
-    """Run `python -m module args` in a fresh process with `env`; return its last stdout line as JSON.
+def run_json_module(module: str, args: list[str], what: str, *, threads: int | None = None,
+                    cores: list[int] | None = None, python: str | None = None, timeout_s: float = 600,
+                    error: type[Exception] = RuntimeError) -> object:
+    """Run `python -m module args` in a fresh process; return its last stdout line as JSON.
 
-    For measurements outside the training worker (ceilings, replays, accuracy): the
-    process starts with its threads fixed, like every measured run.
+    The one way a process other than the training worker starts (ceilings, replays,
+    accuracy, kernel benchmarks, probes of another runtime): ``threads`` fixes its OpenMP
+    and MKL threads before it starts, ``cores`` hands it the cores to pin itself to
+    (CPUOPT_CORES), ``python`` runs another interpreter with this project importable. As
+    for workers, a value of yours among USER_WINS wins over the plan, with a warning.
     """
-    proc = subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout_s)
+    planned = {}
+    if threads:
+        planned.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    if cores:
+        planned["CPUOPT_CORES"] = ",".join(map(str, cores))
+    env = dict(os.environ, PYTHONPATH=python_path(os.environ))
+    for key, value in planned.items():
+        if key in USER_WINS and env.get(key, value) != value:
+            log.warning("%s=%s from your environment overrides the planned %s for the %s; unset it to let cpuopt "
+                        "choose", key, env[key], value, what)
+        else:
+            env[key] = value
+    try:
+        proc = subprocess.run([python or sys.executable, "-m", module, *args], env=env, capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise error(f"{what} did not finish in {timeout_s:.0f} s") from None
     if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed: {proc.stderr[-1500:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise error(f"{what} failed (exit code {proc.returncode}): {(proc.stderr or proc.stdout).strip()[-1500:]}")
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise error(f"{what} printed no result: {(proc.stderr or proc.stdout).strip()[-1500:]}") from None
 
 
 def parse_core_list(text: str) -> list[int]:

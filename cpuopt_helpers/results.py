@@ -195,6 +195,12 @@ class ResultStore:
         return json.loads(row[0]) if row else default
 
 
+def measuring_env() -> dict:
+    from cpuopt_helpers import launch
+
+    return launch.measuring_env(os.environ)
+
+
 def code_version() -> dict:
     """The measuring code's version (package + hash of its source), from the launcher."""
     from cpuopt_helpers import launch
@@ -202,10 +208,14 @@ def code_version() -> dict:
     return launch.code_version() if hasattr(launch, "code_version") else {}
 
 
-def sweep_id(kind: str, tag: str | None, machine: str | None, configs: list, code: dict) -> str:
-    """A sweep is its kind, tag, machine, arms in order and the measuring code's version:
-    the same notebook re-run on the same code resumes it; changed code starts a new one."""
-    key = json.dumps([kind, tag, machine, [c.config_hash() for c in configs], code.get("measuring_hash")])
+def sweep_id(kind: str, tag: str | None, machine: str | None, configs: list, code: dict,
+             env: dict | None = None) -> str:
+    """A sweep is its kind, tag, machine, arms in order, the measuring code's version and
+    the caller's environment as far as it reaches the measured processes
+    (``launch.measuring_env``): the same notebook re-run on the same code in the same
+    environment resumes it; changed code, or an exported OMP_NUM_THREADS, starts a new one."""
+    key = json.dumps([kind, tag, machine, [c.config_hash() for c in configs], code.get("measuring_hash")]
+                     + ([sorted(env.items())] if env else []))
     return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
@@ -228,7 +238,7 @@ def run_sweep(configs: Iterable, store: ResultStore, runner: Callable[[object], 
 
     configs = list(configs)
     code = code_version()
-    sweep = sweep_id("sweep", tag, machine, configs, code)
+    sweep = sweep_id("sweep", tag, machine, configs, code, measuring_env())
     store.add_sweep(sweep, machine, tag, "sweep", [c.to_dict() for c in configs], code)
     stored = _stored(store, sweep) if resume else {}
     jobs = []
@@ -270,7 +280,7 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
     from tqdm.auto import tqdm
 
     code = code_version()
-    sweep = sweep_id("ab", tag, machine, [a, b], code)
+    sweep = sweep_id("ab", tag, machine, [a, b], code, measuring_env())
     store.add_sweep(sweep, machine, tag, "ab", [a.to_dict(), b.to_dict()], code)
     stored = _stored(store, sweep) if resume else {}
     done = []

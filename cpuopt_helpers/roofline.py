@@ -98,9 +98,8 @@ def measure(preset: str = "quick", threads: int | None = None, timeout_s: float 
     topo = system.topology()
     threads = threads or topo.physical_cores
     cores = sorted(topo.core_order()[:threads])
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               CPUOPT_CORES=",".join(map(str, cores)))
-    return run_json_module("cpuopt_helpers.roofline", ["--preset", preset], env, timeout_s, "roofline measurement")
+    return run_json_module("cpuopt_helpers.roofline", ["--preset", preset], "roofline measurement", threads=threads,
+                           cores=cores, timeout_s=timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -127,14 +126,10 @@ def probe_here() -> dict:
 @lru_cache(maxsize=None)
 def probe(python: str) -> dict:
     """Run probe_here() under another interpreter (cached per path)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([python, "-m", "cpuopt_helpers.runtimes"], env=env, capture_output=True, text=True,
-                          timeout=180)
-    try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        tail = (proc.stderr or proc.stdout).strip()[-300:]
-        raise CpuoptError(f"probing the runtime {python} failed (exit code {proc.returncode}): {tail}") from None
+    from cpuopt_helpers.launch import run_json_module
+
+    return run_json_module("cpuopt_helpers.runtimes", [], f"probing the runtime {python}", python=python,
+                           timeout_s=180, error=CpuoptError)
 
 
 def ipex_facts() -> dict:

@@ -1,4 +1,4 @@
-"""LaunchPlan building: environment, argv and cores for each option (no process starts)."""
+"""LaunchPlan building: environment, argv and cores for each option (no worker starts)."""
 
 import shlex
 from pathlib import Path
@@ -170,3 +170,19 @@ def test_a_users_inductor_cache_wins_with_a_warning_for_compiled_runs():
     assert "TORCHINDUCTOR_CACHE_DIR" not in p.instances[0].env
     p = plan(RunConfig(compile="default", env={"TORCHINDUCTOR_CACHE_DIR": "/mine"}))
     assert any("TORCHINDUCTOR_CACHE_DIR=/mine" in w for w in p.warnings)
+
+
+def test_run_json_module_fixes_threads_and_cores_and_keeps_the_users_value(monkeypatch, caplog):
+    from cpuopt_helpers.launch import run_json_module
+
+    monkeypatch.chdir(Path(__file__).parent.parent)  # tests.print_env importable, as for user workloads
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    got = run_json_module("tests.print_env", [], "env probe", threads=3, cores=[0, 2])
+    assert got == {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3", "CPUOPT_CORES": "0,2"}
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    got = run_json_module("tests.print_env", [], "env probe", threads=3)
+    assert got["OMP_NUM_THREADS"] == "1" and got["MKL_NUM_THREADS"] == "3"
+    assert "OMP_NUM_THREADS=1 from your environment overrides the planned 3 for the env probe" in caplog.text
+    with pytest.raises(CpuoptError, match=r"env probe failed \(exit code 1\): told to fail"):
+        run_json_module("tests.print_env", ["fail"], "env probe", error=CpuoptError)

@@ -80,6 +80,14 @@ def test_sweeps_never_pair_across_each_other_or_code_versions(tmp_path, monkeypa
     monkeypatch.setattr(results, "code_version", lambda: {"measuring_hash": "changed"})
     run_sweep([a, a], store, runner, rounds=2, tag="aa", machine="m1", progress=False)
     assert len(calls) == 4  # the measuring code changed: a new sweep
+    calls.clear()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # exported by the user: it reaches the workers and wins
+    run_sweep([a, a], store, runner, rounds=2, tag="aa", machine="m1", progress=False)
+    assert len(calls) == 4  # a sweep run under another environment is a new sweep, never resumed into
+    calls.clear()
+    monkeypatch.setenv("CPUOPT_BUILD", str(tmp_path))  # where outputs go changes no measurement
+    run_sweep([a, a], store, runner, rounds=2, tag="aa", machine="m1", progress=False)
+    assert len(calls) == 0
 
 
 def test_resume_finds_runs_whose_stored_hash_is_of_the_validated_config(tmp_path):

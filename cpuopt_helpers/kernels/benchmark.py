@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 
@@ -132,12 +130,14 @@ def lamb(preset: str = "standard", rounds: int = 20) -> list[dict]:
     status = runtimes.ipex_status()
     if not status["available"]:
         return results + [{"skipped": status["reason"]}]
-    env = dict(os.environ, PYTHONPATH=str(runtimes.PROJECT_ROOT))
-    proc = subprocess.run([status["python"], "-m", "cpuopt_helpers.kernels.benchmark", "lamb-ipex", "--preset",
-                           preset, "--rounds", str(rounds)], capture_output=True, text=True, env=env, timeout=900)
-    if proc.returncode != 0:
-        return results + [{"error": proc.stderr.strip()[-500:]}]
-    return results + [json.loads(proc.stdout.strip().splitlines()[-1])]
+    from cpuopt_helpers.launch import run_json_module
+
+    try:
+        return results + [run_json_module("cpuopt_helpers.kernels.benchmark", ["lamb-ipex", "--preset", preset,
+                                                                              "--rounds", str(rounds)],
+                                          "IPEX's fused Lamb", python=status["python"], timeout_s=900)]
+    except RuntimeError as exc:
+        return results + [{"error": str(exc)[-500:]}]
 
 
 def main(argv: list[str] | None = None) -> int:

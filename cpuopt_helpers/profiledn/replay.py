@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import sys
@@ -171,13 +170,10 @@ def log_meta(log: str) -> dict:
 def replay_log(log: str, threads: int, cores: list[int] | None = None, repeats: int = 10,
                timeout_s: float = 600) -> list[dict]:
     """Replay a log's distinct primitives in a fresh process with the given threads and cores."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    if cores:
-        env["CPUOPT_CORES"] = ",".join(map(str, cores))
     from cpuopt_helpers.launch import run_json_module
 
-    return run_json_module("cpuopt_helpers.profiledn.replay", [log, "--repeats", str(repeats)], env, timeout_s,
-                           f"replay of {log}")
+    return run_json_module("cpuopt_helpers.profiledn.replay", [log, "--repeats", str(repeats)], f"replay of {log}",
+                           threads=threads, cores=cores, timeout_s=timeout_s)
 
 
 def project_log(log: str, steps: int, step_ms: float | None, threads: int, cores: list[int] | None = None,
