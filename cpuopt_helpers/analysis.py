@@ -605,7 +605,8 @@ def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict
                      "cumulative_speedup": chained["ratio"], "cumulative_low": chained["ci_low"],
                      "cumulative_high": chained["ci_high"],
                      "peak_share": gflops / ceiling if gflops and ceiling else None,
-                     "ceiling": f"{config.dtype} GEMM", "config": rung["config"], "comparison": rung["vs_previous"]})
+                     "ceiling": f"{config.dtype} GEMM", "config": rung["config"], "comparison": rung["vs_previous"],
+                     "confirmed": rung["confirmed"]})
     table = pd.DataFrame(rows)
     table["usd_per_1000_samples"] = price_per_hour / 3600 * 1000 / table["samples_per_s"]
     return table
@@ -621,6 +622,8 @@ def one_rung_final(table: pd.DataFrame) -> dict | None:
     if len(changed) != 1 or changed.iloc[0]["config"] != table.iloc[-1]["config"]:
         return None
     comparison = changed.iloc[0]["comparison"]
+    if not changed.iloc[0]["confirmed"]:  # a change its comparison did not confirm between these two
+        return None
     return dict(comparison, reused=changed.iloc[0]["step"]) if comparison and comparison.get("n") else None
 
 

@@ -125,8 +125,10 @@ class RunConfig:
         d = dict(d)
         if d.get("cores") is not None:
             d["cores"] = tuple(tuple(c) for c in d["cores"])
-        d["env"] = pairs(d.get("env") or {})
-        d["options"] = pairs(d.get("options") or {})
+        env, options = dict(d.get("env") or {}), dict(d.get("options") or {})
+        if "CPUOPT_RETINANET" in env:  # stored before workload options: RetinaNet's variant, as options
+            options.update(dict(p.split("=", 1) for p in env.pop("CPUOPT_RETINANET").split(",") if "=" in p))
+        d["env"], d["options"] = pairs(env), pairs(options)
         return cls(**d)
 
     @classmethod

@@ -26,22 +26,35 @@ def as_run(config: dict, physical_cores: int) -> RunConfig:
 
 
 def rungs(store, machine: str, workload: str, preset: str, physical_cores: int) -> list[dict]:
-    """The ordered rungs of one workload's ladder (empty when nothing was handed on)."""
+    """The ordered rungs of one workload's ladder (empty when nothing was handed on).
+
+    A rung's change counts towards ``vs_baseline`` through its comparison only where that
+    comparison confirmed it (``faster``) between exactly the rung before and this one, as
+    run (checked through the comparison's stored sweep when the store has it); a change
+    without such a comparison (``confirmed`` False: say, a later rung left from before its
+    stage was re-run) leaves the chain without an interval rather than borrowing one.
+    """
     from cpuopt_helpers.analysis import setting_label
 
     ladder = store.get_fact(machine, f"ladder/{workload}/{preset}", [])
+    arms = {s["id"]: s["arms"] for s in store.sweeps(kind="ab", machine=machine)}
     out, changed, previous = [], [], None
     for rung in ladder:
         config = as_run(rung["config"], physical_cores).to_dict()
         change = DEFAULTS_LABEL if previous is None else setting_label(config, previous)
         comparison = (rung.get("evidence") or {}).get("comparison") or None
+        confirmed = None
         if change == "baseline":  # the stage kept the configuration: what it tried and rejected is no step
             change, comparison = "kept", None
-        elif previous is not None and comparison:
-            changed.append(comparison)
+        elif previous is not None:
+            pair = arms.get((comparison or {}).get("sweep"))
+            same = pair is None or [as_run(a, physical_cores).config_hash() for a in pair] == [
+                RunConfig.from_dict(previous).config_hash(), RunConfig.from_dict(config).config_hash()]
+            confirmed = bool(comparison and comparison.get("verdict") == "faster" and same)
+            changed.append(comparison if confirmed else {"ratio": 1.0, "n": 0, "ci_low": None, "ci_high": None})
         chained = compare.chain(list(changed))
         out.append({"step": rung["step"], "change": change, "config": config, "vs_previous": comparison,
-                    "vs_baseline": dict(chained, median=chained["ratio"])})
+                    "confirmed": confirmed, "vs_baseline": dict(chained, median=chained["ratio"])})
         previous = config
     return out
 

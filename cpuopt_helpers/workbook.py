@@ -348,7 +348,8 @@ def _ladder_lines(store: ResultStore, facts: dict, workloads, preset: str) -> li
             continue
         steps = " -> ".join(f"{r['step']}: {r['change']}" for r in rungs[1:])
         chained = rungs[-1]["vs_baseline"]
-        over = compare.describe(chained) if chained["steps"] else "1.00x: every stage kept PyTorch's defaults"
+        over = (compare.describe(chained) if any(r["change"] != "kept" for r in rungs[1:])
+                else "1.00x: every stage kept PyTorch's defaults")
         lines.append(f"| {w} | baseline -> {steps} | {over} |" if steps else f"| {w} | baseline (nothing handed on) | |")
     return lines if len(lines) > 5 else []
 

@@ -93,3 +93,13 @@ def test_for_preset_and_label():
     assert c.label().startswith("transformer[standard]") and "allocator=tcmalloc" in c.label()
     with pytest.raises(CpuoptError, match="unknown preset"):
         RunConfig.for_preset("cnn", "medium")
+
+
+def test_a_config_stored_with_the_old_retinanet_variable_loads_with_options():
+    old = RunConfig(workload="retinanet").to_dict()
+    old.pop("options")  # stored before the field existed
+    old["env"] = {"CPUOPT_RETINANET": "focal=fast,frozen_bn=fused", "MALLOC_CONF": "x"}
+    c = RunConfig.from_dict(old)
+    assert dict(c.options) == {"focal": "fast", "frozen_bn": "fused"} and dict(c.env) == {"MALLOC_CONF": "x"}
+    old["env"] = {"CPUOPT_RETINANET": ""}  # the old baseline: no variant at all
+    assert RunConfig.from_dict(old) == RunConfig(workload="retinanet")

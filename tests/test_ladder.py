@@ -73,3 +73,20 @@ def test_cli_ladder_json_and_a_clear_error_without_one(tmp_path, monkeypatch, ca
     text = capsys.readouterr().out
     assert "threading         threads=1; vs the rung before 1.20x (95% CI: 1.10-1.30, 6 rounds): faster" in text
     assert "vs the baseline 1.32x (chained 95% CI:" in text and "train with: cpuopt bench --workload cnn" in text
+
+
+def test_a_change_its_comparison_did_not_confirm_gets_no_borrowed_interval(tmp_path):
+    store = ResultStore(tmp_path / "r.sqlite")
+    session = Session(facts={"fingerprint": "m", "physical_cores": 2}, store=store)
+    base = RunConfig.for_preset("cnn", "quick").replace(threads=2)
+    one, jem = base.replace(threads=1), base.replace(threads=1, allocator="jemalloc")
+    session.hand_on(base, "baseline")
+    session.hand_on(one, "threading", comparison=comparison(1.2, 1.1, 1.3))
+    # the allocator's comparison was run against another base (03 re-run alone afterwards moved it)
+    store.add_sweep("stale", "m", "04", "ab", [base.to_dict(), jem.to_dict()], {})
+    session.hand_on(jem, "allocator", comparison=dict(comparison(1.1, 1.05, 1.15), sweep="stale"))
+    rows = ladder.rungs(store, "m", "cnn", "quick", 2)
+    assert rows[1]["confirmed"] is True and rows[2]["confirmed"] is False
+    assert math.isnan(rows[2]["vs_baseline"]["ci_low"]) and rows[2]["vs_baseline"]["verdict"] == "too few rounds"
+    session.hand_on(jem, "runtime", comparison=comparison(1.1, 1.0, 1.2, verdict="no different"))  # kept
+    assert ladder.rungs(store, "m", "cnn", "quick", 2)[-1]["change"] == "kept"

@@ -67,6 +67,8 @@ def test_sweep_rounds_shuffle_order_record_it_and_resume(tmp_path):
 def test_sweeps_never_pair_across_each_other_or_code_versions(tmp_path, monkeypatch):
     from cpuopt_helpers import results
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # set below, whatever the caller exported
+
     store = ResultStore(tmp_path / "r.sqlite")
     a = RunConfig(workload="cnn")
     calls = []
