@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shlex
 
-from cpuopt_helpers import compare
+from cpuopt_helpers import compare, sweeps
 from cpuopt_helpers.config import RunConfig
 
 DEFAULTS_LABEL = "PyTorch's defaults"
@@ -21,8 +21,7 @@ DEFAULTS_LABEL = "PyTorch's defaults"
 
 def as_run(config: dict, physical_cores: int) -> RunConfig:
     """The configuration as it ran: the thread count spelled out."""
-    c = RunConfig.from_dict(config)
-    return c.replace(threads=c.threads or max(1, physical_cores // c.instances))
+    return sweeps.normalise(RunConfig.from_dict(config), physical_cores)
 
 
 def rungs(store, machine: str, workload: str, preset: str, physical_cores: int) -> list[dict]:
