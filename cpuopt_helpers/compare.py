@@ -168,8 +168,9 @@ def sequential_ratio(a: Sequence[float], b: Sequence[float], min_rounds: int = M
     repeated-confidence interval that stay honest however many rounds were looked at."""
     level = per_look_confidence(min_rounds, max_rounds, confidence)
     out = paired_ratio(a, b, level, margin, min_rounds)
-    out.update(confidence=confidence, per_look_confidence=level, max_rounds=max_rounds,
-               label=f"{confidence:.0%} repeated-confidence interval, per-look {level:.1%}")
+    out.update(confidence=confidence, per_look_confidence=level, max_rounds=max_rounds)
+    if max_rounds > min_rounds:  # else one look at a fixed number of rounds: the plain interval
+        out["label"] = f"{confidence:.0%} repeated-confidence interval, per-look {level:.1%}"
     return out
 
 
