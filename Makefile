@@ -1,5 +1,6 @@
 # cpuopt workbook. Every target bootstraps what it needs; a second call is quick.
-#   make run        execute the workbook (PRESET=standard by default) into build/
+#   make run        execute the workbook (PRESET=standard by default) into build/; WORKLOADS=a,b
+#                   (built-in names or your own package.module:function) for every notebook that takes them
 #   make test       every test: unit, integration (real workers), notebooks (each once: 00 by nbval, 01-09 by
 #                   papermill); the notebooks and the rest as two pytest processes side by side
 #   make test-fast  the tests that start no worker process and no notebook (-m "not slow"): the edit loop
@@ -69,7 +70,7 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 run: setup
-	IPEX=$(IPEX) $(VENV)/bin/cpuopt workbook run --preset $(PRESET)
+	IPEX=$(IPEX) $(VENV)/bin/cpuopt workbook run --preset $(PRESET) $(if $(WORKLOADS),--workloads '$(WORKLOADS)')
 
 test: setup
 	@bash scripts/system-deps.sh chromium

@@ -134,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     wb_run.add_argument("--preset", default="standard", help="quick | standard | full")
     wb_run.add_argument("--only", action="append", help="notebook number(s) to run, e.g. --only 01")
     wb_run.add_argument("--out", help="output folder (default build/)")
+    wb_run.add_argument("--workloads", metavar="A,B", help="the workloads of every notebook that takes a list "
+                        "(built-in names or your own package.module:function; 07 takes the first)")
+    wb_run.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"), default=[],
+                        help="a notebook parameter for every notebook that has it, as papermill's -p "
+                             "(repeatable; lists as a,b or a JSON list)")
     wb_report = wb_sub.add_parser("report", help="write BUILD/report/index.html from what the last run left in BUILD")
     wb_report.add_argument("--out", help="the run's output folder (default build/)")
     wb_readme = wb_sub.add_parser("readme", help="write the README's results section from the results store")
@@ -423,7 +428,8 @@ def _workbook(args) -> int:
     if args.wb_command == "report":
         print(f"report: {build_report(out, system.collect_facts())}")
         return 0
-    report = workbook.run_workbook(preset=args.preset, only=args.only, out=args.out)
+    report = workbook.run_workbook(preset=args.preset, only=args.only, out=args.out,
+                                   parameters=workbook.cli_parameters(args.workloads, args.parameter))
     print(workbook.format_report(report))
     print(f"report: {build_report(out, system.collect_facts())}")
     return 0 if all(r["status"] == "ok" for r in report) else 1

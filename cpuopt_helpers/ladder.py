@@ -1,7 +1,7 @@
 """The optimisation ladder as typed rungs: what each stage handed on, and by how much.
 
 The notebooks hand rungs on through ``workbook.Session.hand_on`` (kept in the method's
-order, ``workbook.LADDER_STAGES``); this module reads them back for notebook 09, the
+order, ``stages.LADDER_STAGES``); this module reads them back for notebook 09, the
 README, the report and ``cpuopt ladder``. Each rung carries its configuration, its
 comparison with the rung before (the confirmation that handed it on: ratio, interval,
 verdict, the sweep it came from) and its ratio to the baseline, chained through the rungs
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import shlex
 
-from cpuopt_helpers import compare, sweeps
+from cpuopt_helpers import compare
+from cpuopt_helpers.stages import settings
 from cpuopt_helpers.config import RunConfig
 
 DEFAULTS_LABEL = "PyTorch's defaults"
@@ -21,7 +22,7 @@ DEFAULTS_LABEL = "PyTorch's defaults"
 
 def as_run(config: dict, physical_cores: int) -> RunConfig:
     """The configuration as it ran: the thread count spelled out."""
-    return sweeps.normalise(RunConfig.from_dict(config), physical_cores)
+    return settings.normalise(RunConfig.from_dict(config), physical_cores)
 
 
 def rungs(store, machine: str, workload: str, preset: str, physical_cores: int) -> list[dict]:
@@ -33,7 +34,7 @@ def rungs(store, machine: str, workload: str, preset: str, physical_cores: int) 
     without such a comparison (``confirmed`` False: say, a later rung left from before its
     stage was re-run) leaves the chain without an interval rather than borrowing one.
     """
-    from cpuopt_helpers.analysis import setting_label
+    from cpuopt_helpers.stages.settings import setting_label
 
     ladder = store.get_fact(machine, f"ladder/{workload}/{preset}", [])
     arms = {s["id"]: s["arms"] for s in store.sweeps(kind="ab", machine=machine)}

@@ -633,7 +633,7 @@ def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict
         "config": config.to_dict(), "config_hash": config.config_hash(), "label": config.label(),
         "status": status, "reason": reason, "samples_per_s": None,
         "step_ms": stats.summarize([]), "phase_ms": {}, "peak_rss_mb": None,
-        "loss_first": None, "loss_last": None, "flops_per_step": None, "achieved_gflops": None,
+        "loss_first": None, "loss_last": None, "losses": None, "flops_per_step": None, "achieved_gflops": None,
         "startup_s": None, "instances": [], "timed_window_s": None,
         "warmup_steps": None, "warmup_settled": None, "compile_s": None, "compile_warm_s": None,
         "slow_steps": None, "mean_over_median": None,
@@ -680,7 +680,7 @@ def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict
         "phase_ms": {k: stats.summarize([s * 1e3 for r in instances for s in r["phase_s"][k]])["median"]
                      for k in first["phase_s"]},
         "peak_rss_mb": max(i["peak_rss_mb"] for i in per_instance),
-        "loss_first": first["loss_first"], "loss_last": first["loss_last"],
+        "loss_first": first["loss_first"], "loss_last": first["loss_last"], "losses": first.get("losses"),
         "flops_per_step": flops,
         "achieved_gflops": (sum(r["flops_per_step"] * len(r["step_s"]) for r in instances) / window / 1e9
                             if all(r["flops_per_step"] for r in instances) else None),

@@ -280,8 +280,12 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
     from tqdm.auto import tqdm
 
     code = code_version()
-    sweep = sweep_id("ab", tag, machine, [a, b], code, measuring_env())
+    # the stopping design is part of the comparison: its boundary, so its interval and verdict
+    # (the default design keeps the identity comparisons stored before this had)
+    design = "" if (min_rounds, max_rounds) == (compare.MIN_ROUNDS, compare.MAX_ROUNDS) else f":{min_rounds}-{max_rounds}"
+    sweep = sweep_id("ab" + design, tag, machine, [a, b], code, measuring_env())
     store.add_sweep(sweep, machine, tag, "ab", [a.to_dict(), b.to_dict()], code)
+    store.put_fact(machine, f"ab/{sweep}", {"min_rounds": min_rounds, "max_rounds": max_rounds})
     stored = _stored(store, sweep) if resume else {}
     done = []
     while (0, len(done)) in stored and (1, len(done)) in stored:

@@ -23,7 +23,8 @@ import shlex
 import statistics
 import time
 
-from cpuopt_helpers import compare, launch, sweeps
+from cpuopt_helpers import compare, launch
+from cpuopt_helpers.stages import multi_instance, settings, threading
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
 
@@ -33,8 +34,8 @@ FINAL_ROUNDS = compare.MIN_ROUNDS  # rounds kept for the confirmation when the s
 def search_space(default: RunConfig, facts: dict, image_like: bool) -> list[RunConfig]:
     """One change at a time from the defaults (each a rung the notebooks measure)."""
     physical = facts["physical_cores"]
-    out = [default.replace(threads=t) for t in sweeps.thread_counts(physical, physical) if t != default.threads]
-    out += [default.replace(threads=t, instances=n, mode="ddp") for t, n in sweeps.layouts(physical) if n > 1]
+    out = [default.replace(threads=t) for t in threading.thread_counts(physical, physical) if t != default.threads]
+    out += [default.replace(threads=t, instances=n, mode="ddp") for t, n in multi_instance.layouts(physical) if n > 1]
     out += [default.replace(allocator=a) for a, path in facts["allocators"].items() if path]
     if facts["openmp"].get("intel"):
         out.append(default.replace(omp_runtime="intel"))
@@ -113,12 +114,12 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | 
         raise CpuoptError(f"--budget-min must be positive, got {budget_min}")
     facts = facts or system.collect_facts()
     runner = runner or (lambda c: launch.run(c, facts))
-    default = sweeps.normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
+    default = settings.normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
     launch.build_plan(default, launch.Machine.this())  # bad workload or machine: fail before measuring
     deadline = time.monotonic() + budget_min * 60
     image_like = bool(getattr(build_workload(workload, preset), "image_like", False))
     handed_on = [RunConfig.from_dict(s["config"]) for s in (ladder or []) if s["config"]["workload"] == workload]
-    candidates = sweeps.unique([default] + [c.replace(preset=preset, steps=default.steps, onednn_verbose=None, trace=None,
+    candidates = settings.unique([default] + [c.replace(preset=preset, steps=default.steps, onednn_verbose=None, trace=None,
                                                       warmup=max(default.warmup, c.warmup)) for c in handed_on]
                                + search_space(default, facts, image_like))
     samples: dict[str, list[float]] = {}

@@ -12,6 +12,7 @@ from cpuopt_helpers import compare, launch, system
 from cpuopt_helpers.config import PRESETS, RunConfig
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.results import ResultStore, build_dir, run_comparison, run_sweep
+from cpuopt_helpers.stages import LADDER_STAGES, stage_index
 
 log = logging.getLogger(__name__)
 KERNEL = "cpuopt"
@@ -44,6 +45,17 @@ class Session:
         return run_sweep(configs, self.store, self.run, rounds=rounds, resume=resume, tag=tag,
                          machine=self.machine)
 
+    def stored_run(self, config: RunConfig, tag: str) -> dict | None:
+        """The latest ok run of exactly this configuration that a notebook stored under ``tag``
+        on this machine, with this measuring code and caller environment; else None."""
+        from cpuopt_helpers.results import code_version, measuring_env
+
+        code, env = code_version().get("measuring_hash"), measuring_env()
+        runs = [r for r in self.store.results(tag=tag, machine=self.machine)
+                if r["status"] == "ok" and r["config_hash"] == config.config_hash()
+                and (r.get("code_version") or {}).get("measuring_hash") == code and r.get("caller_env") == env]
+        return runs[-1] if runs else None
+
     def confirm(self, a: RunConfig, b: RunConfig, tag: str, min_rounds: int = compare.MIN_ROUNDS,
                 max_rounds: int = compare.MAX_ROUNDS, budget_min: float | None = None, resume: bool = True) -> dict:
         """The adaptive A/B of b against a (``results.run_comparison``), in fresh rounds."""
@@ -52,7 +64,7 @@ class Session:
 
     def confirmer(self, tag: str, min_rounds: int = compare.MIN_ROUNDS, max_rounds: int = compare.MAX_ROUNDS,
                   budget_min: float | None = None, resume: bool = True):
-        """``confirm`` with the notebook's parameters filled in, for ``analysis.choose``."""
+        """``confirm`` with the notebook's parameters filled in, for ``settings.choose``."""
         return lambda a, b: self.confirm(a, b, tag, min_rounds, max_rounds, budget_min, resume)
 
     def roofline(self, preset: str, remeasure: bool = False) -> dict:
@@ -96,16 +108,6 @@ class Session:
         return RunConfig.from_dict(ladder[-1]["config"]) if ladder else RunConfig.for_preset(workload, preset)
 
 
-# The ladder's rungs in the method's order: the stage each notebook hands on (08 hands on
-# RetinaNet's baseline, then its case-study fixes). Profiling (02) measures the baseline rung.
-LADDER_STAGES = ("baseline", "threading", "allocator", "runtime", "bf16", "multi-instance", "case-study fixes")
-
-
-def stage_index(step: str) -> int:
-    """Where a rung sits in the ladder; a name from an older store goes last, in arrival order."""
-    return LADDER_STAGES.index(step) if step in LADDER_STAGES else len(LADDER_STAGES)
-
-
 # What `make run` changes per preset so the standard workbook stays within its 30 minutes: a
 # standard CNN run costs ~10.5 s on two AVX2 cores (~4 s of it starting Python, torch and
 # torch._dynamo), so the configuration sweeps (03 threading, 04 allocators, 05 runtimes) cover
@@ -114,7 +116,8 @@ def stage_index(step: str) -> int:
 # candidate once (SCREEN_ROUNDS = 1, the notebooks' default); each screening winner is
 # confirmed in exactly MIN_ROUNDS = 5 fresh rounds (MAX_ROUNDS = 5: one look, the plain
 # Student-t interval; ~21 s a CNN round here, ~50 s a RetinaNet one), BUDGET_MIN only a
-# safety cap. The launcher comparison of 04 (PyTorch's defaults, run_cpu's defaults and the
+# safety cap; 05 screens one optimizer arm (fused SGD; the full preset adds foreach SGD and the
+# AdamW pair). The launcher comparison of 04 (PyTorch's defaults, run_cpu's defaults and the
 # best setting, 5 interleaved rounds: 2-3 minutes) and torch.compile's max-autotune (minutes of
 # cold compile) run only in the full preset, which also screens in 2 rounds and confirms
 # adaptively in 5 to 14 rounds. Parameters given to run_workbook win over these.
@@ -124,13 +127,71 @@ PRESET_PARAMETERS = {
     "standard": {"01": {"ROUNDS": 2},
                  "03": {"WORKLOADS": ["cnn"], **CONFIRM},
                  "04": {"WORKLOADS": ["cnn"], "LAUNCHER_ROUNDS": 0, **CONFIRM},
-                 "05": {"WORKLOADS": ["cnn"], **CONFIRM},
+                 "05": {"WORKLOADS": ["cnn"], "OPTIMIZER_ARMS": ["SGD fused"], **CONFIRM},
                  "06": CONFIRM, "07": CONFIRM, "08": {"STEPS": 3, "KERNEL_ROUNDS": 5, **CONFIRM, "BUDGET_MIN": 4.5},
                  "09": CONFIRM},
     "full": {"03": SCREEN_TWICE, "04": {"LAUNCHER_ROUNDS": 5, **SCREEN_TWICE},
              "05": {"COMPILE_MODES": ["default", "max-autotune"], **SCREEN_TWICE},
              "06": SCREEN_TWICE, "07": SCREEN_TWICE, "08": SCREEN_TWICE},
 }
+
+
+def parameter_list(value, item: type = str) -> list:
+    """A notebook's list parameter as a list, however it came: a list, or the string papermill's
+    ``-p`` hands over (a JSON list, '["a", "b"]', or comma-separated, 'a,b').
+
+    >>> parameter_list('["cnn", "mypkg.model:build"]'), parameter_list("16, 64", int)
+    (['cnn', 'mypkg.model:build'], [16, 64])
+    """
+    import json
+
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except ValueError as exc:
+                raise CpuoptError(f"cannot read {value!r} as a JSON list ({exc}); write it as "
+                                  "'[\"a\", \"b\"]' or as a,b") from None
+        else:
+            value = [v.strip() for v in text.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)):
+        value = [value]
+    try:
+        return [item(v) for v in value]
+    except (TypeError, ValueError):
+        raise CpuoptError(f"{value!r}: every item must be of type {item.__name__}") from None
+
+
+def cli_parameters(workloads: str | None, pairs: list[list[str]]) -> dict:
+    """The notebook parameters of ``cpuopt workbook run --workloads A,B -p NAME VALUE``: values
+    read as papermill's -p reads them (numbers, True/False/None, else the string)."""
+    import ast
+
+    def value(text: str):
+        if text in ("True", "False", "None"):
+            return ast.literal_eval(text)
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                return float(text)
+            except ValueError:
+                return text
+
+    chosen = {}
+    if workloads:
+        names = parameter_list(workloads)
+        from cpuopt_helpers.config import check_workload_spec
+
+        for name in names:
+            check_workload_spec(name)  # an unknown or unimportable workload stops here, before any notebook
+        chosen.update(WORKLOADS=names, WORKLOAD=names[0])
+    for name, text in pairs:
+        if not name.isidentifier() or not name.isupper():
+            raise CpuoptError(f"-p {name}: notebook parameters are UPPER_CASE names, e.g. -p ROUNDS 3")
+        chosen[name] = value(text)
+    return chosen
 
 
 def list_notebooks(only: list[str] | None = None, folder: Path | None = None) -> list[Path]:
@@ -170,8 +231,10 @@ def run_workbook(preset: str = "standard", only: list[str] | None = None, out: s
     books = list_notebooks(only, folder)
     check_kernel()
     out_dir = Path(out).resolve() if out else build_dir().resolve()
-    saved = {k: os.environ.get(k) for k in ("CPUOPT_BUILD", "CPUOPT_RESULTS")}
+    saved = {k: os.environ.get(k) for k in ("CPUOPT_BUILD", "CPUOPT_RESULTS", "PYTHONPATH")}
     os.environ["CPUOPT_BUILD"] = str(out_dir)  # the kernels inherit it: figures and store land there
+    # the kernels run in notebooks/: a user's package.module:function beside the caller stays importable
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), saved["PYTHONPATH"]) if p)
     if out:
         os.environ.pop("CPUOPT_RESULTS", None)  # results of this run belong beside its notebooks
     (out_dir / "notebooks").mkdir(parents=True, exist_ok=True)
@@ -227,14 +290,14 @@ def results_markdown(store: ResultStore, facts: dict, preset: str = "standard") 
     """The README's results section, generated from the store of a workbook run."""
     from datetime import date
 
-    from cpuopt_helpers import analysis
+    from cpuopt_helpers.stages import baseline, settings
 
     machine = facts["fingerprint"]
     runs = last_sweep_runs(store, "01_baseline", machine, preset)
     roof = store.get_fact(machine, f"roofline/{preset}")
     if not runs or roof is None:
         raise CpuoptError(f"no {preset} results for this machine in {store.path}; run `make run` first")
-    table = analysis.throughput_table(runs)
+    table = settings.throughput_table(runs)
     day = max(r["created_at"] for r in runs)[:10] if runs else date.today().isoformat()
     lines = [
         f"Measured on {day} by `make run` (preset `{preset}`) on **{facts['cpu_model']}**, "
@@ -249,8 +312,8 @@ def results_markdown(store: ResultStore, facts: dict, preset: str = "standard") 
         lines.append(f"| {name} | {row['samples_per_s']:.1f} ({row['low']:.1f}-{row['high']:.1f}, {row['runs']} runs) | "
                      f"{row['step_ms']:.0f} | {row['forward_share']:.0%} | {row['backward_share']:.0%} | "
                      f"{row['optimizer_share']:.0%} | {row['gflops']:.1f} | {row['gflops'] / peak:.0%} |")
-    lines += ["", *[f"- {line}" for line in analysis.system_findings(facts, roof)[:2]],
-              *[f"- {line}" for line in analysis.baseline_findings(table, peak)],
+    lines += ["", *[f"- {line}" for line in baseline.system_findings(facts, roof)[:2]],
+              *[f"- {line}" for line in baseline.findings(table, peak)],
               "", "![baseline](docs/01_baseline.png)"]
     launchers = bool(last_sweep_runs(store, "04_launchers", machine, preset))
     lines += _profile_lines(store, machine, table.index, preset) + _launcher_lines(store, machine, preset)
@@ -273,7 +336,7 @@ def last_sweep_runs(store: ResultStore, tag: str, machine: str, preset: str | No
 def _confirmation_lines(store: ResultStore, machine: str) -> list[str]:
     """Every adaptive A/B of the run: what was confirmed against what, in how many rounds,
     and why it stopped (the verdict, or the budget) - what the time budget allowed."""
-    from cpuopt_helpers import analysis
+    from cpuopt_helpers.stages import settings
 
     rows = []
     for sweep in store.sweeps(kind="ab", machine=machine):
@@ -282,14 +345,18 @@ def _confirmation_lines(store: ResultStore, machine: str) -> list[str]:
         rounds = sorted({k[1] for k in by if (0, k[1]) in by and (1, k[1]) in by})
         if not rounds:
             continue
-        result = compare.sequential_ratio([by[(0, i)] for i in rounds], [by[(1, i)] for i in rounds])
-        change = analysis.setting_label(sweep["arms"][1], sweep["arms"][0])
+        design = store.get_fact(machine, f"ab/{sweep['id']}") or {}  # as it ran (older stores: the defaults)
+        result = compare.sequential_ratio([by[(0, i)] for i in rounds], [by[(1, i)] for i in rounds],
+                                          design.get("min_rounds", compare.MIN_ROUNDS),
+                                          design.get("max_rounds", compare.MAX_ROUNDS))
+        change = settings.setting_label(sweep["arms"][1], sweep["arms"][0])
         rows.append(f"| {(sweep['tag'] or '').split('/')[0]} | {sweep['arms'][0]['workload']} | {change} | "
                     f"{compare.describe(result)} |")
     if not rows:
         return []
-    return ["", "Every confirmation of this run (a screening winner against the incumbent in fresh rounds, at least "
-            "5, at most 14, within the notebook's `BUDGET_MIN`): the rounds the budget allowed and the verdict.", "",
+    return ["", "Every confirmation of this run (a screening winner against the incumbent in fresh rounds, as many "
+            "as the notebook's MIN_ROUNDS, MAX_ROUNDS and BUDGET_MIN allowed): the rounds and the verdict, with the "
+            "interval of the comparison's own design.", "",
             "| notebook | workload | change confirmed | ratio, interval, rounds: verdict |", "|---|---|---|---|", *rows]
 
 
@@ -322,7 +389,7 @@ def _answer_lines(folder: Path) -> list[str]:
 
 
 def _precision_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
-    from cpuopt_helpers import analysis
+    from cpuopt_helpers.stages import settings
 
     runs = last_sweep_runs(store, "06_bf16", machine)
     if not runs:
@@ -331,13 +398,13 @@ def _precision_lines(store: ResultStore, machine: str, preset: str) -> list[str]
              "it runs on the quick preset; screening rounds):", "", "| workload | setting | vs fp32 |", "|---|---|---|"]
     for w in dict.fromkeys(r["config"]["workload"] for r in runs):
         first = min((r for r in runs if r["config"]["workload"] == w), key=lambda r: r["arm"])["config"]
-        for _, row in analysis.compare_configs(runs, first, w).iterrows():
+        for _, row in settings.compare_configs(runs, first, w).iterrows():
             if isinstance(row.get("comparison"), dict):
                 lines.append(f"| {w} | {row['setting']} | {compare.describe(row['comparison'])} |")
         for r in runs:
             if r["config"]["workload"] == w and r["status"] == "unsupported" and r["round"] == 0:
                 reason = r["reason"].splitlines()[-1].replace("cpuopt worker: ", "")[:140]
-                lines.append(f"| {w} | {analysis.setting_label(r['config'], first)} | {reason} |")
+                lines.append(f"| {w} | {settings.setting_label(r['config'], first)} | {reason} |")
     return lines
 
 
@@ -375,7 +442,7 @@ def _profile_lines(store: ResultStore, machine: str, workloads, preset: str) -> 
 
 
 def _launcher_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
-    from cpuopt_helpers import analysis
+    from cpuopt_helpers.stages import settings
 
     runs = last_sweep_runs(store, "04_launchers", machine, preset)
     if not runs:
@@ -387,7 +454,7 @@ def _launcher_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
     notes = []
     for w in dict.fromkeys(r["config"]["workload"] for r in runs):
         default = min((r for r in runs if r["config"]["workload"] == w), key=lambda r: r["arm"])["config"]
-        table = analysis.compare_configs(runs, default, w)
+        table = settings.compare_configs(runs, default, w)
         for _, row in table.iterrows():
             comparison = row.get("comparison") if isinstance(row.get("comparison"), dict) else None
             name = ("PyTorch's defaults" if row["setting"] == "baseline" else

@@ -283,6 +283,53 @@ class Prepared:
     model: object = None
 
 
+# The workload protocol's inputs and outputs: a model takes a tensor, a tuple (``model(*inputs)``)
+# or a dict (``model(**inputs)``) and may return anything (a tensor, a tuple, a dict, an output
+# object); the loss function gets the outputs as they are.
+
+def call_model(model, inputs):
+    """The protocol's call: a dict as keyword arguments, a tuple as positional ones, else one argument."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, tuple):
+        return model(*inputs)
+    return model(inputs)
+
+
+def map_tensors(value, fn):
+    """``fn`` applied to every tensor in a tensor, tuple, list or dict (recursively), keeping the
+    container's type; anything else (an output object, a number) is returned as it is."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(map_tensors(v, fn) for v in value))
+    if type(value) in (tuple, list):
+        return type(value)(map_tensors(v, fn) for v in value)
+    if type(value) is dict:
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    return value
+
+
+def float_dtype(value, depth: int = 3) -> str | None:
+    """The dtype of the first floating-point tensor in a model's outputs (a tensor, a sequence, a
+    mapping or an object holding tensors as attributes), or None where there is none."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return str(value.dtype).replace("torch.", "") if value.is_floating_point() else None
+    if depth == 0:
+        return None
+    items = (value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list))
+             else vars(value).values() if hasattr(value, "__dict__") and not isinstance(value, type) else ())
+    for item in items:
+        found = float_dtype(item, depth - 1)
+        if found:
+            return found
+    return None
+
+
 def rank_batch(inputs, targets, rank: int):
     """Rank r's own batch in DDP: noise on float inputs, shifted class targets (rank 0 unchanged).
 
@@ -294,15 +341,15 @@ def rank_batch(inputs, targets, rank: int):
     if rank == 0:
         return inputs, targets
     g = torch.Generator().manual_seed(1000 + rank)
-    noisy = tuple(x + 0.5 * torch.randn(x.shape, generator=g, dtype=x.dtype) if x.is_floating_point() else x
-                  for x in (inputs if isinstance(inputs, tuple) else (inputs,)))
-    if not targets.is_floating_point():
+    noisy = map_tensors(inputs, lambda x: x + 0.5 * torch.randn(x.shape, generator=g, dtype=x.dtype)
+                        if x.is_floating_point() else x)
+    if isinstance(targets, torch.Tensor) and not targets.is_floating_point():
         targets = (targets + rank) % (int(targets.max()) + 1)
-    return (noisy if isinstance(inputs, tuple) else noisy[0]), targets
+    return noisy, targets
 
 
 def batch_source(workload, batch_size: int, loader_workers: int, channels_last: bool, rank: int = 0):
-    """A function returning (model args, targets) for each step.
+    """A function returning (model inputs, targets) for each step.
 
     Without loader workers: one synthetic batch, built once (data loading is not measured).
     With N > 0: a DataLoader with N worker processes over a pool of samples, each sample
@@ -312,32 +359,31 @@ def batch_source(workload, batch_size: int, loader_workers: int, channels_last: 
     import torch
 
     def arrange(inputs, targets):
-        inputs = inputs if isinstance(inputs, tuple) else (inputs,)
         if channels_last:
-            inputs = tuple(t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in inputs)
+            inputs = map_tensors(inputs, lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t)
         return inputs, targets
 
     if not loader_workers:
         fixed = arrange(*rank_batch(*workload.make_batch(batch_size), rank))
         return lambda: fixed
     pool_inputs, pool_targets = rank_batch(*workload.make_batch(batch_size * 4), rank)
-    pool_inputs = pool_inputs if isinstance(pool_inputs, tuple) else (pool_inputs,)
+    samples = batch_size * 4  # what make_batch was asked for
 
     class Samples(torch.utils.data.Dataset):
         def __len__(self):
             return 1 << 30
 
         def __getitem__(self, i):
-            i %= len(pool_targets)
-            xs = tuple(x[i] + 0.01 * torch.randn_like(x[i]) if x.is_floating_point() else x[i] for x in pool_inputs)
-            return xs, pool_targets[i]
+            i %= samples
+            xs = map_tensors(pool_inputs, lambda x: x[i] + 0.01 * torch.randn_like(x[i]) if x.is_floating_point() else x[i])
+            return xs, map_tensors(pool_targets, lambda t: t[i])
 
     loader = iter(torch.utils.data.DataLoader(Samples(), batch_size=batch_size, num_workers=loader_workers,
                                               persistent_workers=True, prefetch_factor=2))
 
     def next_batch():
-        inputs, targets = next(loader)
-        return arrange(tuple(inputs), targets)
+        inputs, targets = next(loader)  # the loader collates a tuple into a list
+        return arrange(tuple(inputs) if isinstance(pool_inputs, tuple) else inputs, targets)
 
     return next_batch
 
@@ -384,11 +430,10 @@ def plain_step_flops(model, workload, batch_size: int, optimizer: str) -> float 
     twin = copy.deepcopy(model)
     opt = make_optimizer(twin.parameters(), optimizer, "default")
     inputs, targets = workload.make_batch(batch_size)
-    args = inputs if isinstance(inputs, tuple) else (inputs,)
 
     def one_step():
         opt.zero_grad(set_to_none=True)
-        workload.loss_fn(twin(*args).float(), targets).backward()
+        workload.loss_fn(call_model(twin, inputs), targets).backward()
         opt.step()
     return count_flops(one_step)
 
@@ -434,25 +479,27 @@ def prepare(config: dict) -> Prepared:
     clock = time.perf_counter
 
     def to_loss(outputs, targets):
-        if config.get("bf16_loss") and config["dtype"] == "bf16":
-            # the loss in bf16 too, what the paper advises against; outside autocast, which
-            # would otherwise run the loss in fp32 whatever its input
-            return workload.loss_fn(outputs.to(torch.bfloat16), targets)
-        return workload.loss_fn(outputs.float(), targets)  # loss and reductions in fp32
+        # outside autocast; in bf16 the floating-point tensors among the outputs are cast (to fp32:
+        # the loss and its reductions in fp32, as the paper advises; to bf16 with bf16_loss, what
+        # it advises against); fp32 outputs, and outputs of any other kind, reach loss_fn as they are
+        if config["dtype"] == "bf16":
+            dtype = torch.bfloat16 if config.get("bf16_loss") else torch.float32
+            outputs = map_tensors(outputs, lambda t: t.to(dtype) if t.is_floating_point() else t)
+        return workload.loss_fn(outputs, targets)
 
     next_batch = batch_source(workload, batch_size, config.get("loader_workers", 0), channels_last,
                               rank if ddp else 0)
-    args, targets = next_batch()
+    inputs, targets = next_batch()
 
     def step():
-        nonlocal args, targets
+        nonlocal inputs, targets
         if config.get("loader_workers"):
-            args, targets = next_batch()  # a fresh batch from the loader's worker processes
+            inputs, targets = next_batch()  # a fresh batch from the loader's worker processes
         t0 = clock()
         optimizer.zero_grad(set_to_none=True)
         with autocast():
-            outputs = model(*args)
-        seen["output_dtype"] = str(outputs.dtype).replace("torch.", "")
+            outputs = call_model(model, inputs)
+        seen["output_dtype"] = float_dtype(outputs)
         loss = to_loss(outputs, targets)
         t1 = clock()
         loss.backward()
@@ -462,10 +509,10 @@ def prepare(config: dict) -> Prepared:
         return loss.item(), (t1 - t0, t2 - t1, t3 - t2)
 
     def bare_step():
-        args, targets = next_batch()
+        inputs, targets = next_batch()
         optimizer.zero_grad(set_to_none=True)
         with autocast():
-            outputs = model(*args)
+            outputs = call_model(model, inputs)
         loss = to_loss(outputs, targets)
         loss.backward()
         optimizer.step()
@@ -543,6 +590,7 @@ def train(config: dict) -> dict:
         "phase_s": {name: [p[i] for p in phases] for i, name in enumerate(("forward", "backward", "optimizer"))},
         "loss_first": losses[0],
         "loss_last": losses[-1],
+        "losses": losses,  # every step's, warm-up first: the same seed and batch give comparable curves
         "flops_per_step": flops_per_step,
         "output_dtype": prepared.seen.get("output_dtype"),
         "notes": [prepared.seen["ipex_note"]] if "ipex_note" in prepared.seen else [],

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from cpuopt_helpers import accuracy, analysis, launch, system
+from cpuopt_helpers import accuracy, launch, system
 from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.stages import precision, settings
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -55,7 +56,7 @@ def test_bf16_worker_run_uses_bf16():
 @pytest.mark.slow
 def test_digits_accuracy_experiment_on_a_tiny_setting():
     runs = [accuracy.run_accuracy(mode, epochs=3, batch_size=64, threads=1) for mode in accuracy.MODES]
-    table = analysis.accuracy_table(runs)
+    table = precision.accuracy_table(runs)
     assert list(table.index) == ["fp32", "bf16", "bf16_loss"]
     assert all(len(r["history"]) == 3 and r["train_samples"] + r["test_samples"] == 1797 for r in runs)
     assert table.loc["fp32", "final_accuracy"] > 0.6  # learns real digits in three epochs
@@ -79,9 +80,26 @@ def test_precision_choice_needs_a_fast_path_accuracy_and_a_confirmed_win():
     def confirm(verdict):
         return lambda a, b: {"ratio": 1.5, "ci_low": 1.3, "ci_high": 1.7, "n": 5, "verdict": verdict, "margin": 0.05,
                              "min_rounds": 5, "label": "95% CI"}
-    chosen, sentence, _ = analysis.choose_precision(table, acc, fast, "cnn", confirm("faster"))
+    chosen, sentence, _ = precision.choose(table, acc, fast, "cnn", confirm("faster"))
     assert chosen["dtype"] == "bf16" and "handed on" in sentence
-    assert analysis.choose_precision(table, acc, dict(fast, accelerated=False), "cnn", confirm("faster"))[0] is None
+    assert precision.choose(table, acc, dict(fast, accelerated=False), "cnn", confirm("faster"))[0] is None
     worse = pd.DataFrame({"final_accuracy": [0.95, 0.90]}, index=["fp32", "bf16"])
-    assert analysis.choose_precision(table, worse, fast, "cnn", confirm("faster"))[0] is None
-    assert analysis.choose_precision(table, acc, fast, "cnn", confirm("no different"))[0] is None
+    assert precision.choose(table, worse, fast, "cnn", confirm("faster"))[0] is None
+    assert precision.choose(table, acc, fast, "cnn", confirm("no different"))[0] is None
+
+
+@pytest.mark.slow
+def test_a_bf16_setting_whose_loss_drifts_is_not_handed_on():
+    """A workload built to drift (outputs near 1000, where bf16 rounds in steps of 4-8): measured
+    in fp32 and in bf16 with the same seed and batch, bf16 is no candidate however fast it is."""
+    fp32 = RunConfig(workload="tests.user_workloads:drift", steps=4, warmup=1, threads=1)
+    runs = []
+    for arm, config in enumerate((fp32, fp32.replace(dtype="bf16"))):
+        r = launch.run(config)
+        assert r["status"] == "ok", r["reason"]
+        runs.append(dict(r, sweep="s", arm=arm, round=0))
+    table = settings.compare_configs(runs, fp32.to_dict(), fp32.workload)
+    drift = table.set_index("setting").loc["dtype=bf16", "loss_drift"]
+    assert drift > settings.LOSS_TOLERANCE
+    chosen, sentence, _ = settings.choose(table, "drift", lambda a, b: {"verdict": "faster"})
+    assert chosen["dtype"] == "fp32" and f"loss drifted {drift:.0%}" in sentence

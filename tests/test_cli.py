@@ -30,6 +30,8 @@ BAD_INPUT = [
     (["bench", "--kmp-blocktime", "0"], "--omp-runtime intel"),
     (["workbook", "run", "--only", "77"], "no notebook numbered 77"),
     (["workbook", "run", "--preset", "huge"], "unknown preset"),
+    (["workbook", "run", "--workloads", "cnn,nosuch"], "unknown workload 'nosuch'"),
+    (["workbook", "run", "-p", "rounds", "3"], "UPPER_CASE"),
     (["frobnicate"], "invalid choice"),
 ]
 
@@ -92,3 +94,31 @@ def test_bench_two_instances_text_output():
 def test_failed_run_exits_1():
     proc = cpuopt("bench", "--workload", "tests.user_workloads:crash", "--steps", "2")
     assert proc.returncode == 1 and "deliberate crash" in proc.stdout
+
+
+def test_workbook_run_passes_workloads_and_parameters_to_every_notebook(monkeypatch, capsys):
+    from cpuopt_helpers import report, workbook
+
+    seen = {}
+    monkeypatch.setattr(workbook, "run_workbook", lambda **kw: seen.update(kw) or [])
+    monkeypatch.setattr(report, "build_report", lambda out, facts: "report.html")
+    args = ["workbook", "run", "--workloads", "cnn,tests.user_workloads:dict_model", "-p", "ROUNDS", "3",
+            "-p", "COMPILE_MODES", '["default"]', "-p", "RESUME", "False", "-p", "BUDGET_MIN", "0.5", "--only", "01"]
+    assert cli.main(args) == 0
+    assert seen["parameters"] == {"WORKLOADS": ["cnn", "tests.user_workloads:dict_model"], "WORKLOAD": "cnn",
+                                  "ROUNDS": 3, "COMPILE_MODES": '["default"]', "RESUME": False, "BUDGET_MIN": 0.5}
+    assert seen["only"] == ["01"]
+
+
+def test_list_parameters_read_what_papermill_hands_over():
+    from cpuopt_helpers.errors import CpuoptError
+    from cpuopt_helpers.workbook import parameter_list
+
+    assert parameter_list(["cnn"]) == parameter_list('["cnn"]') == parameter_list("cnn") == ["cnn"]
+    assert parameter_list(" cnn , mypkg.m:build ") == ["cnn", "mypkg.m:build"]
+    assert parameter_list("[16, 64]", int) == parameter_list("16,64", int) == parameter_list((16, 64), int) == [16, 64]
+    assert parameter_list(7, int) == [7] and parameter_list("") == []
+    with pytest.raises(CpuoptError, match="JSON list"):
+        parameter_list('["cnn"')
+    with pytest.raises(CpuoptError, match="must be of type int"):
+        parameter_list("16,many", int)

@@ -229,3 +229,23 @@ def test_readme_lists_every_confirmation_with_its_rounds(tmp_path):
     lines = _confirmation_lines(store, "m1")
     assert lines[-1].startswith("| 04_allocator | cnn | allocator=jemalloc | ")
     assert f"{out['n']} rounds): {out['verdict']}" in lines[-1]
+
+
+def test_the_readme_words_a_comparison_with_the_design_it_ran_under(tmp_path):
+    """Five fixed rounds (one look) give the plain interval; read back with the adaptive design's
+    wider per-look interval it would say something else than the notebook did."""
+    from cpuopt_helpers import compare
+    from cpuopt_helpers.results import run_comparison
+    from cpuopt_helpers.workbook import _confirmation_lines
+
+    store = ResultStore(tmp_path / "r.sqlite")
+    a, b = RunConfig(workload="cnn", threads=2), RunConfig(workload="cnn", threads=2, allocator="jemalloc")
+    sps = iter([100.0, 104.0, 101.0, 109.0, 99.0, 102.0, 100.0, 108.0, 102.0, 105.0])
+    fixed = run_comparison(a, b, store, lambda c: fake_result(c, sps=next(sps)), tag="04_allocator/confirm",
+                           machine="m1", min_rounds=5, max_rounds=5, progress=False)
+    assert fixed["n"] == 5 and fixed["label"] == "95% CI"
+    line = _confirmation_lines(store, "m1")[-1]
+    assert compare.describe(fixed) in line
+    again = run_comparison(a, b, store, lambda c: fake_result(c, sps=100.0), tag="04_allocator/confirm",
+                           machine="m1", progress=False)  # the adaptive design: another comparison, not a resume
+    assert again["sweep"] != fixed["sweep"] and len(store.sweeps(kind="ab")) == 2

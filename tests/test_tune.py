@@ -10,6 +10,7 @@ import pytest
 from cpuopt_helpers import system, tune
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.stages import settings
 
 FACTS = system.collect_facts()
 
@@ -47,7 +48,7 @@ def test_nothing_that_pays_recommends_the_defaults():
     # what is shown instead was measured: run_cpu's defaults against PyTorch's (0.9x in this fake machine)
     assert t["run_cpu_vs_default"]["ratio"] == pytest.approx(0.9) and t["run_cpu_vs_default"]["n"] >= 5
     assert "speedup over PyTorch's defaults: none: the defaults are recommended" in tune.format_tune(t)
-    assert t["recommended"] == tune.sweeps.normalise(RunConfig.for_preset("cnn", "quick"), FACTS["physical_cores"]
+    assert t["recommended"] == settings.normalise(RunConfig.for_preset("cnn", "quick"), FACTS["physical_cores"]
                                                      ).to_dict()
 
 

@@ -5,6 +5,7 @@ FLOP count. Tests that only read different fields of the same run share it (modu
 """
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -148,6 +149,50 @@ def test_a_workloads_own_flops_per_sample_is_taken_as_given():
     (8 x 6 x 2,112 = 101,376, its x3 convention) instead of counting (68,608, see above)."""
     r = worker.train(json.loads(RunConfig(workload="tests.user_workloads:build", steps=1, warmup=1).to_json()))
     assert r["batch_size"] == 8 and r["flops_per_step"] == 8 * 6 * (32 * 64 + 64) != USER_MLP_STEP_FLOPS
+
+
+def test_the_protocol_calls_a_model_with_a_tensor_a_tuple_or_a_dict():
+    torch = pytest.importorskip("torch")
+    seen = []
+    model = lambda *args, **kwargs: seen.append((len(args), sorted(kwargs))) or torch.ones(1)  # noqa: E731
+    for inputs in (torch.zeros(2), (torch.zeros(2), torch.zeros(3)), {"a": torch.zeros(2), "mask": torch.ones(2)}):
+        worker.call_model(model, inputs)
+    assert seen == [(1, []), (2, []), (0, ["a", "mask"])]
+
+
+def test_outputs_of_any_kind_give_their_dtype_and_keep_their_shape():
+    torch = pytest.importorskip("torch")
+    from tests.user_workloads import Output
+
+    bf = torch.zeros(2, dtype=torch.bfloat16)
+    assert worker.float_dtype(bf) == "bfloat16" and worker.float_dtype(torch.zeros(2, dtype=torch.long)) is None
+    assert worker.float_dtype((torch.zeros(1, dtype=torch.long), {"x": bf})) == "bfloat16"
+    assert worker.float_dtype(Output(bf, None)) == "bfloat16" and worker.float_dtype(3) is None
+    cast = worker.map_tensors({"a": (bf, [bf]), "n": 3}, lambda t: t.float())
+    assert cast["a"][0].dtype == cast["a"][1][0].dtype == torch.float32 and cast["n"] == 3
+    assert isinstance(cast["a"], tuple) and isinstance(cast["a"][1], list)
+    opaque = Output(bf, None)
+    assert worker.map_tensors(opaque, lambda t: t.float()) is opaque  # an output object reaches the loss as it is
+
+
+@slow
+@pytest.mark.parametrize("workload", ["dict_model", "tuple_model"])
+def test_models_taking_a_dict_or_a_tuple_and_returning_objects_train(workload):
+    """A model called with keyword inputs returning an output object, and one with two positional
+    inputs returning a tuple: trained plainly, in bf16 autocast, with channels-last asked for (no
+    4-D input: nothing to change) and with a DataLoader's workers collating the dict."""
+    name = f"tests.user_workloads:{workload}"
+    plain = run(RunConfig(workload=name, **QUICK))
+    assert plain["status"] == "ok", plain["reason"]
+    assert plain["instances"][0]["output_dtype"] == "float32" and plain["flops_per_step"] > 0
+    bf16 = run(RunConfig(workload=name, dtype="bf16", channels_last=True, loader_workers=1, **QUICK))
+    assert bf16["status"] == "ok", bf16["reason"]
+    assert bf16["instances"][0]["output_dtype"] == "bfloat16"
+    assert math.isfinite(bf16["loss_last"])
+    if workload == "dict_model":  # DDP ranks get their own data from a dict too, and stay in sync
+        ddp = run(RunConfig(workload=name, mode="ddp", instances=2, threads=1, **QUICK))
+        assert ddp["status"] == "ok", ddp["reason"]
+        assert ddp["params_in_sync"] is True
 
 
 @slow

@@ -62,3 +62,84 @@ def crash_rank1_in_training(preset: str = "quick") -> Workload:
 
     workload.loss_fn = failing_loss
     return workload
+
+
+class Output:
+    """What model libraries return: an object holding the tensors (here logits and an extra)."""
+
+    def __init__(self, logits, hidden):
+        self.logits, self.hidden = logits, hidden
+
+
+class DictModel(nn.Module):
+    """Takes keyword inputs (``model(**inputs)``) and returns an output object, not a tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(32, 64)
+        self.head = nn.Linear(64, 4)
+
+    def forward(self, features, mask):
+        hidden = torch.relu(self.embed(features * mask))
+        return Output(self.head(hidden), hidden)
+
+
+def dict_model(preset: str = "quick") -> Workload:
+    """A classifier fed a dict of inputs, returning an output object: the loss reads ``.logits``."""
+    torch.manual_seed(0)
+
+    def make_batch(batch_size):
+        g = torch.Generator().manual_seed(batch_size)
+        features = torch.randn(batch_size, 32, generator=g)
+        return {"features": features, "mask": torch.ones(batch_size, 32)}, (features[:, :4].argmax(dim=1))
+
+    return Workload("dict-model", DictModel(), make_batch,
+                    lambda out, y: nn.functional.cross_entropy(out.logits, y), 16)
+
+
+class TupleModel(nn.Module):
+    """Takes two positional inputs (``model(*inputs)``) and returns a (logits, aux) tuple."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 8), nn.Linear(16, 8)
+
+    def forward(self, x, y):
+        return self.a(x) + self.b(y), {"aux": self.b(y).mean()}
+
+
+def tuple_model(preset: str = "quick") -> Workload:
+    """Two positional inputs, a tuple (with a dict inside) out: the loss takes what it needs."""
+    torch.manual_seed(0)
+
+    def make_batch(batch_size):
+        g = torch.Generator().manual_seed(batch_size)
+        return (torch.randn(batch_size, 16, generator=g), torch.randn(batch_size, 16, generator=g)), \
+            torch.randn(batch_size, 8, generator=g)
+
+    return Workload("tuple-model", TupleModel(), make_batch,
+                    lambda out, t: nn.functional.mse_loss(out[0], t) + 0.0 * out[1]["aux"], 16)
+
+
+class Offset(nn.Module):
+    """A regression whose outputs sit near 1000: bf16 (8 bits of mantissa, steps of 4-8 there)
+    rounds away what the model learns, so its loss drifts far from fp32's."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.linear(x) + 1000.0
+
+
+def drift(preset: str = "quick") -> Workload:
+    """A workload built to drift in bf16 (see Offset)."""
+    torch.manual_seed(0)
+
+    def make_batch(batch_size):
+        g = torch.Generator().manual_seed(batch_size)
+        x = torch.randn(batch_size, 8, generator=g)
+        return x, 1000.0 + x[:, :1]
+
+    return Workload("drift", Offset(), make_batch, nn.functional.mse_loss, 32)

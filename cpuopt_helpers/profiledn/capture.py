@@ -55,18 +55,22 @@ def safe_name(text: str) -> str:
 
 
 def profile_workload(session, config: RunConfig, log_dir: Path, label: str | None = None,
-                     repeats: int = 10, tag: str = "02_profiling", trace: bool = False) -> Profile:
+                     repeats: int = 10, tag: str = "02_profiling", trace: bool = False,
+                     plain: dict | None = None) -> Profile:
     """Measure the plain step, log the timed steps of a second run, parse and project.
 
-    The replay runs on the plain run's cores with its thread count. With ``trace=True`` a
-    third run records its timed steps with torch.profiler. A failed run gives a Profile
-    with ``parsed=None``; its RunResult says why.
+    ``plain``: a run of this configuration already measured (notebook 01's baseline), reused
+    for the step time instead of measuring it again. The replay runs on the plain run's
+    cores with its thread count. With ``trace=True`` a third run records its timed steps
+    with torch.profiler. A failed run gives a Profile with ``parsed=None``; its RunResult
+    says why.
     """
     label = label or config.workload
     log_dir.mkdir(parents=True, exist_ok=True)
     log = str(log_dir / f"{safe_name(label)}_{config.preset}.log")
-    plain = session.run(config)
-    session.store.save_result(plain, tag=tag)
+    if plain is None or plain.get("config_hash") != config.config_hash():
+        plain = session.run(config)
+        session.store.save_result(plain, tag=tag)
     traced = session.run(config.replace(onednn_verbose=log))
     session.store.save_result(traced, tag=tag)
     if plain["status"] != "ok" or traced["status"] != "ok":

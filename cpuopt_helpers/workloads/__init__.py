@@ -29,8 +29,11 @@ BUILTINS = {
 class Workload:
     """A model, a batch factory and a loss: what one training step needs.
 
-    ``make_batch(batch_size) -> (inputs, targets)``: inputs is a tensor, or a tuple passed
-    as ``model(*inputs)``. ``loss_fn(outputs, targets)`` returns a scalar tensor.
+    ``make_batch(batch_size) -> (inputs, targets)``: inputs is a tensor (``model(inputs)``), a
+    tuple (``model(*inputs)``) or a dict (``model(**inputs)``). ``loss_fn(outputs, targets)``
+    returns a scalar tensor; ``outputs`` is whatever the model returns (a tensor, a tuple, a dict,
+    an output object), handed over as it is (in bf16 autocast its floating-point tensors are
+    cast to fp32 first, where they sit in a tensor, tuple, list or dict).
     ``flops_per_sample`` (forward + backward) may be None: the worker then counts them.
     ``image_like`` says whether channels-last applies to the inputs.
     """

@@ -4,26 +4,27 @@ import math
 
 import pytest
 
-from cpuopt_helpers import analysis, sweeps
+from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.stages import allocator, case_study, runtime, settings, summary, threading
 
 FACTS = {"physical_cores": 4, "logical_cores": 8, "sockets": 2, "openmp": {"intel": "/x/libiomp5.so"},
          "allocators": {"jemalloc": "/x/libjemalloc.so.2", "tcmalloc": None}}
 
 
 def test_thread_counts():
-    assert sweeps.thread_counts(2, 2) == [1, 2]
-    assert sweeps.thread_counts(6, 12) == [1, 2, 4, 6, 12]
-    assert sweeps.thread_counts(1, 1) == [1]
+    assert threading.thread_counts(2, 2) == [1, 2]
+    assert threading.thread_counts(6, 12) == [1, 2, 4, 6, 12]
+    assert threading.thread_counts(1, 1) == [1]
 
 
 def test_loader_workers_are_swept_for_image_models_only():
-    configs = sweeps.threading_configs(RunConfig.for_preset("rnn", "quick"), FACTS, image_like=False)
+    configs = threading.configs(RunConfig.for_preset("rnn", "quick"), FACTS, image_like=False)
     assert {c.loader_workers for c in configs} == {0}
 
 
 def test_threading_configs_cover_every_setting_once():
-    configs = sweeps.threading_configs(RunConfig.for_preset("cnn", "quick"), FACTS)
+    configs = threading.configs(RunConfig.for_preset("cnn", "quick"), FACTS)
     labels = [c.label() for c in configs]
     assert len(set(c.config_hash() for c in configs)) == len(configs)
     assert configs[0].threads == 4  # the base, spelled out
@@ -33,13 +34,13 @@ def test_threading_configs_cover_every_setting_once():
     assert any(c.oversubscribe and c.threads == 16 for c in configs)
     assert {c.loader_workers for c in configs} == {0, 1, 4}
     one_socket = dict(FACTS, sockets=1, openmp={"intel": None})
-    configs = sweeps.threading_configs(RunConfig.for_preset("cnn", "quick"), one_socket)
+    configs = threading.configs(RunConfig.for_preset("cnn", "quick"), one_socket)
     assert not any(c.affinity == "scatter" or c.omp_runtime == "intel" for c in configs)
 
 
 def test_allocator_configs_and_missing_ones():
     base = RunConfig.for_preset("rnn", "quick", allocator="tcmalloc", omp_runtime="intel")
-    configs, missing = sweeps.allocator_configs(base, FACTS)
+    configs, missing = allocator.configs(base, FACTS)
     assert [c.allocator for c in configs] == ["default", "jemalloc", "jemalloc"]
     assert dict(configs[2].env)["MALLOC_CONF"] == "" and all(c.omp_runtime == "intel" for c in configs)
     assert list(missing) == ["tcmalloc"] and "apt-get install libtcmalloc-minimal4" in missing["tcmalloc"]
@@ -47,16 +48,51 @@ def test_allocator_configs_and_missing_ones():
 
 def test_launcher_configs():
     best = RunConfig.for_preset("cnn", "quick", threads=4, allocator="jemalloc")
-    default, run_cpu, chosen = sweeps.launcher_configs(best, FACTS)
+    default, run_cpu, chosen = allocator.launcher_configs(best, FACTS)
     assert default.allocator == "default" and default.threads == 4 and run_cpu.launcher == "run_cpu"
     assert chosen == best
-    assert len(sweeps.launcher_configs(default, FACTS)) == 2  # the best is the default: measured once
+    assert len(allocator.launcher_configs(default, FACTS)) == 2  # the best is the default: measured once
 
 
-def result(config, round_, sps, rss=100.0, arm=None, sweep="s1"):
+def result(config, round_, sps, rss=100.0, arm=None, sweep="s1", losses=None):
     return {"status": "ok", "config": config.to_dict(), "config_hash": config.config_hash(), "round": round_,
             "sweep": sweep, "arm": arm if arm is not None else hash(config.config_hash()) % 1000,
-            "samples_per_s": sps, "peak_rss_mb": rss, "label": config.label()}
+            "samples_per_s": sps, "peak_rss_mb": rss, "label": config.label(), "losses": losses}
+
+
+def test_a_setting_whose_loss_drifts_is_no_candidate_and_memory_growth_is_said():
+    base = RunConfig.for_preset("cnn", "quick", threads=2)
+    drifting, steady, loader = base.replace(dtype="bf16"), base.replace(allocator="jemalloc"), base.replace(loader_workers=1)
+    curve = [2.0, 1.5, 1.0, 0.6]
+    results = []
+    for i in range(3):
+        results += [result(base, i, 10.0, arm=0, losses=curve),
+                    result(drifting, i, 14.0, arm=1, losses=[2.0, 1.9, 1.8, 1.7, 1.6]),  # 45% above: drifted
+                    result(steady, i, 12.0, rss=130.0, arm=2, losses=[2.0, 1.52, 1.01, 0.62, 0.1]),  # within 10%
+                    result(loader, i, 13.0, arm=3, losses=[3.0, 2.9, 2.8, 2.7])]  # other batches: not judged
+    table = settings.compare_configs(results, base.to_dict(), "cnn")
+    by = table.set_index("setting")
+    assert by.loc["dtype=bf16", "loss_drift"] == pytest.approx((1.85 - 1.275) / 1.275)  # over the 4 steps all ran
+    assert by.loc["allocator=jemalloc", "loss_drift"] < 0.10 and by.loc["allocator=jemalloc", "rss_ratio"] == 1.3
+    assert math.isnan(by.loc["loader_workers=1", "loss_drift"])
+    asked = []
+    chosen, sentence, _ = settings.choose(table, "cnn", lambda a, b: asked.append(b) or {"verdict": "faster", "ratio": 1.3, "n": 5,
+                                                                                      "ci_low": 1.1, "ci_high": 1.5})
+    assert [c.loader_workers for c in asked] == [1]  # the fastest that kept the loss (or could not be judged)
+    assert "dtype=bf16 is no candidate: its loss drifted" in sentence and "more than 10%" in sentence
+    results = [r for r in results if r["config"]["loader_workers"] == 0]
+    chosen, sentence, _ = settings.choose(settings.compare_configs(results, base.to_dict(), "cnn"), "cnn",
+                                          lambda a, b: asked.append(b) or {"verdict": "faster", "ratio": 1.2, "n": 5,
+                                                                           "ci_low": 1.1, "ci_high": 1.3})
+    assert chosen["allocator"] == "jemalloc" and "30% more peak memory" in sentence
+
+
+def test_runs_without_recorded_losses_are_not_judged():
+    base = RunConfig.for_preset("cnn", "quick", threads=2)
+    results = [result(base, 0, 10.0, arm=0), result(base.replace(dtype="bf16"), 0, 12.0, arm=1)]
+    table = settings.compare_configs(results, base.to_dict(), "cnn")
+    assert table["loss_drift"].isna().all()
+    assert "no candidate" not in settings.choose(table, "cnn")[1]
 
 
 def screened():
@@ -71,15 +107,15 @@ def screened():
 
 def test_compare_pairs_by_round_and_words_verdicts_from_compare():
     base, results = screened()
-    table = analysis.compare_configs(results, base.to_dict())
+    table = settings.compare_configs(results, base.to_dict())
     row = table.set_index("setting").loc["allocator=jemalloc"]
     assert row.ratio == pytest.approx(1.2 * math.exp(sum(math.log(1 + 0.01 * i) for i in range(5)) / 5))
     assert row.ratio_low > 1.15 and row.verdict == "faster"
     assert table.set_index("setting").loc["allocator=tcmalloc"].verdict == "no different"
-    lines = " ".join(analysis.settings_findings(table, "cnn"))
+    lines = " ".join(threading.settings_findings(table, "cnn"))
     assert "allocator=jemalloc: 1.22x (95% CI" in lines and "faster" in lines
-    assert "+30%" in analysis.memory_findings(table, "cnn")[0]
-    few = analysis.compare_configs([r for r in results if r["round"] < 2], base.to_dict())
+    assert "+30%" in allocator.memory_findings(table, "cnn")[0]
+    few = settings.compare_configs([r for r in results if r["round"] < 2], base.to_dict())
     assert few.set_index("setting").loc["allocator=jemalloc"].verdict == "too few rounds"
     assert math.isnan(few.set_index("setting").loc["allocator=jemalloc"].ratio_low)
 
@@ -88,13 +124,13 @@ def test_an_aa_sweep_keeps_its_two_arms_apart():
     base = RunConfig(threads=2)
     results = [result(base, i, 100.0 + i, arm=0) for i in range(5)] + [result(base, i, 101.0 + i, arm=1)
                                                                       for i in range(5)]
-    table = analysis.compare_configs(results, base.to_dict())
+    table = settings.compare_configs(results, base.to_dict())
     assert len(table) == 2 and set(table.setting) == {"baseline", "baseline (repeat arm)"}
 
 
 def test_choose_confirms_the_screening_winner_in_fresh_rounds():
     base, results = screened()
-    table = analysis.compare_configs([r for r in results if r["round"] < 2], base.to_dict())
+    table = settings.compare_configs([r for r in results if r["round"] < 2], base.to_dict())
     calls = []
 
     def confirm(verdict):
@@ -103,36 +139,36 @@ def test_choose_confirms_the_screening_winner_in_fresh_rounds():
             return {"ratio": 1.2, "ci_low": 1.1, "ci_high": 1.3, "n": 6, "verdict": verdict, "margin": 0.05,
                     "min_rounds": 5, "label": "95% repeated-confidence interval (per-look 98.7%)"}
         return run
-    chosen, sentence, comparison = analysis.choose(table, "cnn", confirm("faster"))
+    chosen, sentence, comparison = settings.choose(table, "cnn", confirm("faster"))
     assert chosen["allocator"] == "jemalloc" and "handed on" in sentence and comparison["n"] == 6
     assert calls[0][0].allocator == "default" and calls[0][1].allocator == "jemalloc"
-    chosen, sentence, _ = analysis.choose(table, "cnn", confirm("no different"))
+    chosen, sentence, _ = settings.choose(table, "cnn", confirm("no different"))
     assert chosen["allocator"] == "default" and "baseline is kept" in sentence
-    chosen, sentence, comparison = analysis.choose(table, "cnn")  # no confirmation: nothing is handed on
+    chosen, sentence, comparison = settings.choose(table, "cnn")  # no confirmation: nothing is handed on
     assert chosen["allocator"] == "default" and comparison is None and "not confirmed" in sentence
-    slow_only = analysis.compare_configs([r for r in results if r["arm"] != 1], base.to_dict())
+    slow_only = settings.compare_configs([r for r in results if r["arm"] != 1], base.to_dict())
     calls.clear()
     slow_only.loc[slow_only.setting != "baseline", "ratio"] = 0.9
-    chosen, sentence, _ = analysis.choose(slow_only, "cnn", confirm("faster"))
+    chosen, sentence, _ = settings.choose(slow_only, "cnn", confirm("faster"))
     assert calls == [] and chosen["allocator"] == "default"  # nothing beat the baseline: nothing to confirm
 
 
 def test_scaling_table_and_findings():
     results = [result(RunConfig(threads=t), 0, 100 * t ** 0.8) for t in (1, 2, 4)]
     results.append(result(RunConfig(threads=4, allocator="jemalloc"), 0, 999))  # not part of the scaling line
-    t = analysis.scaling_table(results, "cnn")
+    t = threading.scaling_table(results, "cnn")
     assert list(t.threads) == [1, 2, 4] and t.ideal.tolist() == [100, 200, 400]
     assert t.efficiency.iloc[-1] == pytest.approx(4 ** 0.8 / 4)
-    assert "76% of ideal" in analysis.scaling_findings(t, "cnn")[0]
+    assert "76% of ideal" in threading.scaling_findings(t, "cnn")[0]
 
 
 def test_case_study_baseline_drops_fixes_handed_on_earlier():
-    fixed = sweeps.with_options(RunConfig.for_preset("retinanet", "quick"), focal="fast").replace(
+    fixed = settings.with_options(RunConfig.for_preset("retinanet", "quick"), focal="fast").replace(
         optimizer="lamb", optimizer_impl="foreach")
-    configs = sweeps.case_study_configs(fixed, FACTS)
+    configs = case_study.configs(fixed, FACTS)
     assert configs["baseline"].options == () and configs["baseline"].optimizer_impl == "default"
     assert dict(configs["all fixes"].options) == {"focal": "fast", "frozen_bn": "fused"}
-    assert analysis.setting_label(configs["all fixes"].to_dict(), configs["baseline"].to_dict()) == \
+    assert settings.setting_label(configs["all fixes"].to_dict(), configs["baseline"].to_dict()) == \
         "optimizer_impl=foreach focal=fast frozen_bn=fused"
 
 
@@ -146,8 +182,8 @@ def test_runtime_findings_when_stock_torch_beats_every_replacement():
                     result(configs["SGD foreach"], i, 90.0, arm=2)]
     for r in results:
         r.update(step_ms={"median": 10.0})
-    table = analysis.named_table(results, configs)
-    lines = analysis.runtime_findings(results, configs, table, "cnn")
+    table = settings.named_table(results, configs)
+    lines = runtime.findings(results, configs, table, "cnn")
     # the reference itself is no candidate: the fastest replacement is named, slower than stock
     assert any("fastest with this torch in screening: SGD foreach at 90.0 samples/s, 0.90x" in line for line in lines)
 
@@ -163,14 +199,14 @@ def test_the_ladders_end_reuses_a_one_rung_comparison_and_not_several(tmp_path):
                   "sweep": "s1", "margin": 0.05, "min_rounds": 5, "order": ["ab"] * 6}
 
     def final():
-        return analysis.one_rung_final(analysis.ladder_table(session.store, "m", "cnn", "quick", None, 1.0, 2))
+        return summary.one_rung_final(summary.ladder_table(session.store, "m", "cnn", "quick", None, 1.0, 2))
 
     session.hand_on(start, "baseline")
     assert final() is None  # nothing changed: nothing to claim
     session.hand_on(threaded, "threading", comparison=comparison)
     got = final()
     assert got["reused"] == "threading" and got["ratio"] == 1.3 and "order" not in got
-    assert "1.30x (95% CI: 1.10-1.50, 6 rounds): faster" in analysis.compare.describe(got)
+    assert "1.30x (95% CI: 1.10-1.50, 6 rounds): faster" in compare.describe(got)
     session.hand_on(threaded, "allocator", comparison=dict(comparison, verdict="no different"))  # kept it
     assert final()["reused"] == "threading"
     session.hand_on(threaded.replace(dtype="bf16"), "bf16", comparison=comparison)  # two changes: run anew
@@ -201,3 +237,24 @@ def test_a_stage_rerun_alone_starts_from_its_own_base_and_keeps_the_ladders_orde
     with pytest.raises(CpuoptError, match="unknown ladder stage 'thread'"):
         session.hand_on(base, "thread")
     assert session.best_config("rnn", "quick", before="threading") == RunConfig.for_preset("rnn", "quick")
+
+
+def test_the_registry_has_a_module_and_a_notebook_per_stage_in_order():
+    from pathlib import Path
+
+    from cpuopt_helpers.errors import CpuoptError
+    from cpuopt_helpers.stages import LADDER_STAGES, STAGES, stage, stage_index
+
+    notebooks = sorted(p.name for p in (Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert [s.notebook for s in STAGES] == [n[:2] for n in notebooks if n[:2] != "00"]
+    for s in STAGES:
+        module = s.module
+        assert module.__doc__ and module.__name__.endswith(f"stages.{s.name}")
+        if s.rung and s.name != "baseline":  # every stage that hands a rung on says what it measures
+            assert callable(module.configs), s.name
+    assert LADDER_STAGES == ("baseline", "threading", "allocator", "runtime", "bf16", "multi-instance",
+                             "case-study fixes")
+    assert stage("06") is stage("bf16") is stage("precision")
+    assert stage_index("runtime") < stage_index("bf16") < stage_index("an old name") == len(LADDER_STAGES)
+    with pytest.raises(CpuoptError, match="unknown stage 'quantization'"):
+        stage("quantization")

@@ -1,0 +1,60 @@
+"""The steps of the method, in order: one module per stage, one notebook per stage.
+
+Each stage module answers one question for a workload and a starting configuration: what
+to measure (``configs``), the tidy data its notebook shows (``*_table``), the choice through
+compare.py (``choose``, returning a configuration or None, never a label) and sentences worded
+from the data (``*_findings``). ``settings`` holds what several stages share.
+
+A new step of the method (say 10, quantization) is a module here, a row in STAGES, a
+notebook ``10_quantization.ipynb`` and a test.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+from cpuopt_helpers.errors import CpuoptError
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # the module under cpuopt_helpers/stages/
+    notebook: str  # its notebook's number
+    rung: str | None  # the ladder rung it hands on (None: it measures, hands nothing on)
+    question: str
+
+    @property
+    def module(self) -> ModuleType:
+        return importlib.import_module(f"cpuopt_helpers.stages.{self.name}")
+
+
+STAGES = (
+    Stage("baseline", "01", "baseline", "How fast does each workload train with PyTorch's defaults?"),
+    Stage("profiling", "02", None, "Where does the step's time go, and how fast could its kernels run?"),
+    Stage("threading", "03", "threading", "Which threads, affinity and OpenMP settings pay?"),
+    Stage("allocator", "04", "allocator", "Does jemalloc or tcmalloc pay, at what memory cost?"),
+    Stage("runtime", "05", "runtime", "IPEX, torch.compile, channels-last or fused optimizers?"),
+    Stage("precision", "06", "bf16", "Does bf16 autocast pay here, and does training still converge?"),
+    Stage("multi_instance", "07", "multi-instance", "How many ranks of how many threads?"),
+    Stage("case_study", "08", "case-study fixes", "Which of the paper's RetinaNet fixes pay?"),
+    Stage("summary", "09", None, "From PyTorch's defaults to the last rung: how much, and what does it save?"),
+)
+
+
+# the ladder's rungs in the order of the method (rungs are stored under these names)
+LADDER_STAGES = tuple(s.rung for s in STAGES if s.rung)
+
+
+def stage(name: str) -> Stage:
+    """A stage by its module name, rung or notebook number."""
+    for s in STAGES:
+        if name in (s.name, s.rung, s.notebook):
+            return s
+    raise CpuoptError(f"unknown stage {name!r}; use one of {', '.join(s.name for s in STAGES)}")
+
+
+def stage_index(step: str) -> int:
+    """Where a rung sits in the ladder; a name from an older store goes last, in arrival order."""
+    return LADDER_STAGES.index(step) if step in LADDER_STAGES else len(LADDER_STAGES)

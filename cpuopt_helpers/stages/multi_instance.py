@@ -1,0 +1,149 @@
+"""Stage 07, multi-instance: ranks x threads layouts, independent and DDP, and what a
+larger global batch does to convergence.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cpuopt_helpers import compare, stats
+from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.stages.settings import normalise, paired, unique
+from cpuopt_helpers.stages.threading import thread_counts
+
+
+def layouts(physical: int) -> list[tuple[int, int]]:
+    """(threads per rank, ranks) pairs that fit the physical cores: powers of two and the full count."""
+    counts = sorted(set(thread_counts(physical, physical)))
+    return [(t, n) for t in counts for n in counts if t * n <= physical]
+
+
+def configs(base: RunConfig, facts: dict, batch_policy: str = "per_rank") -> list[RunConfig]:
+    """Notebook 07: every layout as independent instances and, from two ranks, as one DDP job.
+
+    One rank is the same process either way, so it runs once (independent)."""
+    base = normalise(base, facts["physical_cores"]).replace(cores=None, batch_policy=batch_policy)
+    configs = []
+    for threads, ranks in layouts(facts["physical_cores"]):
+        for mode in ("independent", "ddp") if ranks > 1 else ("independent",):
+            configs.append(base.replace(threads=threads, instances=ranks, mode=mode))
+    return unique(configs)
+
+
+# The paper's Table 2 (normalised throughput; rows threads per rank, columns ranks).
+PAPER_TABLE2 = pd.DataFrame(
+    {1: [1.00, 1.86, 3.27, 5.11], 2: [2.00, 3.70, 6.51, 10.18], 4: [3.82, 6.80, 11.20, None],
+     8: [7.04, 11.59, None, None], 16: [11.87, None, None, None]}, index=[7, 14, 28, 56])
+PAPER_TABLE2.index.name, PAPER_TABLE2.columns.name = "threads/rank", "ranks"
+
+
+def layout_table(results: list[dict], workload: str) -> pd.DataFrame:
+    """One row per (mode, threads per rank, ranks): median total samples/s, normalised to
+    one rank with the fewest threads (the paper's normalisation), and the ideal for it."""
+    rows = {}
+    for r in results:
+        if r["status"] == "ok" and r["config"]["workload"] == workload:
+            c = r["config"]
+            rows.setdefault((c["mode"], c["threads"], c["instances"]), []).append(r)
+    table = pd.DataFrame([{"mode": m, "threads": t, "ranks": n,
+                           "samples_per_s": stats.summarize([r["samples_per_s"] for r in rs])["median"],
+                           "in_sync": all(r.get("params_in_sync", True) for r in rs), "runs": len(rs),
+                           "config": rs[0]["config"]} for (m, t, n), rs in rows.items()])
+    if table.empty:
+        return table
+    ones = table[table["ranks"] == 1].sort_values("threads")
+    base_threads, base = int(ones.iloc[0]["threads"]), ones.iloc[0]["samples_per_s"]
+    table["normalised"] = table["samples_per_s"] / base
+    table["ideal"] = table["threads"] * table["ranks"] / base_threads
+    table["efficiency"] = table["normalised"] / table["ideal"]
+    return table.sort_values(["mode", "threads", "ranks"]).reset_index(drop=True)
+
+
+def layout_grid(table: pd.DataFrame, mode: str) -> pd.DataFrame:
+    """The heat-map form: threads per rank x ranks, normalised throughput; one rank from independent."""
+    rows = table[(table["mode"] == mode) | (table["ranks"] == 1)]
+    grid = rows.pivot_table(index="threads", columns="ranks", values="normalised", aggfunc="max")
+    grid.index.name, grid.columns.name = "threads/rank", "ranks"
+    return grid
+
+
+def layout_findings(table: pd.DataFrame, results: list[dict], workload: str) -> list[str]:
+    """Best layout, DDP against independent instances, scaling efficiency and the sync check."""
+    if table.empty:
+        return [f"{workload}: no layout produced a result."]
+    lines = []
+    for mode in ("independent", "ddp"):
+        rows = table[(table["mode"] == mode) & (table["ranks"] > 1)]
+        if rows.empty:
+            continue
+        best = rows.sort_values("samples_per_s", ascending=False).iloc[0]
+        lines.append(f"{workload}, {mode}: best multi-rank layout {int(best.ranks)} ranks x {int(best.threads)} "
+                     f"threads at {best.samples_per_s:.1f} samples/s = {best.normalised:.2f}x the single-rank "
+                     f"reference (ideal {best.ideal:.0f}x, efficiency {best.efficiency:.0%}).")
+    hashes = {}
+    for r in results:
+        if r["status"] == "ok" and r["config"]["workload"] == workload:
+            c = r["config"]
+            hashes[(c["mode"], c["threads"], c["instances"])] = r["config_hash"]
+    for (mode, threads, ranks), h in sorted(hashes.items()):
+        twin = hashes.get(("independent", threads, ranks))
+        if mode == "ddp" and twin:
+            ratio = paired(results, twin, h)
+            lines.append(f"{workload}: DDP over independent instances at {ranks} x {threads}: {compare.describe(ratio)} "
+                         "(the difference is the gradient all-reduce).")
+    ddp = table[table["mode"] == "ddp"]
+    if len(ddp):
+        lines.append(f"{workload}: parameters identical on every rank after training in "
+                     f"{int(ddp['in_sync'].sum())} of {len(ddp)} DDP layouts.")
+    return lines
+
+
+def choose(table: pd.DataFrame, confirm=None) -> tuple[dict | None, str, dict | None]:
+    """The layout to hand on: the fastest DDP job (one model trained by several ranks) if a
+    fresh comparison against one rank on all cores says faster, else one rank on all cores."""
+    if table.empty:
+        return None, "layout: no result.", None
+    single = table[table["ranks"] == 1].sort_values("threads").iloc[-1]
+    ddp = table[(table["mode"] == "ddp") & table["in_sync"]].sort_values("samples_per_s", ascending=False)
+    if ddp.empty:
+        return single["config"], "layout: no DDP layout fits here; one rank on all cores is kept.", None
+    best = ddp.iloc[0]
+    where = f"DDP {int(best.ranks)} ranks x {int(best.threads)} threads"
+    if best["samples_per_s"] <= single["samples_per_s"] or confirm is None:
+        return single["config"], (f"layout: {where} screened at {best.samples_per_s:.1f} samples/s against one rank's "
+                                  f"{single.samples_per_s:.1f}; one rank on all cores is kept."), None
+    result = confirm(RunConfig.from_dict(single["config"]), RunConfig.from_dict(best["config"]))
+    sentence = f"layout: {where} over one rank x {int(single.threads)} threads, in fresh rounds: {compare.describe(result)}"
+    if result["verdict"] == "faster":
+        return best["config"], sentence + ": handed on.", result
+    return single["config"], sentence + "; one rank on all cores is kept.", result
+
+
+def epochs_to_target(history: list[dict], target: float) -> int | None:
+    """First epoch (1-based) whose test accuracy reaches the target; None if none does."""
+    return next((i + 1 for i, h in enumerate(history) if h["accuracy"] >= target), None)
+
+
+def convergence_table(runs: list[dict], target: float) -> pd.DataFrame:
+    return pd.DataFrame([{"global_batch": r["batch_size"], "lr": r["lr"], "steps_per_epoch":
+                          -(-r["train_samples"] // r["batch_size"]), "epochs_to_target": epochs_to_target(
+                              r["history"], target), "final_accuracy": r["final_accuracy"]} for r in runs])
+
+
+def convergence_findings(table: pd.DataFrame, target: float) -> list[str]:
+    reached = table.dropna(subset=["epochs_to_target"])
+    lines = [f"global batch {int(r.global_batch)}: "
+             + (f"{int(r.epochs_to_target)} epochs to {target:.0%} test accuracy"
+                if r.epochs_to_target == r.epochs_to_target and r.epochs_to_target is not None
+                else f"did not reach {target:.0%} (final {r.final_accuracy:.1%})")
+             for r in table.itertuples()]
+    if len(reached) >= 2:
+        small, large = reached.iloc[0], reached.iloc[-1]
+        trend = ("more" if large.epochs_to_target > small.epochs_to_target else
+                 "fewer" if large.epochs_to_target < small.epochs_to_target else "as many")
+        lines.append(f"a {int(large.global_batch / small.global_batch)}x larger global batch needed {trend} epochs "
+                     f"({int(small.epochs_to_target)} -> {int(large.epochs_to_target)}): adding ranks at a fixed "
+                     "per-rank batch grows the global batch, so "
+                     + ("lower the per-rank batch as ranks are added." if trend == "more" else
+                        "on this dataset that cost did not show."))
+    return lines

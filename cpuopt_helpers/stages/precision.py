@@ -1,0 +1,69 @@
+"""Stage 06, precision: bf16 autocast (loss in fp32) against fp32, gated by the ISA, and
+whether bf16 training still converges.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cpuopt_helpers import compare
+from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.stages import settings
+from cpuopt_helpers.stages.settings import normalise, unique
+
+
+def configs(base: RunConfig, facts: dict, channels_last: bool) -> list[RunConfig]:
+    """Notebook 06: fp32 and bf16 (autocast, loss in fp32), with channels-last off and on.
+
+    Without a bf16 fast path the comparison runs on the quick preset with few steps, so
+    that a 10-20x slower bf16 still finishes: it is measured, not skipped.
+    """
+    base = normalise(base, facts["physical_cores"]).replace(dtype="fp32", bf16_loss=False)
+    if not facts["bf16"]["accelerated"]:
+        base = base.replace(preset="quick", steps=5, warmup=1)
+    layouts = [False, True] if channels_last else [base.channels_last]
+    return unique([base.replace(channels_last=cl, dtype=dt) for cl in layouts for dt in ("fp32", "bf16")])
+
+
+def accuracy_table(runs: list[dict]) -> pd.DataFrame:
+    """Final test accuracy and loss of each precision mode on the digits."""
+    return pd.DataFrame([{"mode": r["mode"], "final_accuracy": r["final_accuracy"], "final_loss": r["final_loss"],
+                          "best_accuracy": max(h["accuracy"] for h in r["history"]), "epochs": r["epochs"]}
+                         for r in runs]).set_index("mode")
+
+
+def findings(tables: dict, accuracy: pd.DataFrame, gate: dict) -> list[str]:
+    """bf16 against fp32: the gate, the screening ratios per workload and layout, and accuracy."""
+    lines = [f"bf16 fast path on this CPU: {'yes, ' + gate['path'] if gate['accelerated'] else 'no'} "
+             f"({gate['reason']})."]
+    for w, t in tables.items():
+        for _, r in t.iterrows():
+            if "dtype=bf16" in r["setting"] and isinstance(r.get("comparison"), dict):
+                lines.append(f"{w}: {r['setting']} over fp32: {compare.describe(r['comparison'])}.")
+    if "fp32" in accuracy.index:
+        base = accuracy.loc["fp32", "final_accuracy"]
+        for mode, row in accuracy.iterrows():
+            if mode != "fp32":
+                lines.append(f"digits, {mode}: final test accuracy {row.final_accuracy:.1%} vs {base:.1%} in fp32 "
+                             f"({(row.final_accuracy - base) * 100:+.1f} points); final loss {row.final_loss:.4f}.")
+    return lines
+
+
+def choose(table: pd.DataFrame, accuracy: pd.DataFrame, gate: dict, what: str, confirm=None,
+                     tolerance: float = 0.01) -> tuple[dict | None, str, dict | None]:
+    """The bf16 configuration to hand on (or None to keep fp32), why, and the comparison.
+
+    bf16 is a candidate only with a fast path and within `tolerance` of fp32's accuracy on
+    the digits; then the fastest bf16 setting screened (with or without channels-last) is
+    confirmed against fp32 like every other choice.
+    """
+    if not gate["accelerated"]:
+        return None, f"{what}: fp32 kept: this CPU has no bf16 fast path ({gate['reason']}).", None
+    if not {"fp32", "bf16"} <= set(accuracy.index):
+        return None, f"{what}: fp32 kept: the digits accuracy check did not run.", None
+    drop = accuracy.loc["fp32", "final_accuracy"] - accuracy.loc["bf16", "final_accuracy"]
+    if drop > tolerance:
+        return None, f"{what}: fp32 kept: bf16 lost {drop:.1%} accuracy on the digits (tolerance {tolerance:.0%}).", None
+    bf16 = table[table["setting"].str.contains("dtype=bf16")] if len(table) else table
+    chosen, sentence, result = settings.choose(table, what, confirm, candidates=bf16)
+    return (chosen if chosen is not None and chosen.get("dtype") == "bf16" else None), sentence, result

@@ -1,0 +1,99 @@
+"""Stage 05, runtime: IPEX (in its own torch 2.8 runtime) against this torch's upstream
+replacements (torch.compile, channels-last, foreach/fused optimizers).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cpuopt_helpers import compare
+from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.stages import settings
+from cpuopt_helpers.stages.settings import normalise, paired
+
+
+OPTIMIZER_ARMS = ("SGD foreach", "SGD fused", "AdamW (default)", "AdamW fused")
+
+
+def configs(base: RunConfig, facts: dict, image_like: bool, ipex_available: bool,
+            compile_modes: tuple[str, ...] = ("default", "max-autotune"),
+            optimizers: tuple[str, ...] = OPTIMIZER_ARMS) -> dict[str, RunConfig]:
+    """Notebook 05: stock torch 2.8, torch 2.8 + IPEX, stock torch (this venv), and this
+    torch's upstream replacements for what IPEX did, all on the same base setting.
+
+    Returns name -> config, the first being the stock runtime every ratio is taken against.
+    The AdamW pair measures the fused optimizer where it matters most (SGD's update is
+    one multiply-add per weight).
+    """
+    base = normalise(base, facts["physical_cores"]).replace(runtime="main", ipex=False, compile=None,
+                                                            optimizer="sgd", optimizer_impl="default")
+    configs = {"torch (stock)": base}
+    if ipex_available:
+        configs["torch 2.8 (stock)"] = base.replace(runtime="ipex")
+        configs["torch 2.8 + IPEX"] = base.replace(runtime="ipex", ipex=True)
+    if image_like and not base.channels_last:
+        configs["channels-last"] = base.replace(channels_last=True)
+    for mode in compile_modes:
+        configs[f"torch.compile ({mode})"] = base.replace(compile=mode, warmup=max(base.warmup, 1))
+    unknown = set(optimizers) - set(OPTIMIZER_ARMS)
+    if unknown:
+        raise CpuoptError(f"unknown optimizer arm(s) {', '.join(sorted(unknown))}; use some of {', '.join(OPTIMIZER_ARMS)}")
+    arms = {"SGD foreach": base.replace(optimizer_impl="foreach"), "SGD fused": base.replace(optimizer_impl="fused"),
+            "AdamW (default)": base.replace(optimizer="adamw"),
+            "AdamW fused": base.replace(optimizer="adamw", optimizer_impl="fused")}
+    return configs | {name: config for name, config in arms.items() if name in optimizers}
+
+
+def breakeven_steps(compile_s: float, eager_step_ms: float, compiled_step_ms: float) -> float | None:
+    """Training steps after which compiling has paid for its compile time (None: it never does)."""
+    saving_s = (eager_step_ms - compiled_step_ms) / 1e3
+    return compile_s / saving_s if saving_s > 0 else None
+
+
+def findings(results: list[dict], configs: dict, table: pd.DataFrame, workload: str) -> list[str]:
+    """Notebook 05's answer for one workload, worded from its measurements."""
+    if table.empty:
+        return [f"{workload}: no configuration produced a result."]
+    h = {n: c.config_hash() for n, c in configs.items()}
+    lines = []
+    if "torch 2.8 + IPEX" in h:
+        lines.append(f"{workload}: IPEX over its own stock torch 2.8: "
+                     f"{compare.describe(paired(results, h['torch 2.8 (stock)'], h['torch 2.8 + IPEX']))}.")
+        lines.append(f"{workload}: stock torch (this venv) over torch 2.8 + IPEX: "
+                     f"{compare.describe(paired(results, h['torch 2.8 + IPEX'], h['torch (stock)']))}.")
+    upstream = table[~table["name"].isin(["torch 2.8 (stock)", "torch 2.8 + IPEX", "AdamW (default)",
+                                          "AdamW fused"]) & (table["setting"] != "baseline")].dropna(subset=["ratio"])
+    best = upstream.sort_values("ratio", ascending=False).iloc[0] if len(upstream) else None
+    if best is not None:
+        lines.append(f"{workload}: fastest with this torch in screening: {best['name']} at "
+                     f"{best['samples_per_s']:.1f} samples/s, {compare.describe(best['comparison'])} against stock.")
+        if "torch 2.8 + IPEX" in h:
+            lines.append(f"{workload}: {best['name']} over torch 2.8 + IPEX: "
+                         f"{compare.describe(paired(results, h['torch 2.8 + IPEX'], best['config_hash']))}.")
+    if "AdamW fused" in h and "AdamW (default)" in h:
+        lines.append(f"{workload}: fused AdamW over the default AdamW: "
+                     f"{compare.describe(paired(results, h['AdamW (default)'], h['AdamW fused']))}.")
+    eager = table[table["name"] == "torch (stock)"]
+    for row in table[table["compile_s"].notna()].itertuples():
+        if eager.empty:
+            break
+        steps = breakeven_steps(row.compile_s, eager.iloc[0]["step_ms"], row.step_ms)
+        warm = f", {row.compile_warm_s:.0f} s again with a warm cache" if row.compile_warm_s == row.compile_warm_s \
+            and row.compile_warm_s is not None else ""
+        lines.append(f"{workload}: {row.name} compiled in {row.compile_s:.0f} s from a cold cache{warm}; "
+                     + (f"it pays for itself after {steps:,.0f} steps." if steps else
+                        "its steps are not faster, so it never pays for itself."))
+    return lines
+
+
+def choose(table: pd.DataFrame, configs: dict, confirm=None) -> tuple[dict | None, str, dict | None]:
+    """Notebook 05's hand-on: the fastest eager setting of this torch (no IPEX runtime, no compile).
+
+    IPEX is archived and runs only in its own torch 2.8 runtime; torch.compile costs its
+    compile time in every new process, and the later notebooks start many short ones.
+    Both are reported, neither is handed on; the choice is made like every other (ratio
+    above 1 over the whole interval).
+    """
+    eager = [n for n, c in configs.items() if c.runtime == "main" and not c.compile and c.optimizer == "sgd"]
+    return settings.choose(table, "runtime", confirm, candidates=table[table["name"].isin(eager)])

@@ -1,0 +1,223 @@
+"""Shared by the stages: the table of settings against a base (ratios paired by round),
+the choice of a winner through compare.py, and the small config helpers.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cpuopt_helpers import compare, stats
+from cpuopt_helpers.config import RunConfig
+
+
+def unique(configs: list[RunConfig]) -> list[RunConfig]:
+    """Drop configurations that measure the same thing (same hash), keeping the first."""
+    seen, out = set(), []
+    for c in configs:
+        if c.config_hash() not in seen:
+            seen.add(c.config_hash())
+            out.append(c)
+    return out
+
+
+def normalise(base: RunConfig, physical: int) -> RunConfig:
+    """Spell out the thread count so that equal settings hash equally."""
+    return base.replace(threads=base.threads or max(1, physical // base.instances))
+
+
+def with_options(config: RunConfig, **options) -> RunConfig:
+    """The config with these workload options added to the ones it has."""
+    return config.replace(options=dict(config.options) | {k: str(v) for k, v in options.items()})
+
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+def throughput_table(results: list[dict]) -> pd.DataFrame:
+    """One row per workload: median samples/s over runs with their range (low-high; a few
+    runs give no honest interval of their own), median step and phase times, achieved
+    GFLOP/s, and the spread warning."""
+    rows = {}
+    for r in results:
+        if r["status"] == "ok":
+            rows.setdefault(r["config"]["workload"], []).append(r)
+    out = []
+    for workload, runs in rows.items():
+        sps = [r["samples_per_s"] for r in runs]
+        step = stats.summarize([r["step_ms"]["median"] for r in runs])["median"]
+        row = {"workload": workload, "samples_per_s": stats.summarize(sps)["median"], "low": min(sps),
+               "high": max(sps), "runs": len(runs), "step_ms": step,
+               "gflops": stats.summarize([r["achieved_gflops"] or 0 for r in runs])["median"],
+               "startup_s": stats.summarize([r["startup_s"] for r in runs])["median"],
+               "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+               "warning": stats.spread_warning(sps, f"{workload} samples/s")}
+        for phase in PHASES:
+            row[f"{phase}_ms"] = stats.summarize([r["phase_ms"][phase] for r in runs])["median"]
+        timed = sum(row[f"{p}_ms"] for p in PHASES)
+        for phase in PHASES:
+            row[f"{phase}_share"] = row[f"{phase}_ms"] / step
+        row["other_share"] = max(0.0, 1 - timed / step)
+        out.append(row)
+    return pd.DataFrame(out).set_index("workload") if out else pd.DataFrame()
+
+
+def failures(results: list[dict]) -> list[str]:
+    return [f"{r['label']}: {r['status']}: {r['reason'].splitlines()[0] if r['reason'] else ''}"
+            for r in results if r["status"] != "ok"]
+
+
+def setting_label(config: dict, baseline: dict) -> str:
+    """What a configuration changes against the baseline, e.g. 'omp_runtime=intel kmp_blocktime=0'."""
+    skip = {"timeout_s", "onednn_verbose", "trace", "options"}
+    parts = [f"{k}={v}" for k, v in config.items() if k not in skip and v != baseline.get(k)]
+    mine, theirs = config.get("options") or {}, baseline.get("options") or {}  # a workload's options by name
+    parts += [f"{k}={mine.get(k, 'default')}" for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+    return " ".join(parts) or "baseline"
+
+
+# Numerics and memory guard every choice. With the same seed and the same batch, a setting that
+# leaves the arithmetic alone trains along the baseline's loss curve; one that changes it (bf16,
+# compile, fused optimizers, IPEX, another torch) may drift. A setting is handed on only if its
+# loss, averaged over the steps both ran (warm-up included), lies within LOSS_TOLERANCE of the
+# baseline's (relative; LOSS_FLOOR keeps losses near zero from counting every wobble). A setting
+# that raises peak memory by more than MEMORY_WARNING says so beside its speed.
+LOSS_TOLERANCE = 0.10
+LOSS_FLOOR = 0.05
+MEMORY_WARNING = 1.20
+
+
+def common_steps(results: list[dict]) -> int:
+    """How many steps every ok run recorded a loss for (0 where a run recorded none)."""
+    lengths = [len(r.get("losses") or []) for r in results if r["status"] == "ok"]
+    return min(lengths) if lengths else 0
+
+
+def mean_loss(runs: list[dict], steps: int) -> float | None:
+    """The arm's loss: the median over runs of each run's mean loss over its first ``steps`` steps."""
+    if not steps or any(not r.get("losses") for r in runs):
+        return None
+    return stats.summarize([sum(r["losses"][:steps]) / steps for r in runs])["median"]
+
+
+def loss_drift(loss: float | None, base_loss: float | None) -> float | None:
+    """How far an arm's loss lies from the baseline's, as a share of it (None: not recorded)."""
+    if loss is None or base_loss is None:
+        return None
+    return abs(loss - base_loss) / max(abs(base_loss), LOSS_FLOOR)
+
+
+def compare_configs(results: list[dict], baseline: dict, workload: str | None = None) -> pd.DataFrame:
+    """One row per arm of a sweep: median samples/s with the range over rounds, peak RSS,
+    and the ratio to the baseline arm paired round by round (``compare.paired_ratio``:
+    ``ratio_low``/``ratio_high`` are its interval, NaN below the minimum rounds)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        if r["status"] == "ok" and (workload is None or r["config"]["workload"] == workload):
+            groups.setdefault((r.get("sweep"), r.get("arm", 0)), []).append(r)
+    base_key = next((k for k, rs in sorted(groups.items(), key=lambda kv: kv[0][1])
+                     if setting_label(rs[0]["config"], baseline) == "baseline"), None)
+    base_by_round = {(r.get("sweep"), r["round"]): r["samples_per_s"] for r in groups.get(base_key, [])}
+    steps = common_steps([r for rs in groups.values() for r in rs])
+    base_loss = mean_loss(groups.get(base_key, []), steps)
+    base_rss = stats.summarize([r["peak_rss_mb"] for r in groups[base_key]])["median"] if base_key in groups else None
+    rows = []
+    for key, runs in groups.items():
+        sps = [r["samples_per_s"] for r in runs]
+        row = {"setting": "baseline" if key == base_key else setting_label(runs[0]["config"], baseline),
+               "samples_per_s": stats.summarize(sps)["median"], "low": min(sps), "high": max(sps), "runs": len(runs),
+               "peak_rss_mb": stats.summarize([r["peak_rss_mb"] for r in runs])["median"],
+               "config_hash": runs[0]["config_hash"], "arm": key[1], "config": runs[0]["config"]}
+        same_data = all(runs[0]["config"].get(k) == baseline.get(k) for k in ("loader_workers", "batch_size", "instances"))
+        row.update(loss=mean_loss(runs, steps),  # other batches (a DataLoader's, other sizes): not comparable
+                   loss_drift=loss_drift(mean_loss(runs, steps), base_loss) if same_data else None,
+                   rss_ratio=row["peak_rss_mb"] / base_rss if base_rss else None)
+        pairs = [(base_by_round[(r.get("sweep"), r["round"])], r["samples_per_s"]) for r in runs
+                 if (r.get("sweep"), r["round"]) in base_by_round]
+        if pairs and key != base_key:
+            ratio = compare.paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
+            row.update(ratio=ratio["ratio"], ratio_low=ratio["ci_low"], ratio_high=ratio["ci_high"],
+                       verdict=ratio["verdict"], comparison=ratio)
+        elif key == base_key:
+            row.update(ratio=1.0)
+        if row["setting"] == "baseline" and key != base_key:
+            row["setting"] = "baseline (repeat arm)"
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    return table.sort_values("samples_per_s", ascending=False).reset_index(drop=True) if len(table) else table
+
+
+def choose(table: pd.DataFrame, what: str, confirm=None, candidates: pd.DataFrame | None = None
+           ) -> tuple[dict | None, str, dict | None]:
+    """The configuration to hand on, the sentence that says why, and the comparison behind it.
+
+    Screening ranks the settings (highest paired ratio to the baseline); picking the best
+    of several is a selection, so the winner is confirmed against the baseline in fresh,
+    adaptive rounds (``confirm(baseline_config, winner_config) -> compare result``, e.g.
+    ``Session.confirm``) and handed on only on the verdict ``faster``. A setting whose loss
+    drifted from the baseline's beyond LOSS_TOLERANCE is no candidate; the sentence names it,
+    and the winner's peak memory where it grew by more than MEMORY_WARNING.
+    """
+    if table.empty:
+        return None, f"{what}: no setting produced a result.", None
+    base = table[table["setting"] == "baseline"]
+    pool = table if candidates is None else candidates
+    others = pool[pool["setting"] != "baseline"].dropna(subset=["ratio"]) if "ratio" in pool else pool.iloc[0:0]
+    if base.empty:
+        return None, f"{what}: the baseline produced no result; nothing is handed on.", None
+    base = base.iloc[0]
+    if others.empty:
+        return base["config"], f"{what}: no other setting produced a result; the baseline is kept.", None
+    drift = pd.to_numeric(others["loss_drift"], errors="coerce") if "loss_drift" in others else others["ratio"] * float("nan")
+    drifted = drift > LOSS_TOLERANCE  # not recorded (NaN): not judged
+    excluded = "".join(f" {r['setting']} is no candidate: its loss drifted {d:.0%} from the baseline's (more than "
+                       f"{LOSS_TOLERANCE:.0%}, with the same seed and data)."
+                       for (_, r), d in zip(others[drifted].iterrows(), drift[drifted]))
+    others = others[~drifted]
+    if others.empty:
+        return base["config"], f"{what}: the baseline is kept.{excluded}", None
+    best = others.sort_values("ratio", ascending=False).iloc[0]
+    grew = best.get("rss_ratio") is not None and best["rss_ratio"] > MEMORY_WARNING
+    screened = (f"{best['setting']} screened best at {best['ratio']:.2f}x the baseline over {best['runs']} round(s)"
+                + (f", with {best['rss_ratio'] - 1:.0%} more peak memory" if grew else ""))
+    if best["ratio"] <= 1.0:
+        return (base["config"], f"{what}: no setting beat the baseline in screening ({screened}); the baseline is "
+                f"kept.{excluded}", None)
+    if confirm is None:
+        return base["config"], f"{what}: {screened}, not confirmed; the baseline is kept.{excluded}", None
+    result = confirm(RunConfig.from_dict(base["config"]), RunConfig.from_dict(best["config"]))
+    sentence = f"{what}: {screened}; confirmed in fresh rounds: {compare.describe(result)}"
+    if result["verdict"] == "faster":
+        return best["config"], f"{sentence}: handed on.{excluded}", result
+    return base["config"], f"{sentence}; the baseline is kept.{excluded}", result
+
+
+def paired(results: list[dict], a: str, b: str) -> dict | None:
+    """Throughput of config b over config a (hashes), paired by the rounds of their sweep."""
+    by = {h: {(r.get("sweep"), r["round"]): r["samples_per_s"] for r in results
+              if r["status"] == "ok" and r["config_hash"] == h} for h in (a, b)}
+    rounds = sorted(set(by[a]) & set(by[b]), key=str)
+    if not rounds:
+        return None
+    return compare.paired_ratio([by[a][k] for k in rounds], [by[b][k] for k in rounds])
+
+
+def named_table(results: list[dict], configs: dict) -> pd.DataFrame:
+    """compare_configs against the first named config, with a `name` column, in the given order."""
+    names = {c.config_hash(): n for n, c in configs.items()}
+    first = next(iter(configs.values()))
+    table = compare_configs([r for r in results if r["config_hash"] in names], first.to_dict(), first.workload)
+    if table.empty:
+        return table
+    table.insert(0, "name", table["config_hash"].map(names))
+    for key in ("compile_s", "compile_warm_s"):  # cold (fresh Inductor cache) and warm compile times
+        times: dict[str, list[float]] = {}
+        for r in results:
+            if r["status"] == "ok" and r.get(key) and r["config_hash"] in names:
+                times.setdefault(r["config_hash"], []).append(r[key])
+        table[key] = table["config_hash"].map(lambda h: stats.summarize(times[h])["median"] if h in times else None)
+    table["step_ms"] = [None] * len(table)
+    for i, h in enumerate(table["config_hash"]):
+        steps = [r["step_ms"]["median"] for r in results if r["status"] == "ok" and r["config_hash"] == h]
+        table.at[i, "step_ms"] = stats.summarize(steps)["median"] if steps else None
+    order = {n: i for i, n in enumerate(configs)}
+    return table.sort_values("name", key=lambda s: s.map(order)).reset_index(drop=True)

@@ -1,0 +1,98 @@
+"""Stage 09, summary: the ladder of every workload, from PyTorch's defaults to the last rung.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cpuopt_helpers import compare, stats
+from cpuopt_helpers.config import RunConfig
+
+
+def ladder_findings(table: pd.DataFrame) -> list[str]:
+    """Each fix alone and all together against the baseline (the paper: about 2x together)."""
+    if table.empty:
+        return ["case study: no configuration produced a result."]
+    base = table.iloc[0]["name"]
+    return [f"{r['name']} over {base}: {compare.describe(r['comparison'])}." for _, r in table.iterrows()
+            if r["name"] != base and isinstance(r.get("comparison"), dict)]
+
+
+def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict | None,
+                 price_per_hour: float, physical_cores: int) -> pd.DataFrame:
+    """The optimisation ladder of one workload from the store (``ladder.rungs``): each rung
+    handed on, its confirmed ratio to the rung before and to the baseline (chained, with
+    intervals), its measured throughput (median of the stored runs of that configuration),
+    the share of the measured GEMM ceiling of the dtype it ran in, and the cost per 1000
+    training samples at the given price per machine-hour."""
+    from cpuopt_helpers import ladder
+    from cpuopt_helpers.roofline import ceiling_gflops
+
+    rungs = ladder.rungs(store, machine, workload, preset, physical_cores)
+    if not rungs:
+        return pd.DataFrame()
+    runs: dict[str, list[dict]] = {}
+    for r in store.results(machine=machine):
+        if r["status"] == "ok" and r["config"]["workload"] == workload:
+            runs.setdefault(RunConfig.from_dict(r["config"]).config_hash(), []).append(r)  # today's hash
+    rows = []
+    for rung in rungs:
+        config = RunConfig.from_dict(rung["config"])
+        measured = runs.get(config.config_hash(), [])
+        sps = stats.summarize([r["samples_per_s"] for r in measured])["median"] if measured else None
+        gflops = stats.summarize([r["achieved_gflops"] for r in measured if r.get("achieved_gflops")])["median"] \
+            if any(r.get("achieved_gflops") for r in measured) else None
+        evidence, chained = rung["vs_previous"] or {}, rung["vs_baseline"]
+        ceiling = ceiling_gflops(roofline or {}, config.dtype) if roofline else None
+        rows.append({"step": rung["step"], "change": rung["change"],
+                     "samples_per_s": sps, "runs": len(measured), "achieved_gflops": gflops,
+                     "vs_previous": evidence.get("ratio"), "vs_previous_low": evidence.get("ci_low"),
+                     "vs_previous_high": evidence.get("ci_high"), "verdict": evidence.get("verdict"),
+                     "cumulative_speedup": chained["ratio"], "cumulative_low": chained["ci_low"],
+                     "cumulative_high": chained["ci_high"],
+                     "peak_share": gflops / ceiling if gflops and ceiling else None,
+                     "ceiling": f"{config.dtype} GEMM", "config": rung["config"], "comparison": rung["vs_previous"],
+                     "confirmed": rung["confirmed"]})
+    table = pd.DataFrame(rows)
+    table["usd_per_1000_samples"] = price_per_hour / 3600 * 1000 / table["samples_per_s"]
+    return table
+
+
+def one_rung_final(table: pd.DataFrame) -> dict | None:
+    """The ladder's end against its start where one rung made the whole change: that rung's
+    own comparison, which paired exactly these two configurations in fresh rounds, so it is
+    reused rather than run again (None where several rungs changed something)."""
+    if len(table) < 2:
+        return None
+    changed = table.iloc[1:][table["change"].iloc[1:] != "kept"]
+    if len(changed) != 1 or changed.iloc[0]["config"] != table.iloc[-1]["config"]:
+        return None
+    comparison = changed.iloc[0]["comparison"]
+    if not changed.iloc[0]["confirmed"]:  # a change its comparison did not confirm between these two
+        return None
+    return dict(comparison, reused=changed.iloc[0]["step"]) if comparison and comparison.get("n") else None
+
+
+def ladder_summary(tables: dict, finals: dict, price_per_hour: float) -> list[str]:
+    """Per workload: the ladder's end against its start in fresh paired rounds (the one
+    speedup claimed), the rung that paid most by its own confirmed comparison, and cost."""
+    lines = []
+    for w, t in tables.items():
+        if t.empty:
+            continue
+        last = t.iloc[-1]
+        final = finals.get(w)
+        where = (f"in the paired rounds of its one rung ({final['reused']})" if final and final.get("reused")
+                 else "in fresh paired rounds")
+        head = (f"{w}: the ladder's end over PyTorch's defaults, {where}: {compare.describe(final)}"
+                if final else f"{w}: nothing was handed on beyond PyTorch's defaults")
+        confirmed = t[t["verdict"] == "faster"]
+        if len(confirmed):
+            top = confirmed.loc[confirmed["vs_previous"].idxmax()]
+            head += f"; the largest confirmed step: {top.step} ({top.change}, {top.vs_previous:.2f}x the rung before)"
+        if last.samples_per_s == last.samples_per_s and last.samples_per_s:
+            head += f"; ${last.usd_per_1000_samples:.4f} per 1000 samples at ${price_per_hour:g}/hour"
+        if last.peak_share is not None and last.peak_share == last.peak_share:
+            head += f"; {last.peak_share:.0%} of the measured {last.ceiling} ceiling"
+        lines.append(head + ".")
+    return lines

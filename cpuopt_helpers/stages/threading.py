@@ -1,0 +1,76 @@
+"""Stage 03, threading: thread count, affinity, OpenMP runtime and its settings,
+oversubscription and DataLoader workers, each against the base configuration.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cpuopt_helpers import compare, stats
+from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.stages.settings import normalise, unique
+
+
+def thread_counts(physical: int, logical: int) -> list[int]:
+    """1, 2, 4, ... up to the physical cores, the physical count itself, and the logical one with SMT."""
+    counts = [t for t in (2**i for i in range(16)) if t < physical] + [physical]
+    if logical > physical:
+        counts.append(logical)
+    return counts
+
+
+def configs(base: RunConfig, facts: dict, image_like: bool = True) -> list[RunConfig]:
+    """Notebook 03: thread scaling, affinity, OpenMP runtime and KMP_BLOCKTIME, OMP_PROC_BIND,
+    oversubscription and DataLoader workers, each against the base configuration."""
+    physical, logical = facts["physical_cores"], facts["logical_cores"]
+    base = normalise(base, physical)
+    configs = [base] + [base.replace(threads=t) for t in thread_counts(physical, logical)]
+    if facts["sockets"] > 1:  # on one socket scatter hands out the same cores as compact
+        configs.append(base.replace(affinity="scatter"))
+    configs.append(base.replace(affinity="none"))
+    if facts["openmp"].get("intel"):
+        configs += [base.replace(omp_runtime="intel", kmp_blocktime=b) for b in (0, 1, 200)]
+    configs.append(base.replace(env={"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}))
+    configs.append(base.replace(threads=2 * logical, oversubscribe=True))
+    if image_like:  # an input pipeline worth feeding from worker processes: decoded, augmented images
+        configs += [base.replace(loader_workers=w) for w in sorted({1, physical})]
+    return unique(configs)
+
+
+def scaling_table(results: list[dict], workload: str) -> pd.DataFrame:
+    """Samples/s by thread count (one instance), with ideal linear scaling from 1 thread."""
+    rows = {}
+    for r in results:
+        c = r["config"]
+        if (r["status"] == "ok" and c["workload"] == workload and c["instances"] == 1 and not c["env"]
+                and c["affinity"] == "compact" and c["omp_runtime"] == "gnu" and not c["oversubscribe"]
+                and not c["loader_workers"] and c["allocator"] == "default"):
+            rows.setdefault(c["threads"], []).append(r["samples_per_s"])
+    table = pd.DataFrame([{"threads": t, "samples_per_s": stats.summarize(v)["median"], "runs": len(v)}
+                          for t, v in sorted(rows.items())])
+    if len(table):
+        one = table.loc[table["threads"] == table["threads"].min(), "samples_per_s"].iloc[0] / table["threads"].min()
+        table["ideal"] = one * table["threads"]
+        table["efficiency"] = table["samples_per_s"] / table["ideal"]
+    return table
+
+
+def scaling_findings(table: pd.DataFrame, workload: str) -> list[str]:
+    """How throughput grows with threads, from the scaling table."""
+    if len(table) < 2:
+        return [f"{workload}: only one thread count measured."]
+    best = table.loc[table["samples_per_s"].idxmax()]
+    top = table.iloc[-1]
+    return [f"{workload}: {int(top.threads)} threads give {top.samples_per_s:.1f} samples/s, "
+            f"{top.samples_per_s / table.iloc[0].samples_per_s:.2f}x of {int(table.iloc[0].threads)} thread(s) "
+            f"({top.efficiency:.0%} of ideal linear scaling); the fastest count is {int(best.threads)}."]
+
+
+def settings_findings(table: pd.DataFrame, workload: str) -> list[str]:
+    """Each setting against the baseline in the words of the comparison rule (screening
+    rounds below the minimum give ratios to rank by, not verdicts)."""
+    if table.empty or "ratio" not in table:
+        return [f"{workload}: no comparison with the baseline was possible."]
+    others = table[table["setting"] != "baseline"].dropna(subset=["ratio"])
+    return [f"{workload}: {r['setting']}: {compare.describe(r['comparison'])}." for _, r in others.iterrows()
+            if isinstance(r.get("comparison"), dict)]
