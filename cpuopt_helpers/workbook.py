@@ -48,11 +48,13 @@ class Session:
     def stored_run(self, config: RunConfig, tag: str) -> dict | None:
         """The latest ok run of exactly this configuration that a notebook stored under ``tag``
         on this machine, with this measuring code and caller environment; else None."""
+        from cpuopt_helpers.config import validate
         from cpuopt_helpers.results import code_version, measuring_env
 
         code, env = code_version().get("measuring_hash"), measuring_env()
-        runs = [r for r in self.store.results(tag=tag, machine=self.machine)
-                if r["status"] == "ok" and r["config_hash"] == config.config_hash()
+        wanted = validate(config, self.facts["logical_cores"], self.facts["physical_cores"], check_workload=False)
+        runs = [r for r in self.store.results(tag=tag, machine=self.machine)  # results hold the validated config
+                if r["status"] == "ok" and r["config_hash"] == wanted.config_hash()
                 and (r.get("code_version") or {}).get("measuring_hash") == code and r.get("caller_env") == env]
         return runs[-1] if runs else None
 

@@ -68,7 +68,7 @@ def profile_workload(session, config: RunConfig, log_dir: Path, label: str | Non
     label = label or config.workload
     log_dir.mkdir(parents=True, exist_ok=True)
     log = str(log_dir / f"{safe_name(label)}_{config.preset}.log")
-    if plain is None or plain.get("config_hash") != config.config_hash():
+    if plain is None:
         plain = session.run(config)
         session.store.save_result(plain, tag=tag)
     traced = session.run(config.replace(onednn_verbose=log))
