@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from cpuopt_helpers.errors import CpuoptError
@@ -452,6 +453,8 @@ def _glue_option_strings(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="cpuopt: %(levelname)s: %(message)s")
+    if os.getcwd() not in sys.path:  # the `cpuopt` script, unlike `python -m`, does not look in the
+        sys.path.append(os.getcwd())  # current folder, where a user's package.module:function sits
     try:
         args = build_parser().parse_args(_glue_option_strings(sys.argv[1:] if argv is None else list(argv)))
         commands = {"doctor": _doctor, "bench": _bench, "launch": _launch, "profile": _profile, "workbook": _workbook,

@@ -122,3 +122,19 @@ def test_list_parameters_read_what_papermill_hands_over():
         parameter_list('["cnn"')
     with pytest.raises(CpuoptError, match="must be of type int"):
         parameter_list("16,many", int)
+
+
+@pytest.mark.slow
+def test_the_cpuopt_script_finds_a_users_module_in_the_current_folder(tmp_path):
+    """As the README says: from the folder that holds it, with the installed `cpuopt` script (which,
+    unlike `python -m`, does not put the current folder on the import path)."""
+    from pathlib import Path
+
+    (tmp_path / "mymodel.py").write_text((Path(__file__).parent / "user_workloads.py").read_text())
+    script = Path(sys.executable).parent / "cpuopt"
+    if not script.exists():
+        pytest.skip("no installed cpuopt script beside this Python")
+    proc = subprocess.run([str(script), "bench", "--workload", "mymodel:dict_model", "--steps", "2", "--json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-500:]
+    assert json.loads(proc.stdout)["status"] == "ok"
