@@ -128,8 +128,9 @@ def compare_configs(results: list[dict], baseline: dict, workload: str | None = 
                "peak_rss_mb": stats.summarize([r["peak_rss_mb"] for r in runs])["median"],
                "config_hash": runs[0]["config_hash"], "arm": key[1], "config": runs[0]["config"]}
         same_data = all(runs[0]["config"].get(k) == baseline.get(k) for k in ("loader_workers", "batch_size", "instances"))
-        row.update(loss=mean_loss(runs, steps),  # other batches (a DataLoader's, other sizes): not comparable
-                   loss_drift=loss_drift(mean_loss(runs, steps), base_loss) if same_data else None,
+        loss = mean_loss(runs, steps)
+        row.update(loss=loss,  # other batches (a DataLoader's, other sizes): not comparable
+                   loss_drift=loss_drift(loss, base_loss) if same_data else None,
                    rss_ratio=row["peak_rss_mb"] / base_rss if base_rss else None)
         pairs = [(base_by_round[(r.get("sweep"), r["round"])], r["samples_per_s"]) for r in runs
                  if (r.get("sweep"), r["round"]) in base_by_round]
@@ -167,7 +168,7 @@ def choose(table: pd.DataFrame, what: str, confirm=None, candidates: pd.DataFram
     base = base.iloc[0]
     if others.empty:
         return base["config"], f"{what}: no other setting produced a result; the baseline is kept.", None
-    drift = pd.to_numeric(others["loss_drift"], errors="coerce") if "loss_drift" in others else others["ratio"] * float("nan")
+    drift = pd.to_numeric(others.get("loss_drift", pd.Series(index=others.index, dtype=float)), errors="coerce")
     drifted = drift > LOSS_TOLERANCE  # not recorded (NaN): not judged
     excluded = "".join(f" {r['setting']} is no candidate: its loss drifted {d:.0%} from the baseline's (more than "
                        f"{LOSS_TOLERANCE:.0%}, with the same seed and data)."
