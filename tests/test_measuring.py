@@ -251,7 +251,7 @@ def test_measuring_hash_is_over_names_and_texts():
 
 def test_code_version_of_this_package(monkeypatch):
     names = [f.relative_to(launch.PACKAGE_DIR).as_posix() for f in launch.measuring_files()]
-    assert {"worker.py", "launch.py", "config.py", "workloads/cnn.py", "kernels/lamb.py"} <= set(names)
+    assert {"worker.py", "launch.py", "config.py", "workloads/cnn.py", "kernels/lamb.py", "fixes.py"} <= set(names)
     assert "plots.py" not in names and "results.py" not in names
     version = launch.code_version()
     assert version["package"] == launch.package_version() and re.fullmatch(r"[0-9a-f]{12}", version["measuring_hash"])

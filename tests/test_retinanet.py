@@ -41,22 +41,6 @@ def test_trainable_layers_freeze_the_rest_of_the_backbone(monkeypatch, layers, t
     assert all(p.requires_grad for p in w.model.fpn.parameters())
 
 
-def test_fused_frozen_batchnorm_equals_the_separate_ops():
-    torch.manual_seed(0)
-    separate, fused = retinanet.FrozenBatchNorm2d(8), retinanet.FrozenBatchNorm2d(8, "fused")
-    for bn in (separate, fused):
-        bn.weight.copy_(torch.linspace(0.5, 2, 8))
-        bn.bias.copy_(torch.linspace(-1, 1, 8))
-        bn.running_mean.copy_(torch.linspace(-0.3, 0.3, 8))
-        bn.running_var.copy_(torch.linspace(0.5, 3, 8))
-    x = torch.randn(2, 8, 5, 5, requires_grad=True)
-    a, b = separate(x), fused(x)
-    torch.testing.assert_close(a, b)
-    ga, = torch.autograd.grad(a.sum(), x)
-    gb, = torch.autograd.grad(b.sum(), x)
-    torch.testing.assert_close(ga, gb)
-
-
 @pytest.mark.parametrize("kernel", ["eager", pytest.param("auto", marks=pytest.mark.slow)])
 def test_fast_focal_loss_gives_the_same_detection_loss(monkeypatch, kernel):
     """The fast kernel as the workload calls it (impl auto): forced to eager (fast), and as auto
@@ -79,7 +63,7 @@ def test_601_classes_widen_the_classification_head(monkeypatch):
 
 @pytest.mark.parametrize("options, message", [
     ({"classes": "0"}, "positive integer"), ({"classes": "x"}, "classes='x' is not a int"),
-    ({"trainable_layers": "6"}, "0-5"), ({"frozen_bn": "folded"}, "separate or fused"),
+    ({"trainable_layers": "6"}, "0-5"), ({"frozen_bn": "merged"}, "separate or fused or folded"),
     ({"speed": "11"}, "has no option 'speed'; its options .*classes=80, trainable_layers=3")])
 def test_bad_options_are_refused_before_anything_is_built(options, message):
     from cpuopt_helpers.workloads import check_options

@@ -11,10 +11,13 @@ parameters of ``build`` (``cpuopt bench --workload retinanet --option frozen_bn=
 - ``classes``: 80 (COCO-like, default) or 601 (OpenImages-like), or any count;
 - ``trainable_layers``: 0-5 backbone stages trained, the rest frozen (torchvision's
   default 3: layer4, layer3, layer2);
-- ``frozen_bn``: ``separate`` (torchvision's FrozenBatchNorm2d: a multiply and an add)
-  or ``fused`` (one batch-norm call with frozen statistics);
+- ``frozen_bn``: ``separate`` (torchvision's FrozenBatchNorm2d: a multiply and an add),
+  ``fused`` (one batch-norm call with frozen statistics) or ``folded`` (into the convolution
+  before it, anew at every step);
 - ``focal``: ``reference`` (torchvision's composite formula) or ``fast`` (the closed-form
   kernel of ``cpuopt_helpers.kernels.focal_loss``).
+
+The fixes are ``cpuopt_helpers.fixes``' transforms, which any model can take.
 
 Target assignment runs once per batch when the batch is built (the synthetic batch is
 fixed), not inside the timed step.
@@ -28,7 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cpuopt_helpers import fixes
 from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.fixes import FrozenBatchNorm2d
 from cpuopt_helpers.workloads import Workload, preset_value
 
 # preset -> (stem width, groups, width per group, blocks per stage, FPN channels, head convs, image size, batch)
@@ -47,33 +52,9 @@ def validate_options(options: dict) -> None:
         raise CpuoptError(f"retinanet: classes must be a positive integer, got {options['classes']}")
     if not 0 <= options.get("trainable_layers", 3) <= 5:
         raise CpuoptError(f"retinanet: trainable_layers must be 0-5, got {options['trainable_layers']}")
-    for key, allowed in (("frozen_bn", ("separate", "fused")), ("focal", ("reference", "fast"))):
+    for key, allowed in (("frozen_bn", fixes.BN_MODES), ("focal", fixes.OPTIONS["focal"][0])):
         if options.get(key, allowed[0]) not in allowed:
             raise CpuoptError(f"retinanet: {key} must be {' or '.join(allowed)}, got {options[key]!r}")
-
-
-class FrozenBatchNorm2d(nn.Module):
-    """Batch norm with fixed statistics and affine parameters (buffers, never trained).
-
-    ``separate`` computes it as torchvision does, ``x * scale + bias`` (two elementwise
-    passes over the activations, forward and backward); ``fused`` makes it one batch-norm
-    call in inference mode, which oneDNN runs as a single kernel.
-    """
-
-    def __init__(self, channels: int, mode: str = "separate", eps: float = 1e-5):
-        super().__init__()
-        self.mode, self.eps = mode, eps
-        self.register_buffer("weight", torch.ones(channels))
-        self.register_buffer("bias", torch.zeros(channels))
-        self.register_buffer("running_mean", torch.zeros(channels))
-        self.register_buffer("running_var", torch.ones(channels))
-
-    def forward(self, x):
-        if self.mode == "fused":
-            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
-        scale = self.weight * (self.running_var + self.eps).rsqrt()
-        bias = self.bias - self.running_mean * scale
-        return x * scale.reshape(1, -1, 1, 1) + bias.reshape(1, -1, 1, 1)
 
 
 class Bottleneck(nn.Module):
@@ -253,13 +234,13 @@ def detection_loss(focal):
 
 def build(preset: str = "quick", classes: int = 80, trainable_layers: int = 3, frozen_bn: str = "separate",
           focal: str = "reference") -> Workload:
-    from cpuopt_helpers.kernels import focal_loss
-
     validate_options({"classes": classes, "trainable_layers": trainable_layers, "frozen_bn": frozen_bn,
                       "focal": focal})
     size, batch = preset_value(preset, PRESETS)[6:]
     torch.manual_seed(0)
-    model = RetinaNet(preset, classes, trainable_layers, frozen_bn)
+    model = RetinaNet(preset, classes, trainable_layers, "fused" if frozen_bn == "folded" else frozen_bn)
+    if frozen_bn == "folded":
+        fixes.fold_batch_norm(model, torch.zeros(1, 3, size, size))
     grid = anchors(size)
 
     def make_batch(batch_size: int):
@@ -274,6 +255,6 @@ def build(preset: str = "quick", classes: int = 80, trainable_layers: int = 3, f
             targets.append(assign(grid, boxes, labels))
         return images, torch.stack(targets)
 
-    loss = focal_loss.sigmoid_focal_loss if focal == "fast" else focal_loss.reference_sigmoid_focal_loss
+    loss = fixes.focal_loss(focal)
     name = f"retinanet-{preset}-{classes}c-tl{trainable_layers}"
     return Workload(name, model, make_batch, detection_loss(loss), batch, image_like=True)
