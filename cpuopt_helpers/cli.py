@@ -133,10 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     wb_sub = wb.add_subparsers(dest="wb_command", required=True, parser_class=_Parser)
     wb_run = wb_sub.add_parser("run", help="run the notebooks in order")
     wb_run.add_argument("--preset", default="standard", help="quick | standard | full")
-    wb_run.add_argument("--only", action="append", help="notebook number(s) to run, e.g. --only 01")
+    wb_run.add_argument("--only", action="append", help="notebook number(s) to run: --only 01, --only 01,02 or --only 01 --only 02")
     wb_run.add_argument("--out", help="output folder (default build/)")
     wb_run.add_argument("--workloads", metavar="A,B", help="the workloads of every notebook that takes a list "
-                        "(built-in names or your own package.module:function; 07 takes the first)")
+                        "(built-in names or your own package.module:function)")
     wb_run.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"), default=[],
                         help="a notebook parameter for every notebook that has it, as papermill's -p "
                              "(repeatable; lists as a,b or a JSON list)")
@@ -429,7 +429,8 @@ def _workbook(args) -> int:
     if args.wb_command == "report":
         print(f"report: {build_report(out, system.collect_facts())}")
         return 0
-    report = workbook.run_workbook(preset=args.preset, only=args.only, out=args.out,
+    only = [n for part in args.only for n in part.split(",") if n] if args.only else None
+    report = workbook.run_workbook(preset=args.preset, only=only, out=args.out,
                                    parameters=workbook.cli_parameters(args.workloads, args.parameter))
     print(workbook.format_report(report))
     print(f"report: {build_report(out, system.collect_facts())}")

@@ -188,7 +188,7 @@ def cli_parameters(workloads: str | None, pairs: list[list[str]]) -> dict:
 
         for name in names:
             check_workload_spec(name)  # an unknown or unimportable workload stops here, before any notebook
-        chosen.update(WORKLOADS=names, WORKLOAD=names[0])
+        chosen["WORKLOADS"] = names
     for name, text in pairs:
         if not name.isidentifier() or not name.isupper():
             raise CpuoptError(f"-p {name}: notebook parameters are UPPER_CASE names, e.g. -p ROUNDS 3")
@@ -231,6 +231,7 @@ def run_workbook(preset: str = "standard", only: list[str] | None = None, out: s
     if preset not in PRESETS:
         raise CpuoptError(f"unknown preset {preset!r}; use one of {', '.join(PRESETS)}")
     books = list_notebooks(only, folder)
+    check_parameters(books, parameters or {}, notebook_parameters or {})
     check_kernel()
     out_dir = Path(out).resolve() if out else build_dir().resolve()
     saved = {k: os.environ.get(k) for k in ("CPUOPT_BUILD", "CPUOPT_RESULTS", "PYTHONPATH")}
@@ -250,6 +251,34 @@ def run_workbook(preset: str = "standard", only: list[str] | None = None, out: s
                 os.environ[key] = value
 
 
+def declared_parameters(book: Path) -> list[str]:
+    """The names a notebook's cell tagged ``parameters`` assigns, in order."""
+    import ast
+
+    import nbformat
+
+    for cell in nbformat.read(book, as_version=4).cells:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            return [t.id for node in ast.parse(cell.source).body if isinstance(node, ast.Assign)
+                    for t in node.targets if isinstance(t, ast.Name)]
+    return []
+
+
+def check_parameters(books: list[Path], parameters: dict, notebook_parameters: dict[str, dict]) -> None:
+    """Refuse, before anything runs, a parameter that none of the notebooks to run takes
+    (a misspelt -p NAME would otherwise be dropped with a warning and the run go on without it)."""
+    takes = {book.name[:2]: declared_parameters(book) for book in books}
+    everyone = {name for names in takes.values() for name in names}
+    for name in parameters:
+        if name not in everyone:
+            raise CpuoptError(f"no notebook among {', '.join(takes)} takes the parameter {name}; they take "
+                              f"{', '.join(sorted(everyone))}")
+    for number, chosen in notebook_parameters.items():
+        for name in chosen:
+            if number in takes and name not in takes[number]:
+                raise CpuoptError(f"notebook {number} has no parameter {name}; it takes {', '.join(takes[number])}")
+
+
 def _execute(books: list[Path], out_dir: Path, preset: str, parameters: dict | None, progress: bool,
              notebook_parameters: dict[str, dict]) -> list[dict]:
     import papermill
@@ -262,6 +291,8 @@ def _execute(books: list[Path], out_dir: Path, preset: str, parameters: dict | N
         try:
             chosen = {"PRESET": preset, **PRESET_PARAMETERS.get(preset, {}).get(book.name[:2], {}), **(parameters or {}),
                       **notebook_parameters.get(book.name[:2], {})}
+            takes = declared_parameters(book)
+            chosen = {k: v for k, v in chosen.items() if k in takes}  # each notebook gets the ones it has
             papermill.execute_notebook(str(book), str(target), parameters=chosen,
                                        kernel_name=KERNEL, language="python", cwd=str(book.parent),
                                        progress_bar=progress)

@@ -103,11 +103,11 @@ def test_workbook_run_passes_workloads_and_parameters_to_every_notebook(monkeypa
     monkeypatch.setattr(workbook, "run_workbook", lambda **kw: seen.update(kw) or [])
     monkeypatch.setattr(report, "build_report", lambda out, facts: "report.html")
     args = ["workbook", "run", "--workloads", "cnn,tests.user_workloads:dict_model", "-p", "ROUNDS", "3",
-            "-p", "COMPILE_MODES", '["default"]', "-p", "RESUME", "False", "-p", "BUDGET_MIN", "0.5", "--only", "01"]
+            "-p", "COMPILE_MODES", '["default"]', "-p", "RESUME", "False", "-p", "BUDGET_MIN", "0.5", "--only", "01,03", "--only", "05"]
     assert cli.main(args) == 0
-    assert seen["parameters"] == {"WORKLOADS": ["cnn", "tests.user_workloads:dict_model"], "WORKLOAD": "cnn",
+    assert seen["parameters"] == {"WORKLOADS": ["cnn", "tests.user_workloads:dict_model"],
                                   "ROUNDS": 3, "COMPILE_MODES": '["default"]', "RESUME": False, "BUDGET_MIN": 0.5}
-    assert seen["only"] == ["01"]
+    assert seen["only"] == ["01", "03", "05"]
 
 
 def test_list_parameters_read_what_papermill_hands_over():
@@ -138,3 +138,16 @@ def test_the_cpuopt_script_finds_a_users_module_in_the_current_folder(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-500:]
     assert json.loads(proc.stdout)["status"] == "ok"
+
+
+def test_a_parameter_no_notebook_takes_is_refused_before_anything_runs(capsys):
+    from cpuopt_helpers import workbook
+
+    assert cli.main(["workbook", "run", "--preset", "quick", "--only", "01,07", "-p", "ROUNS", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "no notebook among 01, 07 takes the parameter ROUNS; they take" in err and "ROUNDS" in err
+    books = {b.name[:2]: b for b in workbook.list_notebooks()}
+    assert "WORKLOADS" in workbook.declared_parameters(books["07"])  # 07 takes a list of workloads too
+    assert all(workbook.declared_parameters(b)[0] == "PRESET" for b in books.values())
+    with pytest.raises(Exception, match="notebook 08 has no parameter ROUNDS"):
+        workbook.check_parameters([books["08"]], {}, {"08": {"ROUNDS": 1}})

@@ -28,15 +28,20 @@ def outputs_text(nb_path):
 # smaller still where that loses no code path: the sweeps of 03-06 on the CNN only (02's profiles
 # on the CNN and the RNN), one baseline round, one launcher round, two kernel-benchmark rounds,
 # confirmations of one round (BUDGET_MIN 0.2): all end in "too few rounds", the verdict path
-# the unit tests of compare.py cover in full; shorter trainings.
+# the unit tests of compare.py cover in full; shorter trainings. A user workload written outside
+# the package (USER: keyword inputs, an output object, batch norm, the fixes declared as options)
+# runs beside the built-ins in 01, 02, 03, 06 and 08.
 EXECUTED = [p.name for p in workbook.list_notebooks() if not p.name.startswith("00")]
 ONE_ROUND = {"BUDGET_MIN": 0.2}
+USER = "tests.user_workloads:tagger"
 CNN = {"WORKLOADS": ["cnn"], **ONE_ROUND}
+CNN_AND_USER = {"WORKLOADS": ["cnn", USER], **ONE_ROUND}
 BASELINE_ROUNDS = 1
-PROFILED = ["cnn", "rnn"]  # the transformer's profile takes no path of its own
-TEST_PARAMETERS = {"01": {"ROUNDS": BASELINE_ROUNDS}, "02": {"WORKLOADS": PROFILED}, "03": CNN, "04": {"LAUNCHER_ROUNDS": 1, **CNN}, "05": CNN,
-                   "06": {"ACCURACY_EPOCHS": 3, **CNN}, "07": {"MAX_EPOCHS": 4, **ONE_ROUND},
-                   "08": {"KERNEL_ROUNDS": 2, **ONE_ROUND}, "09": ONE_ROUND}
+PROFILED = ["cnn", "rnn", USER]  # the transformer's profile takes no path of its own
+TEST_PARAMETERS = {"01": {"ROUNDS": BASELINE_ROUNDS, "WORKLOADS": ["cnn", "transformer", "rnn", USER]},
+                   "02": {"WORKLOADS": PROFILED}, "03": CNN_AND_USER, "04": {"LAUNCHER_ROUNDS": 1, **CNN}, "05": CNN,
+                   "06": {"ACCURACY_EPOCHS": 3, **CNN_AND_USER}, "07": {"MAX_EPOCHS": 4, **ONE_ROUND},
+                   "08": {"KERNEL_ROUNDS": 2, "WORKLOADS": ["retinanet", USER], **ONE_ROUND}, "09": ONE_ROUND}
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +78,7 @@ def test_baseline_measures_every_workload_and_hands_on(quick_run):
     out, _ = quick_run
     store = ResultStore(out / "results.sqlite")
     df = store.load(tag="01_baseline")
-    assert set(df.workload) == {"cnn", "transformer", "rnn"}
+    assert set(df.workload) == {"cnn", "transformer", "rnn", USER}
     assert (df.status == "ok").all() and (df.samples_per_s > 0).all()
     assert df.groupby("workload").size().min() == BASELINE_ROUNDS
     from cpuopt_helpers import system
@@ -136,7 +141,7 @@ def test_threading_sweeps_and_hands_on_a_measured_choice(quick_run):
     out, _ = quick_run
     store = ResultStore(out / "results.sqlite")
     df = store.load(tag="03_threading")
-    assert set(df.workload) == {"cnn"} and (df.status == "ok").all()
+    assert set(df["config.workload"]) == {"cnn", USER} and (df.status == "ok").all()
     assert {"threads=1", "affinity=none", "oversubscribe=True", "loader_workers=1"} <= {
         part for label in df.label for part in label.split()}
     ladder = store.get_fact(machine_id(), "ladder/cnn/quick")
@@ -216,7 +221,7 @@ def test_multi_instance_table_ddp_and_convergence(quick_run):
     assert len(ddp) and ddp["params_in_sync"].all()
     assert {"independent", "ddp"} <= set(df["config.mode"])
     text = outputs_text(out / "notebooks" / "07_multi_instance.ipynb")
-    assert "DDP over independent instances at 2 x 1:" in text and "layout:" in text
+    assert "DDP over independent instances at 2 x 1:" in text and ("cnn: DDP" in text or "cnn: no DDP" in text)
     assert "epochs to 95% test accuracy" in text or "did not reach 95%" in text
     for name in ("07_layouts", "07_convergence"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000
@@ -226,8 +231,10 @@ def test_case_study_ladder_frozen_layers_and_kernels(quick_run):
     out, _ = quick_run
     store = ResultStore(out / "results.sqlite")
     df = store.load(tag="08_case_study")
-    assert (df.status == "ok").all() and set(df.workload) == {"retinanet"}
+    assert (df.status == "ok").all() and set(df["config.workload"]) == {"retinanet", USER}
+    df = df[df["config.workload"] == "retinanet"]
     assert (df.flops_per_step > 1e8).all() and (df.samples_per_s > 0).all()
+    assert {"fused", "folded"} <= {json.loads(o or "{}").get("frozen_bn") for o in df["config.options"]}
     assert {"default", "foreach"} <= set(df["config.optimizer_impl"]) and set(df["config.optimizer"]) == {"lamb"}
     text = outputs_text(out / "notebooks" / "08_case_study_retinanet.ipynb")
     assert "all fixes over baseline:" in text and "baseline, 601 classes over baseline:" in text
@@ -235,6 +242,26 @@ def test_case_study_ladder_frozen_layers_and_kernels(quick_run):
     assert "forward + backward" in text and "Lamb on RetinaNet[quick]" in text
     for name in ("08_ladder", "08_frozen_layers"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000
+
+
+def test_a_user_workload_through_the_notebooks(quick_run):
+    """tests.user_workloads:tagger (dict inputs, an output object, batch norm, the fixes as
+    options) through 01, 02, 03, 06 and 08: measured, profiled, tuned, and its fixes compared."""
+    out, _ = quick_run
+    store = ResultStore(out / "results.sqlite")
+    for tag in ("01_baseline", "02_profiling", "03_threading", "06_bf16", "08_case_study"):
+        df = store.load(tag=tag)
+        mine = df[df["config.workload"] == USER]
+        assert len(mine) and mine.status.isin(["ok", "unsupported"]).all(), tag  # bf16 may lack a kernel
+    assert store.get_fact(machine_id(), f"profile/{USER}/quick")["coverage"] > 0
+    mine = store.load(tag="08_case_study").query("`config.workload` == @USER")
+    assert {json.loads(o or "{}").get("frozen_bn") for o in mine["config.options"]} == {None, "separate", "fused", "folded"}
+    text = outputs_text(out / "notebooks" / "08_case_study_retinanet.ipynb")
+    assert "FrozenBatchNorm2d folded into the conv over baseline" in text
+    assert f"{USER}: not measured: multi-tensor Lamb (it trains with sgd" in text
+    assert f"{USER} case study:" in text
+    steps = [s["step"] for s in store.get_fact(machine_id(), f"ladder/{USER}/quick")]
+    assert steps[:2] == ["baseline", "threading"] and steps[-1] == "case-study fixes"  # bf16 where it has a fast path
 
 
 def chromium(*args, timeout=120):

@@ -165,11 +165,24 @@ def test_scaling_table_and_findings():
 def test_case_study_baseline_drops_fixes_handed_on_earlier():
     fixed = settings.with_options(RunConfig.for_preset("retinanet", "quick"), focal="fast").replace(
         optimizer="lamb", optimizer_impl="foreach")
-    configs = case_study.configs(fixed, FACTS)
-    assert configs["baseline"].options == () and configs["baseline"].optimizer_impl == "default"
+    configs, missing = case_study.configs(fixed, FACTS)
+    assert configs["baseline"].options == () and configs["baseline"].optimizer_impl == "default" and missing == []
+    assert configs["FrozenBatchNorm2d folded into the conv"].options == (("frozen_bn", "folded"),)
     assert dict(configs["all fixes"].options) == {"focal": "fast", "frozen_bn": "fused"}
     assert settings.setting_label(configs["all fixes"].to_dict(), configs["baseline"].to_dict()) == \
         "optimizer_impl=foreach focal=fast frozen_bn=fused"
+
+
+def test_case_study_takes_the_fixes_a_user_workload_declares_and_names_the_others():
+    configs, missing = case_study.configs(RunConfig.for_preset("tests.user_workloads:tagger", "quick"), FACTS)
+    assert list(configs) == ["baseline", "frozen batch norm", "fused FrozenBatchNorm2d",
+                             "FrozenBatchNorm2d folded into the conv", "closed-form focal loss", "all fixes"]
+    assert configs["baseline"].optimizer == "sgd" and dict(configs["all fixes"].options) == {
+        "frozen_bn": "fused", "focal": "fast"}
+    assert len(missing) == 1 and "multi-tensor Lamb (it trains with sgd" in missing[0]
+    configs, missing = case_study.configs(RunConfig.for_preset("tests.user_workloads:dict_model", "quick"), FACTS)
+    assert list(configs) == ["baseline"] and len(missing) == 3
+    assert "declares no frozen_bn option" in missing[0] and "declares no focal option" in missing[1]
 
 
 def test_runtime_findings_when_stock_torch_beats_every_replacement():
@@ -258,3 +271,33 @@ def test_the_registry_has_a_module_and_a_notebook_per_stage_in_order():
     assert stage_index("runtime") < stage_index("bf16") < stage_index("an old name") == len(LADDER_STAGES)
     with pytest.raises(CpuoptError, match="unknown stage 'quantization'"):
         stage("quantization")
+
+
+def test_layout_choice_confirms_ddp_and_says_what_memory_it_holds():
+    from cpuopt_helpers.stages import multi_instance
+
+    base = RunConfig.for_preset("cnn", "quick")
+    configs = multi_instance.configs(base, {"physical_cores": 2})
+    assert [(c.threads, c.instances, c.mode) for c in configs] == [
+        (1, 1, "independent"), (1, 2, "independent"), (1, 2, "ddp"), (2, 1, "independent")]
+    speeds = {(1, 1, "independent"): 10.0, (1, 2, "independent"): 19.0, (1, 2, "ddp"): 18.0, (2, 1, "independent"): 15.0}
+    results = [dict(result(c, i, speeds[(c.threads, c.instances, c.mode)], rss=200.0), params_in_sync=True)
+               for i in range(2) for c in configs]
+    table = multi_instance.layout_table(results, "cnn")
+    assert table.set_index(["mode", "ranks"]).loc[("ddp", 2), "total_rss_mb"] == 400.0
+    seen = []
+
+    def confirm(a, b):
+        seen.append((a.instances, b.instances, b.mode))
+        return {"ratio": 1.2, "ci_low": 1.1, "ci_high": 1.3, "n": 5, "verdict": "faster", "margin": 0.02,
+                "min_rounds": 5, "label": "95% CI"}
+
+    chosen, sentence, _ = multi_instance.choose(table, confirm, "cnn")
+    assert seen == [(1, 2, "ddp")] and chosen["mode"] == "ddp" and chosen["instances"] == 2
+    assert sentence.startswith("cnn: DDP 2 ranks x 1 threads (peak memory 400 MB over its ranks, 100% more")
+    assert sentence.endswith("handed on.")
+    slower = {**speeds, (1, 2, "ddp"): 14.0}
+    results = [dict(r, samples_per_s=slower[(r["config"]["threads"], r["config"]["instances"], r["config"]["mode"])])
+               for r in results]
+    chosen, sentence, comparison = multi_instance.choose(multi_instance.layout_table(results, "cnn"), confirm, "cnn")
+    assert chosen["instances"] == 1 and chosen["threads"] == 2 and comparison is None and "is kept" in sentence

@@ -143,3 +143,40 @@ def drift(preset: str = "quick") -> Workload:
         return x, 1000.0 + x[:, :1]
 
     return Workload("drift", Offset(), make_batch, nn.functional.mse_loss, 32)
+
+
+class Tagger(nn.Module):
+    """A small multi-label image tagger as a user might write one: conv + batch-norm blocks,
+    keyword inputs (``model(**inputs)``), an output object out."""
+
+    def __init__(self, tags: int = 12):
+        super().__init__()
+        blocks, cin = [], 3
+        for cout in (16, 32, 32):
+            blocks += [nn.Conv2d(cin, cout, 3, 2, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
+            cin = cout
+        self.features = nn.Sequential(*blocks)
+        self.head = nn.Linear(cin, tags)
+
+    def forward(self, pixels, brightness):
+        x = self.features(pixels * brightness[:, None, None, None])
+        return Output(self.head(x.mean((2, 3))), x)
+
+
+def tagger(preset: str = "quick", frozen_bn: str = "none", focal: str = "reference") -> Workload:
+    """Declares the case study's fixes as options (cpuopt_helpers.fixes): notebook 08 measures
+    them on this model; the loss is the sigmoid focal loss over its 12 tags."""
+    from cpuopt_helpers import fixes
+
+    torch.manual_seed(0)
+
+    def make_batch(batch_size):
+        g = torch.Generator().manual_seed(batch_size)
+        pixels = torch.randn(batch_size, 3, 32, 32, generator=g)
+        tags = (pixels[:, :, :4, :4].reshape(batch_size, -1)[:, :12] > 0.5).float()
+        return {"pixels": pixels, "brightness": torch.ones(batch_size)}, tags
+
+    model = fixes.frozen_batch_norm(Tagger(), frozen_bn, make_batch(2)[0])
+    focal_loss = fixes.focal_loss(focal)
+    return Workload("tagger", model, make_batch,
+                    lambda out, tags: focal_loss(out.logits, tags, reduction="mean"), 32, image_like=True)

@@ -1,27 +1,57 @@
-"""Stage 08, case study: RetinaNet as the paper trained it and the paper's fixes.
+"""Stage 08, case study: RetinaNet as the paper trained it and the paper's fixes, and the
+same fixes on any workload that declares them (``cpuopt_helpers.fixes``).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from cpuopt_helpers import compare
+from cpuopt_helpers import compare, fixes
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.stages.settings import normalise, with_options
+from cpuopt_helpers.workloads import declared_options
 
 
-def configs(base: RunConfig, facts: dict) -> dict[str, RunConfig]:
-    """Notebook 08: RetinaNet as the paper trained it (Lamb, torchvision's FrozenBatchNorm2d
-    and focal loss), each of the paper's fixes alone, then all of them together."""
-    base = normalise(base, facts["physical_cores"]).replace(  # the baseline has none of the fixes,
-        workload="retinanet", optimizer="lamb", optimizer_impl="default", options={})  # even when handed on
-    return {
-        "baseline": base,
-        "fused FrozenBatchNorm2d": with_options(base, frozen_bn="fused"),
-        "closed-form focal loss": with_options(base, focal="fast"),
-        "multi-tensor Lamb": base.replace(optimizer_impl="foreach"),
-        "all fixes": with_options(base, frozen_bn="fused", focal="fast").replace(optimizer_impl="foreach"),
-    }
+FIX_NAMES = {("frozen_bn", "separate"): "frozen batch norm", ("frozen_bn", "fused"): "fused FrozenBatchNorm2d",
+             ("frozen_bn", "folded"): "FrozenBatchNorm2d folded into the conv", ("focal", "fast"): "closed-form focal loss"}
+HOW_TO_DECLARE = {
+    "frozen_bn": "frozen batch norm (fused, folded into the conv): the workload declares no frozen_bn option "
+                 "(build(preset, frozen_bn=\"none\") applying cpuopt_helpers.fixes.frozen_batch_norm)",
+    "focal": "the closed-form focal loss: the workload declares no focal option (build(preset, focal=\"reference\") "
+             "taking its loss from cpuopt_helpers.fixes.focal_loss)",
+}
+
+
+def configs(base: RunConfig, facts: dict) -> tuple[dict[str, RunConfig], list[str]]:
+    """Notebook 08's settings for the base's workload, and what does not apply to it.
+
+    The baseline has none of the fixes (the workload's option defaults, even where a fix was
+    handed on earlier); then every fix the workload declares among its options
+    (``cpuopt_helpers.fixes.OPTIONS``), each value alone, then the paper's fixes together.
+    RetinaNet trains with Lamb as in the paper, so multi-tensor Lamb is a fix there (and for
+    any workload whose handed-on optimizer is Lamb)."""
+    base = normalise(base, facts["physical_cores"]).replace(options={})
+    if base.workload == "retinanet":
+        base = base.replace(optimizer="lamb")
+    lamb = base.optimizer == "lamb"
+    base = base.replace(optimizer_impl="default") if lamb else base
+    declared = declared_options(base.workload)
+    arms, together = {"baseline": base}, {}
+    for name, (values, paper) in fixes.declared(declared).items():
+        for value in values:
+            if value not in (values[0], declared[name]):
+                arms[FIX_NAMES[(name, value)]] = with_options(base, **{name: value})
+        together[name] = paper
+    if lamb:
+        arms["multi-tensor Lamb"] = base.replace(optimizer_impl="foreach")
+    if len(arms) > 2:
+        arms["all fixes"] = with_options(base, **together).replace(optimizer_impl="foreach" if lamb else
+                                                                    base.optimizer_impl)
+    missing = [f"{base.workload}: not measured: {HOW_TO_DECLARE[name]}." for name in fixes.OPTIONS if name not in declared]
+    if not lamb:
+        missing.append(f"{base.workload}: not measured: multi-tensor Lamb (it trains with {base.optimizer}; notebook 05 "
+                       "compares its optimizer's foreach and fused implementations).")
+    return arms, missing
 
 
 def conv_counts(exec_df: pd.DataFrame, steps: int) -> dict:

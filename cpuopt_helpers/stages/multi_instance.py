@@ -8,7 +8,7 @@ import pandas as pd
 
 from cpuopt_helpers import compare, stats
 from cpuopt_helpers.config import RunConfig
-from cpuopt_helpers.stages.settings import normalise, paired, unique
+from cpuopt_helpers.stages.settings import MEMORY_WARNING, normalise, paired, unique
 from cpuopt_helpers.stages.threading import thread_counts
 
 
@@ -48,6 +48,7 @@ def layout_table(results: list[dict], workload: str) -> pd.DataFrame:
     table = pd.DataFrame([{"mode": m, "threads": t, "ranks": n,
                            "samples_per_s": stats.summarize([r["samples_per_s"] for r in rs])["median"],
                            "in_sync": all(r.get("params_in_sync", True) for r in rs), "runs": len(rs),
+                           "peak_rss_mb": max(r["peak_rss_mb"] or 0 for r in rs),  # the largest rank's
                            "config": rs[0]["config"]} for (m, t, n), rs in rows.items()])
     if table.empty:
         return table
@@ -56,6 +57,7 @@ def layout_table(results: list[dict], workload: str) -> pd.DataFrame:
     table["normalised"] = table["samples_per_s"] / base
     table["ideal"] = table["threads"] * table["ranks"] / base_threads
     table["efficiency"] = table["normalised"] / table["ideal"]
+    table["total_rss_mb"] = table["peak_rss_mb"] * table["ranks"]  # every rank holds a copy of the model
     return table.sort_values(["mode", "threads", "ranks"]).reset_index(drop=True)
 
 
@@ -98,22 +100,27 @@ def layout_findings(table: pd.DataFrame, results: list[dict], workload: str) -> 
     return lines
 
 
-def choose(table: pd.DataFrame, confirm=None) -> tuple[dict | None, str, dict | None]:
+def choose(table: pd.DataFrame, confirm=None, workload: str = "layout") -> tuple[dict | None, str, dict | None]:
     """The layout to hand on: the fastest DDP job (one model trained by several ranks) if a
-    fresh comparison against one rank on all cores says faster, else one rank on all cores."""
+    fresh comparison against one rank on all cores says faster, else one rank on all cores.
+    The sentence gives the memory the DDP job holds where it exceeds one rank's by more than
+    MEMORY_WARNING."""
     if table.empty:
-        return None, "layout: no result.", None
+        return None, f"{workload}: no layout produced a result.", None
     single = table[table["ranks"] == 1].sort_values("threads").iloc[-1]
     ddp = table[(table["mode"] == "ddp") & table["in_sync"]].sort_values("samples_per_s", ascending=False)
     if ddp.empty:
-        return single["config"], "layout: no DDP layout fits here; one rank on all cores is kept.", None
+        return single["config"], f"{workload}: no DDP layout fits here; one rank on all cores is kept.", None
     best = ddp.iloc[0]
     where = f"DDP {int(best.ranks)} ranks x {int(best.threads)} threads"
+    if single["total_rss_mb"] and best["total_rss_mb"] > MEMORY_WARNING * single["total_rss_mb"]:
+        where += (f" (peak memory {best.total_rss_mb:.0f} MB over its ranks, "
+                  f"{best.total_rss_mb / single.total_rss_mb - 1:.0%} more than one rank's)")
     if best["samples_per_s"] <= single["samples_per_s"] or confirm is None:
-        return single["config"], (f"layout: {where} screened at {best.samples_per_s:.1f} samples/s against one rank's "
+        return single["config"], (f"{workload}: {where} screened at {best.samples_per_s:.1f} samples/s against one rank's "
                                   f"{single.samples_per_s:.1f}; one rank on all cores is kept."), None
     result = confirm(RunConfig.from_dict(single["config"]), RunConfig.from_dict(best["config"]))
-    sentence = f"layout: {where} over one rank x {int(single.threads)} threads, in fresh rounds: {compare.describe(result)}"
+    sentence = f"{workload}: {where} over one rank x {int(single.threads)} threads, in fresh rounds: {compare.describe(result)}"
     if result["verdict"] == "faster":
         return best["config"], sentence + ": handed on.", result
     return single["config"], sentence + "; one rank on all cores is kept.", result

@@ -1,0 +1,54 @@
+"""The README's user-model section, run as a new user would: its module and its commands."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_LINES = 4  # the section's first command lines, run as written (the rest are the workbook itself)
+
+
+def user_model_section() -> tuple[str, list[str]]:
+    """The module and the shell lines of the README's "Your own model" section."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Your own model", 1)[1].split("\n## ", 1)[0]
+    module = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    shell = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    return module, [line for line in shell.splitlines() if line.strip()]
+
+
+def test_the_readme_names_the_module_and_the_commands_this_test_runs():
+    module, lines = user_model_section()
+    assert module.startswith("# mypkg/mymodel.py") and "def build(preset=" in module
+    assert all(line.split()[0] in ("cpuopt", "papermill") for line in lines[:RUN_LINES])
+    assert "--only 01,02,03,06,08" in lines[RUN_LINES] and lines[-1].startswith("make run WORKLOADS=mypkg.mymodel:build")
+
+
+@pytest.mark.slow
+def test_the_readme_user_model_commands_run_as_written(tmp_path):
+    module, lines = user_model_section()
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "mymodel.py").write_text(module)
+    (tmp_path / "notebooks").symlink_to(ROOT / "notebooks")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               CPUOPT_BUILD=str(tmp_path / "build"))
+    env.pop("PYTHONPATH", None)
+    outputs = []
+    for line in lines[:RUN_LINES]:
+        proc = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, f"{line}\n{proc.stderr[-3000:]}"
+        outputs.append(proc.stdout)
+    plain, fixed = json.loads(outputs[0]), json.loads(outputs[1])
+    assert plain["status"] == fixed["status"] == "ok" and plain["samples_per_s"] > 0
+    assert dict(fixed["config"]["options"]) == {"frozen_bn": "folded", "focal": "fast"}
+    cells = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells
+    text = "\n".join(o.get("text", "") for c in cells for o in c.get("outputs", []))
+    assert "FrozenBatchNorm2d folded into the conv over baseline" in text and "mypkg.mymodel:build case study:" in text
+    assert outputs[3].startswith("recommended for mypkg.mymodel:build[quick]:")
