@@ -239,7 +239,7 @@ def test_case_study_ladder_frozen_layers_and_kernels(quick_run):
     text = outputs_text(out / "notebooks" / "08_case_study_retinanet.ipynb")
     assert "all fixes over baseline:" in text and "baseline, 601 classes over baseline:" in text
     assert "backward-weights convolutions per step" in text
-    assert "forward + backward" in text and "Lamb on RetinaNet[quick]" in text
+    assert "forward + backward" in text and "Lamb on RetinaNet[quick]" in text and "x the physical limit" in text
     for name in ("08_ladder", "08_frozen_layers"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000
 

@@ -301,3 +301,15 @@ def test_layout_choice_confirms_ddp_and_says_what_memory_it_holds():
                for r in results]
     chosen, sentence, comparison = multi_instance.choose(multi_instance.layout_table(results, "cnn"), confirm, "cnn")
     assert chosen["instances"] == 1 and chosen["threads"] == 2 and comparison is None and "is kept" in sentence
+
+
+def test_focal_kernel_against_its_physical_limit():
+    rows = [{"shape": "quick 80 classes", "elements": 1_000_000, "part": "both", "kernel": k, "median_ms": ms}
+            for k, ms in (("reference", 9.0), ("closed-form eager", 3.0))]
+    rows.append({"shape": "quick 80 classes", "elements": 1_000_000, "part": "forward", "kernel": "x", "median_ms": 0.1})
+    line, = case_study.focal_limit_findings({"rows": rows, "dtype": "fp32"}, copy_gbs=10.0)
+    # 5 x 4 B x 1e6 logits = 20 MB at 10 GB/s: 2 ms; the fastest kernel (3 ms) is 1.5x that
+    assert "the fastest kernel (closed-form eager) takes 3.00 ms" in line and "takes 2.00 ms: 1.5x the physical limit" in line
+    assert "(within the 2x" in line
+    line, = case_study.focal_limit_findings({"rows": rows, "dtype": "bf16"}, copy_gbs=10.0)
+    assert "takes 1.00 ms: 3.0x" in line and "(beyond the 2x" in line

@@ -97,6 +97,26 @@ def focal_findings(bench: dict, phase_backward_ms: dict) -> list[str]:
     return lines
 
 
+FOCAL_BYTES_PER_LOGIT = 5  # element sizes at least: logits and targets read forward and backward, gradient written
+
+
+def focal_limit_findings(bench: dict, copy_gbs: float) -> list[str]:
+    """The fastest focal-loss kernel against its physical limit: the bytes forward + backward
+    must move at the least, over the measured copy bandwidth (notebook 00's roofline)."""
+    rows = pd.DataFrame(bench["rows"])
+    size = 2 if bench.get("dtype") == "bf16" else 4
+    lines = []
+    for shape, g in rows[rows["part"] == "both"].groupby("shape", sort=False):
+        best = g.sort_values("median_ms").iloc[0]
+        limit_ms = FOCAL_BYTES_PER_LOGIT * size * best.elements / (copy_gbs * 1e9) * 1e3
+        lines.append(f"focal loss at {shape}: the fastest kernel ({best.kernel}) takes {best.median_ms:.2f} ms forward "
+                     f"+ backward; moving the least it must ({FOCAL_BYTES_PER_LOGIT} x {size} B a logit: logits and "
+                     f"targets read twice, the gradient written) at the measured copy bandwidth of {copy_gbs:.1f} "
+                     f"GB/s takes {limit_ms:.2f} ms: {best.median_ms / limit_ms:.1f}x the physical limit "
+                     f"({'within' if best.median_ms <= 2 * limit_ms else 'beyond'} the 2x the case study aims for).")
+    return lines
+
+
 def lamb_findings(bench: list[dict]) -> list[str]:
     lines = []
     for r in bench:
