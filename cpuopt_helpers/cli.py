@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     wb_sub = wb.add_subparsers(dest="wb_command", required=True, parser_class=_Parser)
     wb_run = wb_sub.add_parser("run", help="run the notebooks in order")
     wb_run.add_argument("--preset", default="standard", help="quick | standard | full")
-    wb_run.add_argument("--only", action="append", help="notebook number(s) to run: --only 01, --only 01,02 or --only 01 --only 02")
+    wb_run.add_argument("--only", action="append",
+                        help="notebook number(s) to run: --only 01, --only 01,02 or --only 01 --only 02")
     wb_run.add_argument("--out", help="output folder (default build/)")
     wb_run.add_argument("--workloads", metavar="A,B", help="the workloads of every notebook that takes a list "
                         "(built-in names or your own package.module:function)")
