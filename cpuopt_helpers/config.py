@@ -215,9 +215,6 @@ def validate(config: RunConfig, logical_cores: int, physical_cores: int, check_w
                                  ("batch policy", config.batch_policy, BATCH_POLICIES)):
         if value not in allowed:
             raise CpuoptError(f"unknown {name} {value!r}; use one of {', '.join(allowed)}")
-    if config.optimizer == "lamb" and config.optimizer_impl == "fused":
-        raise CpuoptError("Lamb has --optimizer-impl default (a per-parameter loop) or foreach; IPEX's fused Lamb "
-                          "is timed by benchmarks/lamb.py in the IPEX runtime")
     if config.compile is not None and config.compile not in COMPILE_MODES:
         raise CpuoptError(f"unknown compile mode {config.compile!r}; use one of {', '.join(COMPILE_MODES)}")
     if config.compile and config.warmup < 1:

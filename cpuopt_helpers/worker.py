@@ -389,13 +389,14 @@ def batch_source(workload, batch_size: int, loader_workers: int, channels_last: 
 
 
 def make_optimizer(params, name: str, impl: str):
-    """SGD (momentum 0.9), AdamW or Lamb; impl default (torch's choice; Lamb: a loop), foreach or fused."""
+    """SGD (momentum 0.9), AdamW or Lamb; impl default (torch's choice; Lamb: a loop), foreach or fused
+    (Lamb: one pass over flat buffers, ``cpuopt_helpers.kernels.lamb``)."""
     import torch
 
     if name == "lamb":
         from cpuopt_helpers.kernels.lamb import Lamb
 
-        return Lamb(params, lr=1e-3, impl="foreach" if impl == "foreach" else "loop")
+        return Lamb(params, lr=1e-3, impl="loop" if impl == "default" else impl)
     kwargs = {} if impl == "default" else {impl: True}
     if name == "adamw":
         return torch.optim.AdamW(params, lr=1e-3, **kwargs)

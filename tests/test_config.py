@@ -31,7 +31,6 @@ def test_threads_default_to_physical_cores_per_instance():
     (RunConfig(dtype="fp8"), "unknown dtype"),
     (RunConfig(mode="mpi"), "unknown mode 'mpi'"),
     (RunConfig(optimizer="lion"), "unknown optimizer 'lion'"),
-    (RunConfig(optimizer="lamb", optimizer_impl="fused"), "IPEX's fused Lamb"),
     (RunConfig(optimizer_impl="triton"), "unknown optimizer implementation"),
     (RunConfig(batch_policy="fixed"), "unknown batch policy"),
     (RunConfig(compile="reduce-overhead"), "unknown compile mode"),

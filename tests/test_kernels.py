@@ -177,26 +177,34 @@ def test_bad_reduction_and_impl_are_refused():
         sigmoid_focal_loss(x, t, impl="cuda")
 
 
-def test_lamb_foreach_equals_the_per_parameter_loop_and_the_formula():
+def test_lamb_foreach_and_fused_equal_the_per_parameter_loop_and_the_formula():
     import copy
 
     from cpuopt_helpers.kernels.lamb import Lamb
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(8 * 6 * 6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    model = model.to(memory_format=torch.channels_last)
     with torch.no_grad():
-        model[2].bias.zero_()  # a zero-norm parameter: trust ratio 1
-    loop, fused = copy.deepcopy(model), copy.deepcopy(model)
-    opts = [Lamb(loop.parameters(), impl="loop"), Lamb(fused.parameters(), impl="foreach")]
-    x = torch.randn(4, 8)
-    w0 = model[0].weight.detach().clone()
-    for _ in range(3):
-        for m, opt in zip((loop, fused), opts):
-            opt.zero_grad()
+        model[5].bias.zero_()  # a zero-norm parameter: trust ratio 1
+    copies = [copy.deepcopy(model) for _ in range(3)]
+    opts = [Lamb(m.parameters(), impl=impl) for m, impl in zip(copies, ("loop", "foreach", "fused"))]
+    x = torch.randn(4, 3, 8, 8)
+    for i in range(4):
+        for m, opt in zip(copies, opts):
+            opt.zero_grad(set_to_none=i % 2 == 0)  # fused: a new .grad goes back into its flat buffer
             m(x).pow(2).mean().backward()
             opt.step()
-    for a, b in zip(loop.parameters(), fused.parameters()):
-        torch.testing.assert_close(a, b)
+    for loop, foreach, fused in zip(*(m.parameters() for m in copies)):
+        torch.testing.assert_close(loop, foreach)
+        torch.testing.assert_close(loop, fused)
+    conv = copies[2][0].weight  # a view into the flat buffer that kept its channels-last strides
+    assert conv.is_contiguous(memory_format=torch.channels_last) and conv.stride() == copies[0][0].weight.stride()
+    assert conv.data_ptr() == opts[2]._flat[id(opts[2].param_groups[0])]["p"].data_ptr()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    x = torch.randn(4, 8)
+    w0 = model[0].weight.detach().clone()
     # one step by hand, for the first weight
     m = copy.deepcopy(model)
     opt = Lamb(m.parameters(), impl="foreach", lr=0.1, weight_decay=0.0)
@@ -206,5 +214,5 @@ def test_lamb_foreach_equals_the_per_parameter_loop_and_the_formula():
     update = (0.1 * g / 0.1) / ((0.001 * g * g / 0.001).sqrt() + 1e-6)
     expected = w0 - 0.1 * (w0.norm() / update.norm()) * update
     torch.testing.assert_close(m[0].weight.detach(), expected)
-    with pytest.raises(ValueError, match="loop or foreach"):
-        Lamb(model.parameters(), impl="fused")
+    with pytest.raises(ValueError, match="loop, foreach, fused"):
+        Lamb(model.parameters(), impl="cuda")

@@ -259,7 +259,7 @@ def test_a_user_workload_through_the_notebooks(quick_run):
     assert {json.loads(o or "{}").get("frozen_bn") for o in mine["config.options"]} == {None, "separate", "fused", "folded"}
     text = outputs_text(out / "notebooks" / "08_case_study_retinanet.ipynb")
     assert "FrozenBatchNorm2d folded into the conv over baseline" in text
-    assert f"{USER}: not measured: multi-tensor Lamb (it trains with sgd" in text
+    assert f"{USER}: not measured: multi-tensor and fused Lamb (it trains with sgd" in text
     assert f"{USER} case study:" in text
     steps = [s["step"] for s in store.get_fact(machine_id(), f"ladder/{USER}/quick")]
     assert steps[:2] == ["baseline", "threading"] and steps[-1] == "case-study fixes"  # bf16 where it has a fast path

@@ -170,7 +170,7 @@ def test_case_study_baseline_drops_fixes_handed_on_earlier():
     assert configs["FrozenBatchNorm2d folded into the conv"].options == (("frozen_bn", "folded"),)
     assert dict(configs["all fixes"].options) == {"focal": "fast", "frozen_bn": "fused"}
     assert settings.setting_label(configs["all fixes"].to_dict(), configs["baseline"].to_dict()) == \
-        "optimizer_impl=foreach focal=fast frozen_bn=fused"
+        "optimizer_impl=fused focal=fast frozen_bn=fused"
 
 
 def test_case_study_takes_the_fixes_a_user_workload_declares_and_names_the_others():
@@ -179,7 +179,7 @@ def test_case_study_takes_the_fixes_a_user_workload_declares_and_names_the_other
                              "FrozenBatchNorm2d folded into the conv", "closed-form focal loss", "all fixes"]
     assert configs["baseline"].optimizer == "sgd" and dict(configs["all fixes"].options) == {
         "frozen_bn": "fused", "focal": "fast"}
-    assert len(missing) == 1 and "multi-tensor Lamb (it trains with sgd" in missing[0]
+    assert len(missing) == 1 and "multi-tensor and fused Lamb (it trains with sgd" in missing[0]
     configs, missing = case_study.configs(RunConfig.for_preset("tests.user_workloads:dict_model", "quick"), FACTS)
     assert list(configs) == ["baseline"] and len(missing) == 3
     assert "declares no frozen_bn option" in missing[0] and "declares no focal option" in missing[1]

@@ -123,10 +123,10 @@ def lamb_here(kinds: list[str], preset: str, rounds: int) -> dict:
 
 
 def lamb(preset: str = "standard", rounds: int = 20) -> list[dict]:
-    """This runtime's loop and foreach; then the IPEX runtime's loop and fused Lamb (or why not)."""
+    """This runtime's loop, foreach and fused; then the IPEX runtime's loop and fused Lamb (or why not)."""
     from cpuopt_helpers import runtimes
 
-    results = [lamb_here(["loop", "foreach"], preset, rounds)]
+    results = [lamb_here(["loop", "foreach", "fused"], preset, rounds)]
     status = runtimes.ipex_status()
     if not status["available"]:
         return results + [{"skipped": status["reason"]}]

@@ -28,8 +28,8 @@ def configs(base: RunConfig, facts: dict) -> tuple[dict[str, RunConfig], list[st
     The baseline has none of the fixes (the workload's option defaults, even where a fix was
     handed on earlier); then every fix the workload declares among its options
     (``cpuopt_helpers.fixes.OPTIONS``), each value alone, then the paper's fixes together.
-    RetinaNet trains with Lamb as in the paper, so multi-tensor Lamb is a fix there (and for
-    any workload whose handed-on optimizer is Lamb)."""
+    RetinaNet trains with Lamb as in the paper, so multi-tensor and fused Lamb are fixes there
+    (and for any workload whose handed-on optimizer is Lamb)."""
     base = normalise(base, facts["physical_cores"]).replace(options={})
     if base.workload == "retinanet":
         base = base.replace(optimizer="lamb")
@@ -44,12 +44,13 @@ def configs(base: RunConfig, facts: dict) -> tuple[dict[str, RunConfig], list[st
         together[name] = paper
     if lamb:
         arms["multi-tensor Lamb"] = base.replace(optimizer_impl="foreach")
+        arms["fused Lamb"] = base.replace(optimizer_impl="fused")
     if len(arms) > 2:
-        arms["all fixes"] = with_options(base, **together).replace(optimizer_impl="foreach" if lamb else
+        arms["all fixes"] = with_options(base, **together).replace(optimizer_impl="fused" if lamb else
                                                                     base.optimizer_impl)
     missing = [f"{base.workload}: not measured: {HOW_TO_DECLARE[name]}." for name in fixes.OPTIONS if name not in declared]
     if not lamb:
-        missing.append(f"{base.workload}: not measured: multi-tensor Lamb (it trains with {base.optimizer}; notebook 05 "
+        missing.append(f"{base.workload}: not measured: multi-tensor and fused Lamb (it trains with {base.optimizer}; notebook 05 "
                        "compares its optimizer's foreach and fused implementations).")
     return arms, missing
 
