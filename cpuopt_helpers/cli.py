@@ -203,7 +203,7 @@ def _ladder(args) -> int:
 
     store, facts = ResultStore(), system.collect_facts()
     machine = facts["fingerprint"]
-    names = [args.workload] if args.workload else ladder.workloads(store, machine, args.preset)
+    names = ladder.workloads(store, machine, args.preset, args.workload) or ([args.workload] if args.workload else [])
     found = {w: ladder.rungs(store, machine, w, args.preset, facts["physical_cores"]) for w in names}
     found = {w: rows for w, rows in found.items() if rows}
     if not found:

@@ -54,15 +54,17 @@ def rungs(store, machine: str, workload: str, preset: str, physical_cores: int) 
             changed.append(comparison if confirmed else {"ratio": 1.0, "n": 0, "ci_low": None, "ci_high": None})
         chained = compare.chain(list(changed))
         out.append({"step": rung["step"], "change": change, "config": config, "vs_previous": comparison,
-                    "confirmed": confirmed, "vs_baseline": dict(chained, median=chained["ratio"])})
+                    "confirmed": confirmed, "vs_baseline": dict(chained, median=chained["ratio"]),
+                    "end_to_end": (rung.get("evidence") or {}).get("end_to_end")})
         previous = config
     return out
 
 
-def workloads(store, machine: str, preset: str) -> list[str]:
-    """The workloads with a ladder for this machine and preset."""
-    names = store.fact_names(machine, "ladder/")
-    return [n.split("/")[1] for n in names if n.endswith(f"/{preset}") and n.count("/") == 2]
+def workloads(store, machine: str, preset: str, workload: str | None = None) -> list[str]:
+    """The ladders for this machine and preset: one per workload, and RetinaNet's 601-class
+    one beside it ("retinanet, 601 classes"); with ``workload``, that workload's."""
+    names = [n.split("/")[1] for n in store.fact_names(machine, "ladder/") if n.endswith(f"/{preset}") and n.count("/") == 2]
+    return [n for n in names if workload is None or n == workload or n.startswith(f"{workload}, ")]
 
 
 def command(config: dict) -> str:
@@ -98,6 +100,9 @@ def format_rungs(workload: str, rows: list[dict]) -> list[str]:
         if r["change"] not in ("kept", DEFAULTS_LABEL):
             head += f"; vs the baseline {compare.describe(r['vs_baseline'])}"
         lines.append(head)
+    if rows and rows[-1]["end_to_end"]:
+        lines.append(f"  the top against PyTorch's defaults, in fresh paired rounds: "
+                     f"{compare.describe(rows[-1]['end_to_end'])}")
     if rows:
         lines.append(f"  train with: {command(rows[-1]['config'])}")
     return lines

@@ -80,23 +80,32 @@ class Session:
             self.store.put_fact(self.machine, name, value)
         return value
 
-    def hand_on(self, config: RunConfig, step: str, evidence: dict | None = None, comparison: dict | None = None) -> None:
+    def hand_on(self, config: RunConfig, step: str, evidence: dict | None = None, comparison: dict | None = None,
+                ladder: str | None = None) -> None:
         """Record the best configuration so far for a workload (the optimisation ladder),
         with the comparison that handed it on (ratio to the rung before, interval, verdict).
 
-        Rungs are kept in the order of LADDER_STAGES, not of arrival: a notebook re-run alone
-        replaces its own rung and leaves the others where they were.
+        ``step`` is a stage's rung, or "<rung>: <detail>" for one of several rungs of a stage
+        (notebook 08's climb). Rungs are kept in the order of LADDER_STAGES, then of arrival:
+        a notebook re-run alone replaces its own rung and leaves the others where they were.
+        ``ladder`` names the ladder (default: the workload; notebook 08 keeps RetinaNet's
+        601-class ladder apart).
         """
-        if step not in LADDER_STAGES:
+        if step.split(":")[0] not in LADDER_STAGES:
             raise CpuoptError(f"unknown ladder stage {step!r}; use one of {', '.join(LADDER_STAGES)}")
-        ladder = self.store.get_fact(self.machine, f"ladder/{config.workload}/{config.preset}", [])
+        name = f"ladder/{ladder or config.workload}/{config.preset}"
+        ladder = self.store.get_fact(self.machine, name, [])
         kept = {k: comparison[k] for k in ("ratio", "ci_low", "ci_high", "n", "verdict", "label", "sweep", "margin",
                                         "min_rounds")
                 if k in comparison} if comparison else None
         ladder = [s for s in ladder if s["step"] != step] + [
             {"step": step, "config": config.to_dict(), "evidence": dict(evidence or {}, comparison=kept)}]
         ladder.sort(key=lambda s: stage_index(s["step"]))
-        self.store.put_fact(self.machine, f"ladder/{config.workload}/{config.preset}", ladder)
+        self.store.put_fact(self.machine, name, ladder)
+
+    def reset_ladder(self, ladder: str, preset: str) -> None:
+        """Forget a ladder's rungs (a climb that starts again from PyTorch's defaults)."""
+        self.store.put_fact(self.machine, f"ladder/{ladder}/{preset}", [])
 
     def best_config(self, workload: str, preset: str, before: str | None = None) -> RunConfig:
         """The last configuration handed on for this workload, else the preset's default.

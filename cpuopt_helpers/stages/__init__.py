@@ -56,5 +56,7 @@ def stage(name: str) -> Stage:
 
 
 def stage_index(step: str) -> int:
-    """Where a rung sits in the ladder; a name from an older store goes last, in arrival order."""
-    return LADDER_STAGES.index(step) if step in LADDER_STAGES else len(LADDER_STAGES)
+    """Where a rung ("<rung>" or "<rung>: <detail>") sits in the ladder; a name from an older
+    store goes last, in arrival order."""
+    rung = step.split(":")[0]
+    return LADDER_STAGES.index(rung) if rung in LADDER_STAGES else len(LADDER_STAGES)

@@ -8,6 +8,8 @@ import pandas as pd
 
 from cpuopt_helpers import compare, fixes
 from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.stages import settings
 from cpuopt_helpers.stages.settings import normalise, with_options
 from cpuopt_helpers.workloads import declared_options
 
@@ -133,3 +135,129 @@ def lamb_findings(bench: list[dict]) -> list[str]:
                              f"{r['torch']}: {k} {v['median_ms']:.1f} ms vs the loop's "
                              f"{r['kernels']['loop']['median_ms']:.1f} ms: {compare.describe(ratio)}.")
     return lines
+
+
+# The whole method on one workload, rung by rung (notebook 08's ladder, `make case-study`):
+# each rung's candidates are built from the configuration the rungs below handed on, screened,
+# and the best confirmed against that configuration with the comparison rule; a rung whose
+# winner is not confirmed faster leaves the configuration as it was. Rungs are stored in the
+# workbook's ladder under "<stage>" or "<stage>: <detail>" (Session.hand_on).
+CLIMB_RUNGS = ("threading", "threading: OpenMP runtime", "allocator", "runtime: channels-last",
+               "runtime: torch.compile", "bf16", "case-study fixes")
+PINNED = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
+
+
+def climb_candidates(rung: str, current: RunConfig, base: RunConfig, facts: dict,
+                     image_like: bool) -> tuple[dict[str, RunConfig], str]:
+    """One rung's candidates, each the current configuration with one change; or why it has none."""
+    if rung == "threading":
+        return {"threads pinned to cores (OMP_PROC_BIND=close, OMP_PLACES=cores)":
+                current.replace(env=dict(current.env) | PINNED)}, ""
+    if rung == "threading: OpenMP runtime":
+        if not facts["openmp"].get("intel"):
+            return {}, "no Intel OpenMP runtime (libiomp5.so) was found; `pip install intel-openmp` provides one"
+        return {"Intel OpenMP": current.replace(omp_runtime="intel")}, ""
+    if rung == "allocator":
+        found = {name: current.replace(allocator=name) for name, path in facts["allocators"].items() if path}
+        return found, "" if found else "neither jemalloc nor tcmalloc was found (`make setup` installs both)"
+    if rung == "runtime: channels-last":
+        if not image_like:
+            return {}, "the workload is no image model"
+        return {"channels-last": current.replace(channels_last=True)}, ""
+    if rung == "runtime: torch.compile":
+        return {"torch.compile": current.replace(compile="default", warmup=max(current.warmup, 1))}, ""
+    if rung == "bf16":
+        gate = facts["bf16"]
+        if not gate["accelerated"]:
+            return {}, f"no bf16 fast path on this CPU ({gate['reason']}): the ladder stays in fp32"
+        return {"bf16 autocast, loss in fp32": current.replace(dtype="bf16", bf16_loss=False)}, ""
+    if rung == "case-study fixes":
+        fixed = configs(base, facts)[0].get("all fixes")
+        if fixed is None:
+            return {}, "the workload declares none of the fixes"
+        return {"the paper's fixes together": current.replace(options=dict(current.options) | dict(fixed.options),
+                                                              optimizer_impl=fixed.optimizer_impl)}, ""
+    raise ValueError(f"unknown rung {rung!r}")
+
+
+def compile_sentence(table: pd.DataFrame) -> str:
+    """torch.compile's rung: its compile times and when it pays; screened, never carried up."""
+    from cpuopt_helpers.stages.runtime import breakeven_steps
+
+    rows = table.set_index("name")
+    if "torch.compile" not in rows.index or "baseline" not in rows.index:
+        return "runtime: torch.compile: no result to compare; not carried up the ladder."
+    c, b = rows.loc["torch.compile"], rows.loc["baseline"]
+    warm = f" ({c.compile_warm_s:.0f} s with a warm cache)" if pd.notna(c.get("compile_warm_s")) else ""
+    pays = breakeven_steps(c.compile_s, b.step_ms, c.step_ms) if pd.notna(c.get("compile_s")) else None
+    return (f"runtime: torch.compile: compiled in {c.compile_s:.0f} s{warm}; its step {c.step_ms:.0f} ms against "
+            f"{b.step_ms:.0f} ms eager over {int(c.runs)} screening run(s) ("
+            + (f"it pays for its compile time after {pays:,.0f} steps" if pays else "never paying for its compile time")
+            + "); not carried up the ladder: every later run is a new process that would compile again.")
+
+
+def climb(session, base: RunConfig, ladder: str, image_like: bool, tag: str, min_rounds: int, max_rounds: int,
+          budget_min: float | None, final_rounds: int, resume: bool = True, screen_rounds: int = 1,
+          rungs: tuple[str, ...] = CLIMB_RUNGS, progress=print) -> dict:
+    """Climb the ladder from ``base`` (PyTorch's defaults), handing each rung on under ``ladder``;
+    then the top against the base in ``final_rounds`` fresh paired rounds (the end-to-end
+    verdict). ``rungs`` climbs some of CLIMB_RUNGS only, in their order. Returns the rungs
+    (name, sentence, config, comparison, screening table) and that comparison."""
+    unknown = set(rungs) - set(CLIMB_RUNGS)
+    if unknown:
+        raise CpuoptError(f"unknown rung(s) {', '.join(sorted(unknown))}; use some of {', '.join(CLIMB_RUNGS)}")
+    facts = session.facts
+    session.reset_ladder(ladder, base.preset)
+    session.hand_on(base, "baseline", {"workload": base.workload, "sentence": "PyTorch's defaults"}, ladder=ladder)
+    current, climbed = base, []
+    confirm = session.confirmer(f"{tag}/confirm", min_rounds, max_rounds, budget_min, resume)
+    for rung in [r for r in CLIMB_RUNGS if r in rungs]:
+        candidates, why = climb_candidates(rung, current, base, facts, image_like)
+        table, comparison = pd.DataFrame(), None
+        if not candidates:
+            sentence = f"{rung}: skipped: {why}."
+        else:
+            arms = {"baseline": current} | candidates
+            results = session.sweep(list(arms.values()), rounds=screen_rounds, tag=f"{tag}/screen", resume=resume)
+            table = settings.named_table(results, arms)
+            if rung == "runtime: torch.compile":
+                sentence = compile_sentence(table)
+            else:
+                chosen, sentence, comparison = settings.choose(table.assign(setting=table["name"]), rung, confirm)
+                if comparison and comparison.get("verdict") == "faster":
+                    current = RunConfig.from_dict(chosen)
+        sentence = sentence.replace("the baseline", "the rung below")  # choose() calls the rung below its baseline
+        kept = comparison is not None and comparison.get("verdict") == "faster"
+        session.hand_on(current, rung, {"workload": base.workload, "sentence": sentence},
+                        comparison if kept else None, ladder=ladder)
+        climbed.append({"rung": rung, "sentence": sentence, "config": current, "comparison": comparison,
+                        "handed_on": kept, "table": table})
+        progress(f"{ladder}: {sentence}")
+    end = None
+    if current.config_hash() != base.config_hash():
+        end = session.confirm(base, current, f"{tag}/end-to-end", final_rounds, final_rounds, None, resume)
+        last = next(r for r in reversed(climbed) if r["handed_on"])  # the top rung keeps the end-to-end verdict
+        session.hand_on(current, last["rung"], {"workload": base.workload, "sentence": last["sentence"],
+                                                "end_to_end": _brief(end)}, last["comparison"], ladder=ladder)
+    return {"ladder": ladder, "base": base, "top": current, "rungs": climbed, "end_to_end": end}
+
+
+def _brief(c: dict) -> dict:
+    return {k: c[k] for k in ("ratio", "ci_low", "ci_high", "n", "verdict", "label", "margin", "min_rounds", "sweep")
+            if k in c}
+
+
+PAPER_TARGET, PAPER_TARGET_LOW = 2.0, 1.8  # the paper's ~2x; an interval whose lower end clears 1.8
+
+
+def climb_findings(result: dict) -> list[str]:
+    """The climb's rungs in words, and its top against PyTorch's defaults beside the paper's 2x."""
+    name, end = result["ladder"], result["end_to_end"]
+    lines = [f"{name}: {r['sentence']}" for r in result["rungs"]]
+    if end is None:
+        return lines + [f"{name}: no rung was confirmed faster; PyTorch's defaults stay the best configuration measured."]
+    change = settings.setting_label(result["top"].to_dict(), result["base"].to_dict())
+    met = end["ratio"] >= PAPER_TARGET and (end.get("ci_low") or 0) > PAPER_TARGET_LOW
+    return lines + [f"{name}: the top of the ladder ({change}) against PyTorch's defaults, {end['n']} fresh paired "
+                    f"rounds: {compare.describe(end)}; the paper's about 2x (here: at least {PAPER_TARGET:.1f}x with "
+                    f"the interval's lower end above {PAPER_TARGET_LOW}) is {'reached' if met else 'not reached'}."]

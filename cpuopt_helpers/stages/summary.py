@@ -32,8 +32,8 @@ def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict
     if not rungs:
         return pd.DataFrame()
     runs: dict[str, list[dict]] = {}
-    for r in store.results(machine=machine):
-        if r["status"] == "ok" and r["config"]["workload"] == workload:
+    for r in store.results(machine=machine):  # a ladder's name may be more than its workload's ("retinanet, 601 classes")
+        if r["status"] == "ok" and r["config"]["workload"] == rungs[0]["config"]["workload"]:
             runs.setdefault(RunConfig.from_dict(r["config"]).config_hash(), []).append(r)  # today's hash
     rows = []
     for rung in rungs:
