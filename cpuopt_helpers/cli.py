@@ -203,7 +203,7 @@ def _ladder(args) -> int:
 
     store, facts = ResultStore(), system.collect_facts()
     machine = facts["fingerprint"]
-    names = ladder.workloads(store, machine, args.preset, args.workload) or ([args.workload] if args.workload else [])
+    names = ladder.workloads(store, machine, args.preset, args.workload)
     found = {w: ladder.rungs(store, machine, w, args.preset, facts["physical_cores"]) for w in names}
     found = {w: rows for w, rows in found.items() if rows}
     if not found:

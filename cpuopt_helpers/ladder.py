@@ -64,7 +64,9 @@ def workloads(store, machine: str, preset: str, workload: str | None = None) -> 
     """The ladders for this machine and preset: one per workload, and RetinaNet's 601-class
     one beside it ("retinanet, 601 classes"); with ``workload``, that workload's."""
     names = [n.split("/")[1] for n in store.fact_names(machine, "ladder/") if n.endswith(f"/{preset}") and n.count("/") == 2]
-    return [n for n in names if workload is None or n == workload or n.startswith(f"{workload}, ")]
+    if workload is None:
+        return names
+    return sorted((n for n in names if n == workload or n.startswith(f"{workload}, ")), key=len)
 
 
 def command(config: dict) -> str:

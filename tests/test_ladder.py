@@ -7,6 +7,8 @@ import pytest
 
 from cpuopt_helpers import cli, ladder
 from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.stages import settings
 from cpuopt_helpers.results import ResultStore
 from cpuopt_helpers.workbook import Session
 
@@ -90,3 +92,83 @@ def test_a_change_its_comparison_did_not_confirm_gets_no_borrowed_interval(tmp_p
     assert math.isnan(rows[2]["vs_baseline"]["ci_low"]) and rows[2]["vs_baseline"]["verdict"] == "too few rounds"
     session.hand_on(jem, "runtime", comparison=comparison(1.1, 1.0, 1.2, verdict="no different"))  # kept
     assert ladder.rungs(store, "m", "cnn", "quick", 2)[-1]["change"] == "kept"
+
+
+class FakeClimb:
+    """A session whose runs are made up: each change multiplies samples/s by a known factor,
+    so the climb's choices and its ladder can be checked exactly."""
+
+    FACTORS = {"omp_runtime": 1.3, "allocator": 1.0, "channels_last": 1.2, "compile": 1.5, "dtype": 1.5,
+               "optimizer_impl": 1.1}
+
+    def __init__(self, session):
+        self.session, self.sweeps, self.confirmed = session, 0, []
+
+    def speed(self, c: RunConfig) -> float:
+        s = 10.0
+        for field, factor in self.FACTORS.items():
+            if getattr(c, field) != getattr(RunConfig(), field):
+                s *= factor
+        return s
+
+    def sweep(self, configs, rounds=1, tag=None, resume=True):
+        self.sweeps += 1
+        return [{"status": "ok", "config": c.to_dict(), "config_hash": c.config_hash(), "round": 0,
+                 "sweep": f"s{self.sweeps}", "arm": i, "samples_per_s": self.speed(c), "peak_rss_mb": 100.0,
+                 "label": c.label(), "losses": [1.0], "step_ms": {"median": 1000 / self.speed(c)},
+                 **({"compile_s": 40.0, "compile_warm_s": 5.0} if c.compile else {})} for i, c in enumerate(configs)]
+
+    def compare(self, a, b, n):
+        ratio = self.speed(b) / self.speed(a)
+        self.confirmed.append((a, b, n))
+        return {"ratio": ratio, "ci_low": ratio * 0.97, "ci_high": ratio * 1.03, "n": n, "label": "95% CI",
+                "verdict": "faster" if ratio > 1.05 else "no different", "margin": 0.05, "min_rounds": 5}
+
+    def confirmer(self, tag, min_rounds, max_rounds, budget_min, resume):
+        return lambda a, b: self.compare(a, b, min_rounds)
+
+    def confirm(self, a, b, tag, min_rounds, max_rounds, budget_min, resume):
+        return self.compare(a, b, min_rounds)
+
+
+def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_end_to_end_rounds(tmp_path):
+    from cpuopt_helpers.stages import case_study
+
+    facts = {"fingerprint": "m", "physical_cores": 2, "openmp": {"intel": "/x/libiomp5.so"},
+             "allocators": {"jemalloc": "/x/libjemalloc.so.2", "tcmalloc": None},
+             "bf16": {"accelerated": True, "path": "amx", "reason": "AMX"}}
+    session = Session(facts=facts, store=ResultStore(tmp_path / "r.sqlite"))
+    fake = FakeClimb(session)
+    for name in ("sweep", "confirmer", "confirm"):
+        setattr(session, name, getattr(fake, name))
+    base = RunConfig.for_preset("retinanet", "quick", optimizer="lamb", threads=2, steps=3, warmup=1)
+    session.hand_on(base.replace(allocator="jemalloc"), "allocator", ladder="retinanet")  # left from an earlier climb
+    result = case_study.climb(session, base, "retinanet", True, "t", 5, 5, None, 10, progress=lambda line: None)
+    by_rung = {r["rung"]: r for r in result["rungs"]}
+    assert [r["rung"] for r in result["rungs"]] == list(case_study.CLIMB_RUNGS)
+    assert by_rung["threading"]["handed_on"] is False  # pinning: no faster, not handed on
+    assert by_rung["threading: OpenMP runtime"]["handed_on"] and by_rung["allocator"]["handed_on"] is False
+    assert "never" not in by_rung["runtime: torch.compile"]["sentence"] and \
+        "compiled in 40 s (5 s with a warm cache)" in by_rung["runtime: torch.compile"]["sentence"]
+    top = result["top"]
+    assert (top.omp_runtime, top.channels_last, top.compile, top.dtype, top.optimizer_impl) == (
+        "intel", True, None, "bf16", "fused")  # compile screened, never carried up
+    assert dict(top.options) == {"focal": "fast", "frozen_bn": "fused"}
+    end = result["end_to_end"]
+    assert fake.confirmed[-1] == (base, top, 10) and end["ratio"] == pytest.approx(1.3 * 1.2 * 1.5 * 1.1)
+    rows = ladder.rungs(session.store, "m", "retinanet", "quick", 2)
+    assert [r["step"] for r in rows] == ["baseline", *case_study.CLIMB_RUNGS]  # the stale rung replaced
+    assert [r["change"] for r in rows][1:3] == ["kept", "omp_runtime=intel"]
+    assert rows[-1]["end_to_end"]["n"] == 10 and rows[-1]["vs_baseline"]["ratio"] == pytest.approx(end["ratio"])
+    lines = case_study.climb_findings(result)
+    assert "2.57x" in lines[-1] and "is reached" in lines[-1]
+    # no bf16 fast path: the rung is skipped with the gate's reason, and the 601-class ladder stays apart
+    session.facts = dict(facts, bf16={"accelerated": False, "reason": "no AVX512-BF16 or AMX"})
+    fp32 = case_study.climb(session, settings.with_options(base, classes=601), "retinanet, 601 classes", True, "t",
+                            5, 5, None, 10, progress=lambda line: None)
+    assert "bf16: skipped: no bf16 fast path on this CPU (no AVX512-BF16 or AMX)" in fp32["rungs"][5]["sentence"]
+    assert fp32["top"].dtype == "fp32" and dict(fp32["top"].options)["classes"] == "601"
+    assert "is not reached" in case_study.climb_findings(fp32)[-1]
+    assert ladder.workloads(session.store, "m", "quick", "retinanet") == ["retinanet", "retinanet, 601 classes"]
+    with pytest.raises(CpuoptError, match="unknown rung"):
+        case_study.climb(session, base, "retinanet", True, "t", 5, 5, None, 10, rungs=("quantization",))

@@ -28,7 +28,10 @@ def outputs_text(nb_path):
 # smaller still where that loses no code path: the sweeps of 03-06 on the CNN only (02's profiles
 # on the CNN and the RNN), one baseline round, one launcher round, two kernel-benchmark rounds,
 # confirmations of one round (BUDGET_MIN 0.2): all end in "too few rounds", the verdict path
-# the unit tests of compare.py cover in full; shorter trainings. A user workload written outside
+# the unit tests of compare.py cover in full; shorter trainings; 05 with two optimizer arms (foreach
+# SGD, fused AdamW: each code path once); 08's climb of RetinaNet over two rungs (the allocator and
+# the paper's fixes: screening, a confirmation and the ladder it writes; tests/test_ladder.py
+# climbs every rung with made-up speeds). A user workload written outside
 # the package (USER: keyword inputs, an output object, batch norm, the fixes declared as options)
 # runs beside the built-ins in 01, 02, 06 and 08, and alone in 03 (the threading sweep is the same
 # code for every workload; the CNN's would double 03's time).
@@ -40,9 +43,12 @@ CNN_AND_USER = {"WORKLOADS": ["cnn", USER], **ONE_ROUND}
 BASELINE_ROUNDS = 1
 PROFILED = ["cnn", USER]  # the RNN and the transformer take no path of their own (the user CNN: mostly outside oneDNN)
 TEST_PARAMETERS = {"01": {"ROUNDS": BASELINE_ROUNDS, "WORKLOADS": ["cnn", "transformer", "rnn", USER]},
-                   "02": {"WORKLOADS": PROFILED}, "03": {"WORKLOADS": [USER], **ONE_ROUND}, "04": {"LAUNCHER_ROUNDS": 1, **CNN}, "05": CNN,
+                   "02": {"WORKLOADS": PROFILED}, "03": {"WORKLOADS": [USER], **ONE_ROUND}, "04": {"LAUNCHER_ROUNDS": 1, **CNN},
+                   "05": {"OPTIMIZER_ARMS": ["SGD foreach", "AdamW fused"], **CNN},
                    "06": {"ACCURACY_EPOCHS": 3, **CNN_AND_USER}, "07": {"MAX_EPOCHS": 4, **ONE_ROUND},
-                   "08": {"KERNEL_ROUNDS": 2, "WORKLOADS": ["retinanet", USER], **ONE_ROUND}, "09": ONE_ROUND}
+                   "08": {"KERNEL_ROUNDS": 2, "WORKLOADS": ["retinanet", USER], "CLIMB_CLASSES": [80],
+                          "CLIMB_RUNGS": ["allocator", "case-study fixes"], "FINAL_ROUNDS": 2, **ONE_ROUND},
+                   "09": ONE_ROUND}
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +247,14 @@ def test_case_study_ladder_frozen_layers_and_kernels(quick_run):
     assert "all fixes over baseline:" in text and "baseline, 601 classes over baseline:" in text
     assert "backward-weights convolutions per step" in text
     assert "forward + backward" in text and "Lamb on RetinaNet[quick]" in text and "x the physical limit" in text
-    for name in ("08_ladder", "08_frozen_layers"):
+    assert "fused" in set(df["config.optimizer_impl"]) and "fused Lamb over baseline:" in text
+    # the climb: two rungs screened on real runs, its ladder written under RetinaNet's name
+    climb = store.load(tag="08_case_study/climb/screen")
+    assert (climb.status == "ok").all() and {"jemalloc", "tcmalloc"} & set(climb["config.allocator"])
+    assert "retinanet: allocator:" in text and "retinanet: case-study fixes:" in text
+    steps = [s["step"] for s in store.get_fact(machine_id(), "ladder/retinanet/quick")]
+    assert steps == ["baseline", "allocator", "case-study fixes"]
+    for name in ("08_ladder", "08_frozen_layers", "08_climb"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000
 
 
