@@ -359,7 +359,11 @@ def results_markdown(store: ResultStore, facts: dict, preset: str = "standard") 
               "", "![baseline](docs/01_baseline.png)"]
     launchers = bool(last_sweep_runs(store, "04_launchers", machine, preset))
     lines += _profile_lines(store, machine, table.index, preset) + _launcher_lines(store, machine, preset)
-    lines += _precision_lines(store, machine, preset) + _ladder_lines(store, facts, table.index, preset)
+    from cpuopt_helpers import ladder
+
+    ladders = list(table.index) + [n for n in ladder.workloads(store, machine, preset, "retinanet") if n not in table.index]
+    lines += _precision_lines(store, machine, preset) + _ladder_lines(store, facts, ladders, preset)
+    lines += _paper_lines(store, machine, preset)
     lines += ["", "![thread scaling](docs/03_scaling.png)", *(["![launchers](docs/04_launchers.png)"] if launchers else []),
               "![bf16 throughput](docs/06_throughput.png)", "![bf16 accuracy](docs/06_accuracy.png)"]
     lines += _confirmation_lines(store, machine)
@@ -461,11 +465,25 @@ def _ladder_lines(store: ResultStore, facts: dict, workloads, preset: str) -> li
         if not rungs:
             continue
         steps = " -> ".join(f"{r['step']}: {r['change']}" for r in rungs[1:])
-        chained = rungs[-1]["vs_baseline"]
-        over = (compare.describe(chained) if any(r["change"] != "kept" for r in rungs[1:])
+        chained, end = rungs[-1]["vs_baseline"], rungs[-1]["end_to_end"]
+        over = (f"{compare.describe(end)} (the top against the defaults in fresh paired rounds)" if end else
+                compare.describe(chained) if any(r["change"] != "kept" for r in rungs[1:])
                 else "1.00x: every stage kept PyTorch's defaults")
         lines.append(f"| {w} | baseline -> {steps} | {over} |" if steps else f"| {w} | baseline (nothing handed on) | |")
     return lines if len(lines) > 5 else []
+
+
+def _paper_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
+    """Notebook 08's table: the paper's RetinaNet numbers beside this machine's."""
+    rows = store.get_fact(machine, f"case-study/paper/{preset}")
+    if not rows:
+        return []
+    lines = ["", "The paper's RetinaNet numbers beside this machine's (notebook 08; ratios, an interval where the run "
+             "had the rounds for one):", "", "| fix | the paper | here | why (this run's data) |", "|---|---|---|---|"]
+    for r in rows:
+        paper = f"{r['paper']:.2f}x" if r["paper"] else "-"
+        lines.append(f"| {r['fix']} | {paper} | {r['here, worded']} | {r['why']} |")
+    return lines
 
 
 def _profile_lines(store: ResultStore, machine: str, workloads, preset: str) -> list[str]:

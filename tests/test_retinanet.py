@@ -64,6 +64,7 @@ def test_601_classes_widen_the_classification_head(monkeypatch):
 @pytest.mark.parametrize("options, message", [
     ({"classes": "0"}, "positive integer"), ({"classes": "x"}, "classes='x' is not a int"),
     ({"trainable_layers": "6"}, "0-5"), ({"frozen_bn": "merged"}, "separate or fused or folded"),
+    ({"frozen_backward": "always"}, "frozen_backward must be skip or compute"),
     ({"speed": "11"}, "has no option 'speed'; its options .*classes=80, trainable_layers=3")])
 def test_bad_options_are_refused_before_anything_is_built(options, message):
     from cpuopt_helpers.workloads import check_options
@@ -76,7 +77,7 @@ def test_options_are_typed_from_the_build_signature():
     from cpuopt_helpers.workloads import check_options, declared_options
 
     assert declared_options("retinanet") == {"classes": 80, "trainable_layers": 3, "frozen_bn": "separate",
-                                             "focal": "reference"}
+                                             "focal": "reference", "frozen_backward": "skip"}
     assert check_options("retinanet", {"classes": "601", "focal": "fast"}) == {"classes": 601, "focal": "fast"}
     with pytest.raises(CpuoptError, match="workload 'cnn' has no option 'classes'; its options .*: none"):
         check_options("cnn", {"classes": "601"})
@@ -99,3 +100,30 @@ def test_cli_bad_option_is_exit_2_and_an_option_changes_the_hash(capsys, monkeyp
     monkeypatch.setenv("CPUOPT_RETINANET", "frozen_bn=fused")
     assert cli.main(["bench", "--workload", "retinanet", "--dry-run"]) == 2
     assert "CPUOPT_RETINANET (in your environment) is not read any more" in capsys.readouterr().err
+
+
+def test_frozen_backward_compute_runs_the_frozen_stages_backward_and_drops_it(monkeypatch):
+    """The paper's unfixed build, emulated: the same loss and trained gradients, the frozen
+    weights' gradients computed (their hooks fire) but never kept, so no optimizer moves them."""
+    skip, compute = build(monkeypatch), build(monkeypatch, "frozen_backward=compute")
+    fired = []
+    for name, p in compute.model.backbone.named_parameters():
+        if name.startswith(("conv1", "layer1")):
+            p.register_post_accumulate_grad_hook(lambda p, name=name: fired.append(name))
+    images, targets = skip.make_batch(2)
+    losses = [w.loss_fn(w.model(images), targets) for w in (skip, compute)]
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[0], losses[1])
+    assert "conv1.weight" in fired and any(n.startswith("layer1") for n in fired)
+    for (name, a), b in zip(skip.model.named_parameters(), compute.model.parameters()):
+        if name.startswith(("backbone.conv1", "backbone.layer1")):
+            assert a.grad is None and b.grad is None and b.requires_grad and not a.requires_grad
+        elif a.requires_grad:
+            torch.testing.assert_close(a.grad, b.grad)
+    from cpuopt_helpers.kernels.lamb import Lamb
+
+    opt = Lamb(compute.model.parameters(), impl="fused")
+    before = compute.model.backbone.conv1.weight.detach().clone()
+    opt.step()
+    assert torch.equal(compute.model.backbone.conv1.weight, before)  # dropped gradients: no update

@@ -313,3 +313,35 @@ def test_focal_kernel_against_its_physical_limit():
     assert "(within the 2x" in line
     line, = case_study.focal_limit_findings({"rows": rows, "dtype": "bf16"}, copy_gbs=10.0)
     assert "takes 1.00 ms: 3.0x" in line and "(beyond the 2x" in line
+
+
+def test_frozen_layers_and_the_paper_table_are_worded_from_the_runs():
+    base = RunConfig.for_preset("retinanet", "quick", optimizer="lamb", threads=4)
+    arms = {"baseline": base, "fused FrozenBatchNorm2d": settings.with_options(base, frozen_bn="fused")}
+    arms |= case_study.frozen_layer_configs(base)
+    assert list(arms)[2:] == [case_study.UNFIXED, "trainable_layers 0", "trainable_layers 5"]
+    speeds = {"baseline": 10.0, "fused FrozenBatchNorm2d": 12.0, case_study.UNFIXED: 8.0, "trainable_layers 0": 11.0,
+              "trainable_layers 5": 9.0}
+    results = []
+    for i in range(5):
+        for arm, (name, config) in enumerate(arms.items()):
+            r = result(config, i, speeds[name] * (1 + 0.01 * (i % 2)), arm=arm)
+            results.append(dict(r, step_ms={"median": 1000 / speeds[name]}))
+    lines = case_study.frozen_time_findings(results, base, {n: c for n, c in arms.items() if n not in
+                                                            ("baseline", "fused FrozenBatchNorm2d")})
+    assert lines[0].startswith("skipping the frozen stages' backward (stock PyTorch) over computing it") and \
+        "1.25x" in lines[0] and "(the paper: +16%)" in lines[0]
+    assert "trainable_layers 0 over the default 3: 1.10x" in lines[1]
+    focal = {"rounds": 5, "rows": [
+        {"shape": "quick 80 classes", "kernel": k, "part": part, "speedup": s, "speedup_low": s * 0.9,
+         "speedup_high": s * 1.1, "median_ms": 10 / s, "elements": 1000, "verdict": "faster" if s > 1 else "equivalent"}
+        for part in ("forward", "backward") for k, s in (("reference", 1.0), ("closed-form eager", 2.0))]}
+    lamb = [{"elements": 1_000_000, "kernels": {"loop": {"median_ms": 20.0}, "fused": {
+        "median_ms": 10.0, "speedup_vs_loop": 2.0, "ci": [1.8, 2.2], "rounds": 5, "verdict": "faster"}}}]
+    table = case_study.paper_table(results, arms, focal, lamb, None, 20.0, "quick").set_index("fix")
+    assert table.loc["focal loss forward", "paper"] == 2.6 and table.loc["focal loss forward", "here"] == 2.0
+    assert table.loc["fused FrozenBatchNorm2d", "here"] == pytest.approx(1.2, rel=0.01)
+    assert table.loc["frozen layers (backward skipped)", "here"] == pytest.approx(1.25, rel=0.01)
+    assert "not built" in table.loc["conv + frozen BN + ReLU fused", "why"]
+    assert "0.03 GB move, 2.8 GB/s of the 20.0 GB/s copy bandwidth" in table.loc["fused Lamb", "why"]
+    assert table.loc["overall", "here, worded"] == "not measured" and "make case-study" in table.loc["overall", "why"]

@@ -110,7 +110,7 @@ def _dense(t: torch.Tensor) -> bool:
 
 def _flatten(group) -> dict:
     """Move a group's trainable parameters and their gradients into flat buffers (once)."""
-    params = [p for p in group["params"] if p.requires_grad]
+    params = [p for p in group["params"] if p.requires_grad and p.grad is not None]  # as the loop: no grad, no update
     if any(not _dense(p) for p in params):
         raise ValueError("fused Lamb needs dense parameters (no overlapping or strided views)")
     n = sum(p.numel() for p in params)

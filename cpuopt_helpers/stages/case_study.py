@@ -261,3 +261,123 @@ def climb_findings(result: dict) -> list[str]:
     return lines + [f"{name}: the top of the ladder ({change}) against PyTorch's defaults, {end['n']} fresh paired "
                     f"rounds: {compare.describe(end)}; the paper's about 2x (here: at least {PAPER_TARGET:.1f}x with "
                     f"the interval's lower end above {PAPER_TARGET_LOW}) is {'reached' if met else 'not reached'}."]
+
+
+UNFIXED = "frozen stages' backward computed (the paper's unfixed build)"
+
+
+def frozen_layer_configs(base: RunConfig) -> dict[str, RunConfig]:
+    """The frozen-layers fix as the paper measured it, for a workload that declares the options:
+    the backward of frozen stages computed (emulated unfixed build) and other trainable_layers.
+    Measured beside the fixes, never candidates for the hand-on (they change what trains)."""
+    declared, out = declared_options(base.workload), {}
+    if "frozen_backward" in declared:
+        out[UNFIXED] = with_options(base, frozen_backward="compute")
+    if "trainable_layers" in declared:
+        out |= {f"trainable_layers {n}": with_options(base, trainable_layers=n) for n in (0, 5)
+                if n != declared["trainable_layers"]}
+    return out
+
+
+def frozen_time_findings(results: list[dict], base: RunConfig, arms: dict[str, RunConfig]) -> list[str]:
+    """Step-time effects of the frozen layers: the fix (skip over compute) and trainable_layers."""
+    lines = []
+    if UNFIXED in arms:
+        fix = settings.paired(results, arms[UNFIXED].config_hash(), base.config_hash())
+        lines.append(f"skipping the frozen stages' backward (stock PyTorch) over computing it (the paper's unfixed "
+                     f"build, emulated): {compare.describe(fix)} (the paper: +16%).")
+    for name, config in arms.items():
+        if name.startswith("trainable_layers"):
+            lines.append(f"{name} over the default {declared_options(base.workload)['trainable_layers']}: "
+                         f"{compare.describe(settings.paired(results, base.config_hash(), config.config_hash()))}.")
+    return lines
+
+
+def profile_case_study(session, configs: dict[str, RunConfig], log_dir, repeats: int, tags: tuple[str, ...]):
+    """ProfileDNN on the case study: each configuration's oneDNN log, breakdown and projection
+    (its plain step time reused from a stored run under one of ``tags`` where there is one),
+    and the comparisons of the first with each other one."""
+    from cpuopt_helpers.profiledn import capture
+
+    profiles = []
+    for label, config in configs.items():
+        plain = next((r for r in (session.stored_run(config, t) for t in tags) if r), None)
+        profiles.append(capture.profile_workload(session, config, log_dir, label=label, repeats=repeats,
+                                                 tag="08_case_study/profile", plain=plain))
+    first, labels = profiles[0], list(configs)
+    comparisons = [capture.Comparison(first, p, (labels[0], label)) for label, p in zip(labels[1:], profiles[1:])]
+    return profiles, [c for c in comparisons if c.ok]
+
+
+# The paper's numbers (arXiv 2206.10034, RetinaNet-ResNeXt50 on Xeon with IPEX), as ratios.
+PAPER = {"focal loss forward": 2.6, "focal loss backward": 1.3, "fused FrozenBatchNorm2d": 1.298,
+         "FrozenBatchNorm2d folded into the conv": None, "frozen layers (backward skipped)": 1.16,
+         "conv + frozen BN + ReLU fused": 1.30, "fused Lamb": 5.5, "overall": 2.0}
+
+
+def _kernel_row(bench: dict | None, part: str, shape: str) -> tuple[dict | None, str]:
+    if not bench:
+        return None, "the kernel benchmark did not run (RetinaNet not among the workloads)"
+    rows = pd.DataFrame(bench["rows"])
+    g = rows[(rows["part"] == part) & (rows["shape"] == shape) & (rows["kernel"] != "reference")]
+    if g.empty:
+        return None, f"no {part} timing at {shape}"
+    best = g.sort_values("speedup", ascending=False).iloc[0]
+    ref = rows[(rows["part"] == part) & (rows["shape"] == shape) & (rows["kernel"] == "reference")].iloc[0]
+    return ({"ratio": best.speedup, "ci_low": best.speedup_low, "ci_high": best.speedup_high,
+             "n": int(best.get("rounds", bench.get("rounds", 0))), "verdict": best.get("verdict", "no different"),
+             "margin": compare.MARGIN, "min_rounds": compare.MIN_ROUNDS, "label": "95% CI"},
+            f"{best.kernel}: {best.median_ms:.2f} ms against the reference's {ref.median_ms:.2f} ms at "
+            f"{int(best.elements):,} logits")
+
+
+def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: dict | None, lamb_bench: list | None,
+                climb: dict | None, copy_gbs: float | None, preset: str) -> pd.DataFrame:
+    """Each of the paper's numbers beside this machine's, with the interval and a reason from the data."""
+    base = arms["baseline"]
+    step = {h: r["step_ms"]["median"] for r in results if r["status"] == "ok" for h in [r["config_hash"]]}
+
+    def arm(name: str, inverse: bool = False) -> tuple[dict | None, str]:
+        if name not in arms:
+            return None, "not measured for this workload"
+        a, b = (arms[name], base) if inverse else (base, arms[name])
+        c = settings.paired(results, a.config_hash(), b.config_hash())
+        sa, sb = step.get(a.config_hash()), step.get(b.config_hash())
+        why = f"step {sa:.0f} ms -> {sb:.0f} ms" if sa and sb else "no step time"
+        return c, why
+
+    rows = {}
+    shape = f"{preset} 80 classes"
+    rows["focal loss forward"] = _kernel_row(focal_bench, "forward", shape)
+    rows["focal loss backward"] = _kernel_row(focal_bench, "backward", shape)
+    rows["fused FrozenBatchNorm2d"] = arm("fused FrozenBatchNorm2d")
+    rows["FrozenBatchNorm2d folded into the conv"] = arm("FrozenBatchNorm2d folded into the conv")
+    c, why = arm(UNFIXED, inverse=True)
+    rows["frozen layers (backward skipped)"] = (c, f"computing the frozen stages' backward: {why.replace('->', 'against')}"
+                                                if c else why)
+    rows["conv + frozen BN + ReLU fused"] = (None, "not built: stock PyTorch has no fused conv + BN + ReLU training "
+                                                   "kernel on CPU; the fold (above) is the nearest step")
+    lamb = next((r for r in (lamb_bench or []) if "kernels" in r and "fused" in r["kernels"]), None)
+    if lamb:
+        k = lamb["kernels"]["fused"]
+        moved_gb = 7 * 4 * lamb["elements"] / 1e9  # p, g, m, v read; p, m, v written, fp32
+        rows["fused Lamb"] = ({"ratio": k["speedup_vs_loop"], "ci_low": k["ci"][0], "ci_high": k["ci"][1],
+                               "n": k.get("rounds", 0), "verdict": k.get("verdict", "no different"),
+                               "margin": compare.MARGIN, "min_rounds": compare.MIN_ROUNDS, "label": "95% CI"},
+                              f"{k['median_ms']:.0f} ms against the loop's {lamb['kernels']['loop']['median_ms']:.0f} ms; "
+                              f"at least {moved_gb:.2f} GB move, {moved_gb / k['median_ms'] * 1e3:.1f} GB/s"
+                              + (f" of the {copy_gbs:.1f} GB/s copy bandwidth" if copy_gbs else ""))
+    else:
+        rows["fused Lamb"] = (None, "the Lamb benchmark did not run")
+    if climb and climb.get("end_to_end"):
+        kept = [r["rung"] for r in climb["rungs"] if r["handed_on"]]
+        rows["overall"] = (climb["end_to_end"], f"the climb's confirmed rungs: {', '.join(kept) or 'none'}")
+    else:
+        rows["overall"] = arm("all fixes")
+        rows["overall"] = (rows["overall"][0], "the fixes together only (make case-study climbs every rung): "
+                           + rows["overall"][1])
+    out = []
+    for name, (c, why) in rows.items():
+        out.append({"fix": name, "paper": PAPER[name], "here": c["ratio"] if c and c.get("n") else None,
+                    "here, worded": compare.describe(c) if c else "not measured", "why": why})
+    return pd.DataFrame(out)

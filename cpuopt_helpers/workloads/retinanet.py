@@ -11,6 +11,10 @@ parameters of ``build`` (``cpuopt bench --workload retinanet --option frozen_bn=
 - ``classes``: 80 (COCO-like, default) or 601 (OpenImages-like), or any count;
 - ``trainable_layers``: 0-5 backbone stages trained, the rest frozen (torchvision's
   default 3: layer4, layer3, layer2);
+- ``frozen_backward``: ``skip`` (stock PyTorch: no gradient is computed for the frozen
+  stages' weights, nor for the data below the lowest trainable stage) or ``compute`` (the
+  paper's unfixed IPEX build, emulated: the frozen weights take part in autograd, their
+  gradients are computed and then dropped, so the optimizer never sees them);
 - ``frozen_bn``: ``separate`` (torchvision's FrozenBatchNorm2d: a multiply and an add),
   ``fused`` (one batch-norm call with frozen statistics) or ``folded`` (into the convolution
   before it, anew at every step);
@@ -43,6 +47,7 @@ PRESETS = {
     "full": (64, 32, 4, (3, 4, 6, 3), 256, 4, 800, 2),       # the paper's 800 px
 }
 ANCHORS_PER_CELL = 9
+FROZEN_BACKWARD = ("skip", "compute")
 BOXES_PER_IMAGE = 6
 
 
@@ -52,7 +57,8 @@ def validate_options(options: dict) -> None:
         raise CpuoptError(f"retinanet: classes must be a positive integer, got {options['classes']}")
     if not 0 <= options.get("trainable_layers", 3) <= 5:
         raise CpuoptError(f"retinanet: trainable_layers must be 0-5, got {options['trainable_layers']}")
-    for key, allowed in (("frozen_bn", fixes.BN_MODES), ("focal", fixes.OPTIONS["focal"][0])):
+    for key, allowed in (("frozen_bn", fixes.BN_MODES), ("focal", fixes.OPTIONS["focal"][0]),
+                         ("frozen_backward", FROZEN_BACKWARD)):
         if options.get(key, allowed[0]) not in allowed:
             raise CpuoptError(f"retinanet: {key} must be {' or '.join(allowed)}, got {options[key]!r}")
 
@@ -103,11 +109,22 @@ class ResNeXt(nn.Module):
         return c3, c4, self.layer4(c4)
 
 
-def freeze(backbone: ResNeXt, trainable_layers: int) -> None:
-    """torchvision's rule: the last `trainable_layers` of layer4, layer3, layer2, layer1, conv1 train."""
+def _drop_grad(p: torch.Tensor) -> None:
+    p.grad = None
+
+
+def freeze(backbone: ResNeXt, trainable_layers: int, frozen_backward: str = "skip") -> None:
+    """torchvision's rule: the last `trainable_layers` of layer4, layer3, layer2, layer1, conv1 train.
+
+    ``frozen_backward="compute"`` emulates a build that does not skip the frozen stages'
+    backward: their weights keep requires_grad (so autograd computes their weight gradients
+    and the data gradients down to the stem) and each gradient is dropped as it lands."""
     train = ["layer4", "layer3", "layer2", "layer1", "conv1"][:trainable_layers]
     for name, p in backbone.named_parameters():
-        p.requires_grad_(any(name.startswith(t) for t in train))
+        trained = any(name.startswith(t) for t in train)
+        p.requires_grad_(trained or frozen_backward == "compute")
+        if not trained and frozen_backward == "compute":
+            p.register_post_accumulate_grad_hook(_drop_grad)
 
 
 class FPN(nn.Module):
@@ -159,11 +176,11 @@ class Head(nn.Module):
 class RetinaNet(nn.Module):
     """Images -> one tensor [batch, anchors, classes + 4]: class logits, then box deltas."""
 
-    def __init__(self, preset: str, classes: int, trainable_layers: int, bn: str):
+    def __init__(self, preset: str, classes: int, trainable_layers: int, bn: str, frozen_backward: str = "skip"):
         super().__init__()
         width, groups, wpg, layers, channels, convs, _, _ = preset_value(preset, PRESETS)
         self.backbone = ResNeXt(width, groups, wpg, layers, bn)
-        freeze(self.backbone, trainable_layers)
+        freeze(self.backbone, trainable_layers, frozen_backward)
         self.fpn = FPN(self.backbone.channels, channels)
         self.classification = Head(channels, convs, classes, prior=0.01)
         self.regression = Head(channels, convs, 4)
@@ -233,12 +250,13 @@ def detection_loss(focal):
 
 
 def build(preset: str = "quick", classes: int = 80, trainable_layers: int = 3, frozen_bn: str = "separate",
-          focal: str = "reference") -> Workload:
+          focal: str = "reference", frozen_backward: str = "skip") -> Workload:
     validate_options({"classes": classes, "trainable_layers": trainable_layers, "frozen_bn": frozen_bn,
-                      "focal": focal})
+                      "focal": focal, "frozen_backward": frozen_backward})
     size, batch = preset_value(preset, PRESETS)[6:]
     torch.manual_seed(0)
-    model = RetinaNet(preset, classes, trainable_layers, "fused" if frozen_bn == "folded" else frozen_bn)
+    model = RetinaNet(preset, classes, trainable_layers, "fused" if frozen_bn == "folded" else frozen_bn,
+                      frozen_backward)
     if frozen_bn == "folded":
         fixes.fold_batch_norm(model, torch.zeros(1, 3, size, size))
     grid = anchors(size)
