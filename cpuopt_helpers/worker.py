@@ -249,6 +249,9 @@ def onednn_verbose_to(path: str | None):
             os.close(saved)
 
 
+LOSS_SPAN = "cpuopt::loss"  # the loss's forward in a trace (profiledn.trace.loss_backward)
+
+
 @contextlib.contextmanager
 def profiler_trace_to(path: str | None, steps: int):
     """Record the block with torch.profiler; save the Chrome trace and an operator table."""
@@ -482,11 +485,13 @@ def prepare(config: dict) -> Prepared:
     def to_loss(outputs, targets):
         # outside autocast; in bf16 the floating-point tensors among the outputs are cast (to fp32:
         # the loss and its reductions in fp32, as the paper advises; to bf16 with bf16_loss, what
-        # it advises against); fp32 outputs, and outputs of any other kind, reach loss_fn as they are
-        if config["dtype"] == "bf16":
-            dtype = torch.bfloat16 if config.get("bf16_loss") else torch.float32
-            outputs = map_tensors(outputs, lambda t: t.to(dtype) if t.is_floating_point() else t)
-        return workload.loss_fn(outputs, targets)
+        # it advises against); fp32 outputs, and outputs of any other kind, reach loss_fn as they are.
+        # A trace (--trace) marks the loss: its backward is found by the autograd sequence numbers
+        with torch.profiler.record_function(LOSS_SPAN):
+            if config["dtype"] == "bf16":
+                dtype = torch.bfloat16 if config.get("bf16_loss") else torch.float32
+                outputs = map_tensors(outputs, lambda t: t.to(dtype) if t.is_floating_point() else t)
+            return workload.loss_fn(outputs, targets)
 
     next_batch = batch_source(workload, batch_size, config.get("loader_workers", 0), channels_last,
                               rank if ddp else 0)

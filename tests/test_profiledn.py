@@ -229,3 +229,35 @@ def test_projection_above_one_is_worded_as_kernel_bound():
     proj = replay.projection(prims, [{"replayed": True, "replay_ms": 3.0, "note": ""}], steps=1, step_ms=25.0)
     assert proj["efficiency"] == pytest.approx(1.2)
     assert "kernel-bound" in " ".join(replay.projection_findings(proj))
+
+
+def test_the_loss_backward_is_found_in_a_trace_by_autograd_sequence_numbers(tmp_path):
+    """A cheap loss on a heavy model takes a small share of backward, a heavy loss on a cheap
+    model a large one; a trace without the worker's loss span says nothing."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from cpuopt_helpers.profiledn.trace import LOSS_SPAN, loss_backward
+    from cpuopt_helpers.worker import LOSS_SPAN as WORKER_SPAN
+
+    assert LOSS_SPAN == WORKER_SPAN
+
+    def share(width: int, loss_repeats: int, span: bool = True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.ReLU(), torch.nn.Linear(width, 64))
+        x, t = torch.randn(128, 32), (torch.rand(128, 64) > 0.9).float()
+        path = tmp_path / f"{width}_{loss_repeats}_{span}.json"
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(2):
+                y = model(x)
+                with record_function(LOSS_SPAN if span else "other"):
+                    loss = sum(torch.nn.functional.binary_cross_entropy_with_logits(y * (1 + i), t)
+                               for i in range(loss_repeats))
+                loss.backward()
+        prof.export_chrome_trace(str(path))
+        return loss_backward(path, 2)
+
+    light, heavy = share(2048, 1), share(8, 40)
+    assert 0 < light["loss_backward_share"] < heavy["loss_backward_share"] < 1
+    assert heavy["loss_backward_ms"] <= heavy["backward_ms"] and light["loss_forward_ms"] > 0
+    assert share(8, 1, span=False) is None

@@ -33,6 +33,39 @@ def load_spans(path: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["name", "tid", "ts_us", "dur_us"]).sort_values(["tid", "ts_us"])
 
 
+LOSS_SPAN = "cpuopt::loss"  # worker.LOSS_SPAN: the worker marks the loss's forward with it
+BACKWARD_NODE = "autograd::engine::evaluate_function: "
+
+
+def loss_backward(path: str | Path, steps: int) -> dict | None:
+    """The loss's share of the backward pass, read from a trace of the real step.
+
+    The forward ops inside the worker's loss span carry autograd sequence numbers; each
+    backward node (``autograd::engine::evaluate_function: XBackward0``) carries the number of
+    the forward op it differentiates. The loss's backward is the time of the nodes whose
+    numbers belong to the loss; the backward is the time of all nodes. None when the trace
+    has no loss span (a trace recorded before the worker marked it) or no backward node.
+    """
+    try:
+        events = json.loads(Path(path).read_text())["traceEvents"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise CpuoptError(f"cannot read trace {path}: {exc}; record one with `cpuopt bench --trace FILE`") from None
+    spans = [(e.get("tid"), float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+             if e.get("ph") == "X" and e.get("name") == LOSS_SPAN]
+    nodes = [e for e in events if e.get("ph") == "X" and e.get("name", "").startswith(BACKWARD_NODE)]
+    if not spans or not nodes:
+        return None
+    loss_seq = {e["args"]["Sequence number"] for e in events
+                if e.get("ph") == "X" and e.get("cat") == "cpu_op" and "Sequence number" in e.get("args", {})
+                and not e["name"].startswith(BACKWARD_NODE)
+                and any(tid == e.get("tid") and start <= float(e["ts"]) < end for tid, start, end in spans)}
+    total = sum(float(e["dur"]) for e in nodes) / 1e3
+    loss = sum(float(e["dur"]) for e in nodes if e.get("args", {}).get("Sequence number") in loss_seq) / 1e3
+    forward = sum(end - start for _, start, end in spans) / 1e3
+    return {"loss_forward_ms": forward / steps, "loss_backward_ms": loss / steps, "backward_ms": total / steps,
+            "loss_backward_share": loss / total if total else None}
+
+
 def top_level(spans: pd.DataFrame) -> pd.DataFrame:
     """Spans not nested inside another span of the same thread: what the step is a sequence of."""
     keep, end = [], {}
@@ -75,6 +108,7 @@ def summarize_trace(path: str | Path, top: int = 10) -> dict:
         "top_level_per_step": len(outer) / steps,
         "median_top_level_us": statistics.median(outer["dur_us"]),
         "short_span_share": float((spans["dur_us"] < 10).mean()),
+        "loss": loss_backward(path, steps),
     }
 
 
@@ -92,4 +126,9 @@ def trace_findings(summary: dict, label: str = "") -> list[str]:
     if summary["ops_per_ms"] > 20 or summary["median_span_us"] < 20:
         lines.append(f"{who}the step is fragmented into many short spans: dispatch overhead is a large part of it, "
                      "and fusing operators (a compiled graph or a custom kernel) may pay.")
+    loss = summary.get("loss")
+    if loss and loss["loss_backward_share"] is not None:
+        lines.append(f"{who}the loss: forward {loss['loss_forward_ms']:.1f} ms a step, backward {loss['loss_backward_ms']:.1f} "
+                     f"ms, {loss['loss_backward_share']:.1%} of the {loss['backward_ms']:.0f} ms of backward nodes "
+                     "(autograd sequence numbers in the trace of the real step).")
     return lines

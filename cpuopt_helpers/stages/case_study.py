@@ -294,7 +294,8 @@ def frozen_time_findings(results: list[dict], base: RunConfig, arms: dict[str, R
 
 
 def profile_case_study(session, configs: dict[str, RunConfig], log_dir, repeats: int, tags: tuple[str, ...]):
-    """ProfileDNN on the case study: each configuration's oneDNN log, breakdown and projection
+    """ProfileDNN on the case study: each configuration's oneDNN log, breakdown and projection, and a
+    torch.profiler trace of its real step (the loss's share of backward: trace.loss_backward)
     (its plain step time reused from a stored run under one of ``tags`` where there is one),
     and the comparisons of the first with each other one."""
     from cpuopt_helpers.profiledn import capture
@@ -303,7 +304,7 @@ def profile_case_study(session, configs: dict[str, RunConfig], log_dir, repeats:
     for label, config in configs.items():
         plain = next((r for r in (session.stored_run(config, t) for t in tags) if r), None)
         profiles.append(capture.profile_workload(session, config, log_dir, label=label, repeats=repeats,
-                                                 tag="08_case_study/profile", plain=plain))
+                                                 tag="08_case_study/profile", plain=plain, trace=True))
     first, labels = profiles[0], list(configs)
     comparisons = [capture.Comparison(first, p, (labels[0], label)) for label, p in zip(labels[1:], profiles[1:])]
     return profiles, [c for c in comparisons if c.ok]
