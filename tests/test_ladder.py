@@ -155,6 +155,7 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
         "intel", True, None, "bf16", "fused")  # compile screened, never carried up
     assert dict(top.options) == {"focal": "fast", "frozen_bn": "fused"}
     end = result["end_to_end"]
+    assert len(fake.confirmed) == 7  # every rung but compile confirmed, whatever one screening round said; the end
     assert fake.confirmed[-1] == (base, top, 10) and end["ratio"] == pytest.approx(1.3 * 1.2 * 1.5 * 1.1)
     rows = ladder.rungs(session.store, "m", "retinanet", "quick", 2)
     assert [r["step"] for r in rows] == ["baseline", *case_study.CLIMB_RUNGS]  # the stale rung replaced

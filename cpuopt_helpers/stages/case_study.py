@@ -138,9 +138,10 @@ def lamb_findings(bench: list[dict]) -> list[str]:
 
 
 # The whole method on one workload, rung by rung (notebook 08's ladder, `make case-study`):
-# each rung's candidates are built from the configuration the rungs below handed on, screened,
-# and the best confirmed against that configuration with the comparison rule; a rung whose
-# winner is not confirmed faster leaves the configuration as it was. Rungs are stored in the
+# each rung's candidates are built from the configuration the rungs below handed on, screened
+# (one round: it ranks several candidates and checks their loss and memory), and the best
+# confirmed against that configuration with the comparison rule, whatever its one screening
+# round said; a rung whose winner is not confirmed faster leaves the configuration as it was. Rungs are stored in the
 # workbook's ladder under "<stage>" or "<stage>: <detail>" (Session.hand_on).
 CLIMB_RUNGS = ("threading", "threading: OpenMP runtime", "allocator", "runtime: channels-last",
                "runtime: torch.compile", "bf16", "case-study fixes")
@@ -223,7 +224,8 @@ def climb(session, base: RunConfig, ladder: str, image_like: bool, tag: str, min
             if rung == "runtime: torch.compile":
                 sentence = compile_sentence(table)
             else:
-                chosen, sentence, comparison = settings.choose(table.assign(setting=table["name"]), rung, confirm)
+                chosen, sentence, comparison = settings.choose(table.assign(setting=table["name"]), rung, confirm,
+                                                               screen_gate=False)
                 if comparison and comparison.get("verdict") == "faster":
                     current = RunConfig.from_dict(chosen)
         sentence = sentence.replace("the baseline", "the rung below")  # choose() calls the rung below its baseline

@@ -147,14 +147,16 @@ def compare_configs(results: list[dict], baseline: dict, workload: str | None = 
     return table.sort_values("samples_per_s", ascending=False).reset_index(drop=True) if len(table) else table
 
 
-def choose(table: pd.DataFrame, what: str, confirm=None, candidates: pd.DataFrame | None = None
-           ) -> tuple[dict | None, str, dict | None]:
+def choose(table: pd.DataFrame, what: str, confirm=None, candidates: pd.DataFrame | None = None,
+           screen_gate: bool = True) -> tuple[dict | None, str, dict | None]:
     """The configuration to hand on, the sentence that says why, and the comparison behind it.
 
     Screening ranks the settings (highest paired ratio to the baseline); picking the best
     of several is a selection, so the winner is confirmed against the baseline in fresh,
     adaptive rounds (``confirm(baseline_config, winner_config) -> compare result``, e.g.
-    ``Session.confirm``) and handed on only on the verdict ``faster``. A setting whose loss
+    ``Session.confirm``) and handed on only on the verdict ``faster``; with ``screen_gate``
+    False the best is confirmed even where one screening round put it below the baseline (a
+    ladder of one candidate a rung, where a single noisy round would otherwise decide). A setting whose loss
     drifted from the baseline's beyond LOSS_TOLERANCE is no candidate; the sentence names it,
     and the winner's peak memory where it grew by more than MEMORY_WARNING.
     """
@@ -180,7 +182,7 @@ def choose(table: pd.DataFrame, what: str, confirm=None, candidates: pd.DataFram
     grew = best.get("rss_ratio") is not None and best["rss_ratio"] > MEMORY_WARNING
     screened = (f"{best['setting']} screened best at {best['ratio']:.2f}x the baseline over {best['runs']} round(s)"
                 + (f", with {best['rss_ratio'] - 1:.0%} more peak memory" if grew else ""))
-    if best["ratio"] <= 1.0:
+    if best["ratio"] <= 1.0 and screen_gate:
         return (base["config"], f"{what}: no setting beat the baseline in screening ({screened}); the baseline is "
                 f"kept.{excluded}", None)
     if confirm is None:
