@@ -465,7 +465,7 @@ def _ladder_lines(store: ResultStore, facts: dict, workloads, preset: str) -> li
         if not rungs:
             continue
         steps = " -> ".join(f"{r['step']}: {r['change']}" for r in rungs[1:])
-        chained, end = rungs[-1]["vs_baseline"], rungs[-1]["end_to_end"]
+        chained, end = rungs[-1]["vs_baseline"], ladder.top_end_to_end(rungs)
         over = (f"{compare.describe(end)} (the top against the defaults in fresh paired rounds)" if end else
                 compare.describe(chained) if any(r["change"] != "kept" for r in rungs[1:])
                 else "1.00x: every stage kept PyTorch's defaults")

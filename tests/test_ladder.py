@@ -173,3 +173,9 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     assert ladder.workloads(session.store, "m", "quick", "retinanet") == ["retinanet", "retinanet, 601 classes"]
     with pytest.raises(CpuoptError, match="unknown rung"):
         case_study.climb(session, base, "retinanet", True, "t", 5, 5, None, 10, rungs=("quantization",))
+
+
+def test_the_end_to_end_verdict_is_found_below_rungs_that_kept_the_configuration():
+    end = {"ratio": 1.5, "ci_low": 1.4, "ci_high": 1.7, "n": 10, "verdict": "faster", "label": "95% CI"}
+    rows = [{"end_to_end": None}, {"end_to_end": end}, {"end_to_end": None}]  # bf16 confirmed, the fixes kept
+    assert ladder.top_end_to_end(rows) is end and ladder.top_end_to_end(rows[:1]) is None
