@@ -12,6 +12,11 @@ chosen by name), so a user's own model can take them:
 - ``fold_batch_norm(model, example_inputs)``: each frozen batch norm whose input is only a
   convolution's output is folded into that convolution, anew at every step (weight x scale,
   bias x scale + shift), so the convolution's gradients equal those of the separate ops;
+- ``compile_regions(model)``: after folding, each block that holds folded convolutions
+  (a ResNet bottleneck: conv + frozen BN + ReLU, three times, and the residual add) becomes one
+  ``torch.compile`` region, so Inductor runs each convolution through oneDNN and fuses the
+  folded bias, the ReLU and the add into one pass over the activations (the paper's fused
+  conv + BN + ReLU, which stock PyTorch has no training kernel for);
 - ``focal_loss("fast")``: the closed-form sigmoid focal loss in place of torchvision's.
 
 A workload declares which fixes apply through its options (``OPTIONS``: a ``frozen_bn``
@@ -33,10 +38,10 @@ from cpuopt_helpers.errors import CpuoptError
 
 # option -> (its values, the paper's fix among them); the first value of each is the unfixed one
 OPTIONS = {
-    "frozen_bn": (("none", "separate", "fused", "folded"), "fused"),
+    "frozen_bn": (("none", "separate", "fused", "folded", "compiled"), "fused"),
     "focal": (("reference", "fast"), "fast"),
 }
-BN_MODES = ("separate", "fused", "folded")
+BN_MODES = ("separate", "fused", "folded", "compiled")  # compiled: folded, each block one compiled region
 
 
 class FrozenBatchNorm2d(nn.Module):
@@ -197,22 +202,45 @@ def fold_batch_norm(model: nn.Module, example_inputs) -> list[tuple[str, str]]:
     return pairs
 
 
+def compile_regions(model: nn.Module) -> list[str]:
+    """Compile each block that holds folded convolutions (in place: ``nn.Module.compile``), so
+    conv + frozen BN + ReLU and what else the block does become one compiled region. A block is
+    the module whose forward calls the convolution (a container such as a downsample
+    ``nn.Sequential`` counts as part of its parent); of nested blocks only the innermost are
+    compiled (a ResNet's stem stays eager, its bottlenecks compile). Returns their names."""
+    modules = dict(model.named_modules())
+
+    def block(name: str) -> str:
+        while name and isinstance(modules[name], (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+            name = name.rpartition(".")[0]
+        return name
+
+    blocks = {block(name.rpartition(".")[0]) for name, m in modules.items() if isinstance(m, FoldedConv2d)}
+    inner = sorted(b for b in blocks if not any(o != b and (not b or o.startswith(f"{b}.")) for o in blocks))
+    for name in inner:
+        modules[name].compile()
+    return inner
+
+
 def frozen_batch_norm(model: nn.Module, mode: str, example_inputs=None) -> nn.Module:
     """What a workload's ``frozen_bn`` option does to its model: ``none`` leaves it as written;
     ``separate``/``fused`` freeze every ``nn.BatchNorm2d`` and compute frozen batch norm that
     way; ``folded`` also folds each one a convolution alone feeds into it (needs example inputs),
-    the rest fused."""
+    the rest fused; ``compiled`` folds and then compiles each block of folded convolutions
+    (``compile_regions``)."""
     values = OPTIONS["frozen_bn"][0]
     if mode not in values:
         raise CpuoptError(f"frozen_bn must be one of {', '.join(values)}, got {mode!r}")
     if mode == "none":
         return model
     freeze_batch_norm(model, "separate")
-    set_batch_norm_mode(model, "fused" if mode == "folded" else mode)
-    if mode == "folded":
+    set_batch_norm_mode(model, "fused" if mode in ("folded", "compiled") else mode)
+    if mode in ("folded", "compiled"):
         if example_inputs is None:
-            raise CpuoptError("frozen_bn=folded needs example inputs to find which convolution feeds each batch norm")
+            raise CpuoptError(f"frozen_bn={mode} needs example inputs to find which convolution feeds each batch norm")
         fold_batch_norm(model, example_inputs)
+    if mode == "compiled":
+        compile_regions(model)
     return model
 
 

@@ -148,25 +148,30 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     assert [r["rung"] for r in result["rungs"]] == list(case_study.CLIMB_RUNGS)
     assert by_rung["threading"]["handed_on"] is False  # pinning: no faster, not handed on
     assert by_rung["threading: OpenMP runtime"]["handed_on"] and by_rung["allocator"]["handed_on"] is False
-    assert "never" not in by_rung["runtime: torch.compile"]["sentence"] and \
-        "compiled in 40 s (5 s with a warm cache)" in by_rung["runtime: torch.compile"]["sentence"]
+    compiled = by_rung["runtime: torch.compile"]
+    assert compiled["handed_on"] and "compiled in 40 s (5 s with a warm cache)" in compiled["sentence"] and \
+        "steps, within a training run of 5,000 steps: carried up" in compiled["sentence"]
     top = result["top"]
     assert (top.omp_runtime, top.channels_last, top.compile, top.dtype, top.optimizer_impl) == (
-        "intel", True, None, "bf16", "fused")  # compile screened, never carried up
+        "intel", True, "default", "bf16", "fused")
+    assert dict(top.env)["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path / "inductor"))  # one warm cache
+    assert "TORCHINDUCTOR" not in settings.setting_label(top.to_dict(), base.to_dict())
     assert dict(top.options) == {"focal": "fast", "frozen_bn": "fused"}
     end = result["end_to_end"]
-    assert len(fake.confirmed) == 7  # every rung but compile confirmed, whatever one screening round said; the end
-    assert fake.confirmed[-1] == (base, top, 10) and end["ratio"] == pytest.approx(1.3 * 1.2 * 1.5 * 1.1)
+    assert len(fake.confirmed) == 8  # every rung confirmed, whatever one screening round said; then the end
+    assert fake.confirmed[-1] == (base, top, 10) and end["ratio"] == pytest.approx(1.3 * 1.2 * 1.5 * 1.5 * 1.1)
     rows = ladder.rungs(session.store, "m", "retinanet", "quick", 2)
     assert [r["step"] for r in rows] == ["baseline", *case_study.CLIMB_RUNGS]  # the stale rung replaced
     assert [r["change"] for r in rows][1:3] == ["kept", "omp_runtime=intel"]
     assert rows[-1]["end_to_end"]["n"] == 10 and rows[-1]["vs_baseline"]["ratio"] == pytest.approx(end["ratio"])
     lines = case_study.climb_findings(result)
-    assert "2.57x" in lines[-1] and "is reached" in lines[-1]
+    assert "3.86x" in lines[-1] and "is reached" in lines[-1]
     # no bf16 fast path: the rung is skipped with the gate's reason, and the 601-class ladder stays apart
     session.facts = dict(facts, bf16={"accelerated": False, "reason": "no AVX512-BF16 or AMX"})
     fp32 = case_study.climb(session, settings.with_options(base, classes=601), "retinanet, 601 classes", True, "t",
-                            5, 5, None, 10, progress=lambda line: None)
+                            5, 5, None, 10, train_steps=1000, progress=lambda line: None)
+    assert "beyond a training run of 1,000 steps: not carried" in fp32["rungs"][4]["sentence"]
+    assert fp32["top"].compile is None and not fp32["rungs"][4]["handed_on"]  # faster, but it would not pay
     assert "bf16: skipped: no bf16 fast path on this CPU (no AVX512-BF16 or AMX)" in fp32["rungs"][5]["sentence"]
     assert fp32["top"].dtype == "fp32" and dict(fp32["top"].options)["classes"] == "601"
     assert "is not reached" in case_study.climb_findings(fp32)[-1]

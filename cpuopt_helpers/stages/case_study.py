@@ -4,6 +4,8 @@ same fixes on any workload that declares them (``cpuopt_helpers.fixes``).
 
 from __future__ import annotations
 
+import shutil
+
 import pandas as pd
 
 from cpuopt_helpers import compare, fixes
@@ -15,7 +17,9 @@ from cpuopt_helpers.workloads import declared_options
 
 
 FIX_NAMES = {("frozen_bn", "separate"): "frozen batch norm", ("frozen_bn", "fused"): "fused FrozenBatchNorm2d",
-             ("frozen_bn", "folded"): "FrozenBatchNorm2d folded into the conv", ("focal", "fast"): "closed-form focal loss"}
+             ("frozen_bn", "folded"): "FrozenBatchNorm2d folded into the conv",
+             ("frozen_bn", "compiled"): "conv + frozen BN + ReLU compiled", ("focal", "fast"): "closed-form focal loss"}
+COMPILED_REGION = ("frozen_bn", "compiled")  # measured only when asked: each run compiles (make case-study)
 HOW_TO_DECLARE = {
     "frozen_bn": "frozen batch norm (fused, folded into the conv): the workload declares no frozen_bn option "
                  "(build(preset, frozen_bn=\"none\") applying cpuopt_helpers.fixes.frozen_batch_norm)",
@@ -24,14 +28,15 @@ HOW_TO_DECLARE = {
 }
 
 
-def configs(base: RunConfig, facts: dict) -> tuple[dict[str, RunConfig], list[str]]:
+def configs(base: RunConfig, facts: dict, compiled_region: bool = False) -> tuple[dict[str, RunConfig], list[str]]:
     """Notebook 08's settings for the base's workload, and what does not apply to it.
 
     The baseline has none of the fixes (the workload's option defaults, even where a fix was
     handed on earlier); then every fix the workload declares among its options
     (``cpuopt_helpers.fixes.OPTIONS``), each value alone, then the paper's fixes together.
     RetinaNet trains with Lamb as in the paper, so multi-tensor and fused Lamb are fixes there
-    (and for any workload whose handed-on optimizer is Lamb)."""
+    (and for any workload whose handed-on optimizer is Lamb). ``compiled_region`` adds conv +
+    frozen BN + ReLU as compiled regions (``frozen_bn=compiled``), whose runs each compile."""
     base = normalise(base, facts["physical_cores"]).replace(options={})
     if base.workload == "retinanet":
         base = base.replace(optimizer="lamb")
@@ -41,7 +46,7 @@ def configs(base: RunConfig, facts: dict) -> tuple[dict[str, RunConfig], list[st
     arms, together = {"baseline": base}, {}
     for name, (values, paper) in fixes.declared(declared).items():
         for value in values:
-            if value not in (values[0], declared[name]):
+            if value not in (values[0], declared[name]) and (compiled_region or (name, value) != COMPILED_REGION):
                 arms[FIX_NAMES[(name, value)]] = with_options(base, **{name: value})
         together[name] = paper
     if lamb:
@@ -143,14 +148,21 @@ def lamb_findings(bench: list[dict]) -> list[str]:
 # confirmed against that configuration with the comparison rule, whatever its one screening
 # round said; a rung whose winner is not confirmed faster leaves the configuration as it was. Rungs are stored in the
 # workbook's ladder under "<stage>" or "<stage>: <detail>" (Session.hand_on).
+# torch.compile is carried up only where it is confirmed faster and pays for its cold compile
+# within a training run of ``train_steps`` steps; from its rung on, every compiled run of the
+# climb shares one Inductor cache (TORCHINDUCTOR_CACHE_DIR in the configuration's env), as a
+# user's repeated launches would: the rung's first run compiles cold (its compile time), later
+# runs compile warm, in their untimed warm-up.
 CLIMB_RUNGS = ("threading", "threading: OpenMP runtime", "allocator", "runtime: channels-last",
                "runtime: torch.compile", "bf16", "case-study fixes")
 PINNED = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
+TRAIN_STEPS = 5000  # the training run torch.compile must pay for its cold compile within (notebook 08's TRAIN_STEPS)
 
 
-def climb_candidates(rung: str, current: RunConfig, base: RunConfig, facts: dict,
-                     image_like: bool) -> tuple[dict[str, RunConfig], str]:
-    """One rung's candidates, each the current configuration with one change; or why it has none."""
+def climb_candidates(rung: str, current: RunConfig, base: RunConfig, facts: dict, image_like: bool,
+                     compile_cache: str | None = None) -> tuple[dict[str, RunConfig], str]:
+    """One rung's candidates, each the current configuration with one change; or why it has none.
+    ``compile_cache``: the Inductor cache folder compiled candidates share (None: each run its own)."""
     if rung == "threading":
         return {"threads pinned to cores (OMP_PROC_BIND=close, OMP_PLACES=cores)":
                 current.replace(env=dict(current.env) | PINNED)}, ""
@@ -166,7 +178,9 @@ def climb_candidates(rung: str, current: RunConfig, base: RunConfig, facts: dict
             return {}, "the workload is no image model"
         return {"channels-last": current.replace(channels_last=True)}, ""
     if rung == "runtime: torch.compile":
-        return {"torch.compile": current.replace(compile="default", warmup=max(current.warmup, 1))}, ""
+        cache = {"TORCHINDUCTOR_CACHE_DIR": compile_cache} if compile_cache else {}
+        return {"torch.compile": current.replace(compile="default", warmup=max(current.warmup, 1),
+                                                 env=dict(current.env) | cache)}, ""
     if rung == "bf16":
         gate = facts["bf16"]
         if not gate["accelerated"]:
@@ -181,28 +195,39 @@ def climb_candidates(rung: str, current: RunConfig, base: RunConfig, facts: dict
     raise ValueError(f"unknown rung {rung!r}")
 
 
-def compile_sentence(table: pd.DataFrame) -> str:
-    """torch.compile's rung: its compile times and when it pays; screened, never carried up."""
+def compile_sentence(table: pd.DataFrame, comparison: dict | None, train_steps: int) -> tuple[str, bool]:
+    """torch.compile's rung: its compile times, when it pays, and whether it is carried up (confirmed
+    faster and paying for its cold compile within ``train_steps`` steps)."""
     from cpuopt_helpers.stages.runtime import breakeven_steps
 
     rows = table.set_index("name")
     if "torch.compile" not in rows.index or "baseline" not in rows.index:
-        return "runtime: torch.compile: no result to compare; not carried up the ladder."
+        return "runtime: torch.compile: no result to compare; not carried up the ladder.", False
     c, b = rows.loc["torch.compile"], rows.loc["baseline"]
+    if pd.isna(c.get("compile_s")):
+        return "runtime: torch.compile: its run recorded no compile time; not carried up the ladder.", False
     warm = f" ({c.compile_warm_s:.0f} s with a warm cache)" if pd.notna(c.get("compile_warm_s")) else ""
-    pays = breakeven_steps(c.compile_s, b.step_ms, c.step_ms) if pd.notna(c.get("compile_s")) else None
-    return (f"runtime: torch.compile: compiled in {c.compile_s:.0f} s{warm}; its step {c.step_ms:.0f} ms against "
-            f"{b.step_ms:.0f} ms eager over {int(c.runs)} screening run(s) ("
-            + (f"it pays for its compile time after {pays:,.0f} steps" if pays else "never paying for its compile time")
-            + "); not carried up the ladder: every later run is a new process that would compile again.")
+    head = f"runtime: torch.compile: compiled in {c.compile_s:.0f} s{warm}"
+    if comparison is None:
+        return f"{head}; not confirmed (its screening produced no comparison); not carried up the ladder.", False
+    verdict = compare.describe(comparison)
+    if comparison["verdict"] != "faster":
+        return f"{head}; against eager in fresh rounds: {verdict}; not carried up the ladder.", False
+    pays = breakeven_steps(c.compile_s, b.step_ms, b.step_ms / comparison["ratio"])
+    carried = bool(pays is not None and pays <= train_steps)
+    return (f"{head}; against eager in fresh rounds: {verdict}; it pays for its cold compile after {pays:,.0f} "
+            f"steps, " + ("within" if carried else "beyond") + f" a training run of {train_steps:,} steps: "
+            + ("carried up the ladder (later runs compile from a warm cache in their untimed warm-up)." if carried
+               else "not carried up the ladder."), carried)
 
 
 def climb(session, base: RunConfig, ladder: str, image_like: bool, tag: str, min_rounds: int, max_rounds: int,
           budget_min: float | None, final_rounds: int, resume: bool = True, screen_rounds: int = 1,
-          rungs: tuple[str, ...] = CLIMB_RUNGS, progress=print) -> dict:
+          rungs: tuple[str, ...] = CLIMB_RUNGS, train_steps: int = TRAIN_STEPS, progress=print) -> dict:
     """Climb the ladder from ``base`` (PyTorch's defaults), handing each rung on under ``ladder``;
     then the top against the base in ``final_rounds`` fresh paired rounds (the end-to-end
-    verdict). ``rungs`` climbs some of CLIMB_RUNGS only, in their order. Returns the rungs
+    verdict). ``rungs`` climbs some of CLIMB_RUNGS only, in their order; ``train_steps`` is the
+    training run torch.compile must pay for its compile time within. Returns the rungs
     (name, sentence, config, comparison, screening table) and that comparison."""
     unknown = set(rungs) - set(CLIMB_RUNGS)
     if unknown:
@@ -212,28 +237,30 @@ def climb(session, base: RunConfig, ladder: str, image_like: bool, tag: str, min
     session.hand_on(base, "baseline", {"workload": base.workload, "sentence": "PyTorch's defaults"}, ladder=ladder)
     current, climbed = base, []
     confirm = session.confirmer(f"{tag}/confirm", min_rounds, max_rounds, budget_min, resume)
+    cache = session.store.path.parent / "inductor" / "".join(ch if ch.isalnum() else "-" for ch in f"{tag}-{ladder}")
     for rung in [r for r in CLIMB_RUNGS if r in rungs]:
-        candidates, why = climb_candidates(rung, current, base, facts, image_like)
-        table, comparison = pd.DataFrame(), None
+        if rung == "runtime: torch.compile":
+            shutil.rmtree(cache, ignore_errors=True)  # the rung's first run compiles cold: its compile time
+        candidates, why = climb_candidates(rung, current, base, facts, image_like, str(cache))
+        table, comparison, faster = pd.DataFrame(), None, False
         if not candidates:
             sentence = f"{rung}: skipped: {why}."
         else:
             arms = {"baseline": current} | candidates
             results = session.sweep(list(arms.values()), rounds=screen_rounds, tag=f"{tag}/screen", resume=resume)
             table = settings.named_table(results, arms)
+            chosen, sentence, comparison = settings.choose(table.assign(setting=table["name"]), rung, confirm,
+                                                           screen_gate=False)
+            faster = comparison is not None and comparison.get("verdict") == "faster"
             if rung == "runtime: torch.compile":
-                sentence = compile_sentence(table)
-            else:
-                chosen, sentence, comparison = settings.choose(table.assign(setting=table["name"]), rung, confirm,
-                                                               screen_gate=False)
-                if comparison and comparison.get("verdict") == "faster":
-                    current = RunConfig.from_dict(chosen)
+                sentence, faster = compile_sentence(table, comparison, train_steps)
+            if faster:
+                current = RunConfig.from_dict(chosen)
         sentence = sentence.replace("the baseline", "the rung below")  # choose() calls the rung below its baseline
-        kept = comparison is not None and comparison.get("verdict") == "faster"
         session.hand_on(current, rung, {"workload": base.workload, "sentence": sentence},
-                        comparison if kept else None, ladder=ladder)
+                        comparison if faster else None, ladder=ladder)
         climbed.append({"rung": rung, "sentence": sentence, "config": current, "comparison": comparison,
-                        "handed_on": kept, "table": table})
+                        "handed_on": faster, "table": table})
         progress(f"{ladder}: {sentence}")
     end = None
     if current.config_hash() != base.config_hash():
@@ -358,8 +385,13 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
     c, why = arm(UNFIXED, inverse=True)
     rows["frozen layers (backward skipped)"] = (c, f"computing the frozen stages' backward: {why.replace('->', 'against')}"
                                                 if c else why)
-    rows["conv + frozen BN + ReLU fused"] = (None, "not built: stock PyTorch has no fused conv + BN + ReLU training "
-                                                   "kernel on CPU; the fold (above) is the nearest step")
+    if "conv + frozen BN + ReLU compiled" in arms:
+        c, why = arm("conv + frozen BN + ReLU compiled")
+        rows["conv + frozen BN + ReLU fused"] = (c, f"folded, each bottleneck one compiled region (Inductor fuses the "
+                                                    f"bias, ReLU and residual add after oneDNN's conv): {why}")
+    else:
+        rows["conv + frozen BN + ReLU fused"] = (None, "not measured in this run (COMPILED_REGION = False: each of its "
+                                                       "runs compiles); `make case-study` measures it")
     lamb = next((r for r in (lamb_bench or []) if "kernels" in r and "fused" in r["kernels"]), None)
     if lamb:
         k = lamb["kernels"]["fused"]

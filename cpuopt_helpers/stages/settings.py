@@ -4,6 +4,8 @@ the choice of a winner through compare.py, and the small config helpers.
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from cpuopt_helpers import compare, stats
@@ -66,10 +68,15 @@ def failures(results: list[dict]) -> list[str]:
             for r in results if r["status"] != "ok"]
 
 
+WHERE_ONLY = {"TORCHINDUCTOR_CACHE_DIR"}  # env that says where, not how: never a setting's name
+
+
 def setting_label(config: dict, baseline: dict) -> str:
     """What a configuration changes against the baseline, e.g. 'omp_runtime=intel kmp_blocktime=0'."""
-    skip = {"timeout_s", "onednn_verbose", "trace", "options"}
+    skip = {"timeout_s", "onednn_verbose", "trace", "options", "env"}
     parts = [f"{k}={v}" for k, v in config.items() if k not in skip and v != baseline.get(k)]
+    mine, theirs = ({k: v for k, v in dict(c.get("env") or {}).items() if k not in WHERE_ONLY} for c in (config, baseline))
+    parts += [f"{k}={mine.get(k, 'unset')}" for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
     mine, theirs = config.get("options") or {}, baseline.get("options") or {}  # a workload's options by name
     parts += [f"{k}={mine.get(k, 'default')}" for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
     return " ".join(parts) or "baseline"
@@ -100,9 +107,12 @@ def mean_loss(runs: list[dict], steps: int) -> float | None:
 
 
 def loss_drift(loss: float | None, base_loss: float | None) -> float | None:
-    """How far an arm's loss lies from the baseline's, as a share of it (None: not recorded)."""
+    """How far an arm's loss lies from the baseline's, as a share of it (None: not recorded;
+    infinite where the arm's loss is NaN or infinite and the baseline's is not)."""
     if loss is None or base_loss is None:
         return None
+    if not math.isfinite(loss):
+        return math.inf if math.isfinite(base_loss) else None
     return abs(loss - base_loss) / max(abs(base_loss), LOSS_FLOOR)
 
 
@@ -172,9 +182,10 @@ def choose(table: pd.DataFrame, what: str, confirm=None, candidates: pd.DataFram
         return base["config"], f"{what}: no other setting produced a result; the baseline is kept.", None
     drift = pd.to_numeric(others.get("loss_drift", pd.Series(index=others.index, dtype=float)), errors="coerce")
     drifted = drift > LOSS_TOLERANCE  # not recorded (NaN): not judged
-    excluded = "".join(f" {r['setting']} is no candidate: its loss drifted {d:.0%} from the baseline's (more than "
-                       f"{LOSS_TOLERANCE:.0%}, with the same seed and data)."
-                       for (_, r), d in zip(others[drifted].iterrows(), drift[drifted]))
+    excluded = "".join(f" {r['setting']} is no candidate: " + (
+        f"its loss drifted {d:.0%} from the baseline's (more than {LOSS_TOLERANCE:.0%}, with the same seed and data)."
+        if math.isfinite(d) else "its loss was not finite (NaN or infinite) where the baseline's was.")
+        for (_, r), d in zip(others[drifted].iterrows(), drift[drifted]))
     others = others[~drifted]
     if others.empty:
         return base["config"], f"{what}: the baseline is kept.{excluded}", None

@@ -16,8 +16,9 @@ parameters of ``build`` (``cpuopt bench --workload retinanet --option frozen_bn=
   paper's unfixed IPEX build, emulated: the frozen weights take part in autograd, their
   gradients are computed and then dropped, so the optimizer never sees them);
 - ``frozen_bn``: ``separate`` (torchvision's FrozenBatchNorm2d: a multiply and an add),
-  ``fused`` (one batch-norm call with frozen statistics) or ``folded`` (into the convolution
-  before it, anew at every step);
+  ``fused`` (one batch-norm call with frozen statistics), ``folded`` (into the convolution
+  before it, anew at every step) or ``compiled`` (folded, and each bottleneck block one
+  ``torch.compile`` region: conv + frozen BN + ReLU fused by Inductor);
 - ``focal``: ``reference`` (torchvision's composite formula) or ``fast`` (the closed-form
   kernel of ``cpuopt_helpers.kernels.focal_loss``).
 
@@ -255,10 +256,12 @@ def build(preset: str = "quick", classes: int = 80, trainable_layers: int = 3, f
                       "focal": focal, "frozen_backward": frozen_backward})
     size, batch = preset_value(preset, PRESETS)[6:]
     torch.manual_seed(0)
-    model = RetinaNet(preset, classes, trainable_layers, "fused" if frozen_bn == "folded" else frozen_bn,
-                      frozen_backward)
-    if frozen_bn == "folded":
+    folding = frozen_bn in ("folded", "compiled")
+    model = RetinaNet(preset, classes, trainable_layers, "fused" if folding else frozen_bn, frozen_backward)
+    if folding:
         fixes.fold_batch_norm(model, torch.zeros(1, 3, size, size))
+    if frozen_bn == "compiled":
+        fixes.compile_regions(model)
     grid = anchors(size)
 
     def make_batch(batch_size: int):
