@@ -75,7 +75,7 @@ run: setup
 
 # The full case study (notebook 08 with the whole ladder climbed on RetinaNet at 80 and 601 classes,
 # each rung confirmed in 5 paired rounds, the top against PyTorch's defaults in 10, and conv + frozen
-# BN + ReLU as compiled regions): about an hour and a half on two cores, into build/ beside `make
+# BN + ReLU as compiled regions): about two hours on two cores (110 min on the Xeon), into build/ beside `make
 # run`'s results (`cpuopt ladder --workload retinanet` reads it).
 case-study: setup
 	IPEX=$(IPEX) $(VENV)/bin/cpuopt workbook run --preset $(PRESET) --only 08 -p CLIMB_CLASSES '[80, 601]' \
