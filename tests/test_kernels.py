@@ -201,7 +201,17 @@ def test_lamb_foreach_and_fused_equal_the_per_parameter_loop_and_the_formula():
         torch.testing.assert_close(loop, fused)
     conv = copies[2][0].weight  # a view into the flat buffer that kept its channels-last strides
     assert conv.is_contiguous(memory_format=torch.channels_last) and conv.stride() == copies[0][0].weight.stride()
-    assert conv.data_ptr() == opts[2]._flat[id(opts[2].param_groups[0])]["p"].data_ptr()
+    flat = opts[2]._flat[id(opts[2].param_groups[0])]
+    assert conv.data_ptr() == flat["p"].data_ptr()
+    # zero_grad(set_to_none=True) keeps each .grad a zeroed view into the flat buffer, and autograd
+    # adds the next gradients there: no step copies gradients or allocates a model-sized update
+    update = flat["u"].data_ptr()
+    opts[2].zero_grad(set_to_none=True)
+    assert conv.grad is not None and conv.grad.data_ptr() == flat["g"].data_ptr() and not flat["g"].any()
+    copies[2](x).pow(2).mean().backward()
+    assert conv.grad.data_ptr() == flat["g"].data_ptr() and flat["g"].any()
+    opts[2].step()
+    assert flat["u"].data_ptr() == update
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     x = torch.randn(4, 8)
     w0 = model[0].weight.detach().clone()

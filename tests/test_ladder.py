@@ -109,7 +109,7 @@ class FakeClimb:
         for field, factor in self.FACTORS.items():
             if getattr(c, field) != getattr(RunConfig(), field):
                 s *= factor
-        return s
+        return s * (1.1 if dict(c.options).get("frozen_bn") == "folded" else 1.0)
 
     def sweep(self, configs, rounds=1, tag=None, resume=True):
         self.sweeps += 1
@@ -156,16 +156,19 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
         "intel", True, "default", "bf16", "fused")
     assert dict(top.env)["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path / "inductor"))  # one warm cache
     assert "TORCHINDUCTOR" not in settings.setting_label(top.to_dict(), base.to_dict())
-    assert dict(top.options) == {"focal": "fast", "frozen_bn": "fused"}
+    fixes = by_rung["case-study fixes"]["table"]  # the paper's fused FrozenBatchNorm2d and folding it, screened
+    assert sorted(fixes["name"]) == ["baseline", "the paper's fixes together",
+                                     "the paper's fixes, FrozenBatchNorm2d folded into the conv"]
+    assert dict(top.options) == {"focal": "fast", "frozen_bn": "folded"}  # the faster of the two, confirmed
     end = result["end_to_end"]
     assert len(fake.confirmed) == 8  # every rung confirmed, whatever one screening round said; then the end
-    assert fake.confirmed[-1] == (base, top, 10) and end["ratio"] == pytest.approx(1.3 * 1.2 * 1.5 * 1.5 * 1.1)
+    assert fake.confirmed[-1] == (base, top, 10) and end["ratio"] == pytest.approx(1.3 * 1.2 * 1.5 * 1.5 * 1.1 * 1.1)
     rows = ladder.rungs(session.store, "m", "retinanet", "quick", 2)
     assert [r["step"] for r in rows] == ["baseline", *case_study.CLIMB_RUNGS]  # the stale rung replaced
     assert [r["change"] for r in rows][1:3] == ["kept", "omp_runtime=intel"]
     assert rows[-1]["end_to_end"]["n"] == 10 and rows[-1]["vs_baseline"]["ratio"] == pytest.approx(end["ratio"])
     lines = case_study.climb_findings(result)
-    assert "3.86x" in lines[-1] and "is reached" in lines[-1]
+    assert "4.25x" in lines[-1] and "is reached" in lines[-1]
     # no bf16 fast path: the rung is skipped with the gate's reason, and the 601-class ladder stays apart
     session.facts = dict(facts, bf16={"accelerated": False, "reason": "no AVX512-BF16 or AMX"})
     fp32 = case_study.climb(session, settings.with_options(base, classes=601), "retinanet, 601 classes", True, "t",

@@ -8,7 +8,13 @@ gradients and moments in one flat buffer each (every parameter and its ``.grad``
 into them, strides kept, so channels-last weights stay channels-last) and updates them in
 one pass over the buffers: the moments and the update in one compiled loop where
 torch.compile works (``STATUS`` says which ran), then the per-parameter norms and the
-trust-scaled step over the flat buffers. All three compute the same update:
+trust-scaled step over the flat buffers. Its gradients stay views into their flat buffer, so
+``zero_grad`` zeroes that buffer in place whatever ``set_to_none`` says (autograd then adds
+each new gradient into it), and the update is written into one buffer kept between steps:
+no step allocates or copies a model-sized tensor. (Before, a training loop's
+``zero_grad(set_to_none=True)`` made every step copy each fresh gradient back and allocate
+the update anew: 2.5x the loop's optimizer time in RetinaNet's real step, though 1.4x faster
+than the loop with gradients left in place.) All three compute the same update:
 
     m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
     u = (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + wd * p
@@ -32,6 +38,24 @@ class Lamb(torch.optim.Optimizer):
             raise ValueError(f"invalid Lamb hyper-parameters lr={lr}, betas={betas}, eps={eps}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.impl = impl
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Fused: the flat gradient buffers are zeroed in place (their views stay each parameter's
+        ``.grad``); a parameter outside them as torch's optimizers do."""
+        flat = self.__dict__.get("_flat")
+        if self.impl != "fused" or not flat:
+            return super().zero_grad(set_to_none)
+        inside = {id(p) for f in flat.values() for p in f["params"]}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if id(p) not in inside and p.grad is not None:
+                    if set_to_none:
+                        p.grad = None
+                    else:
+                        p.grad.detach_().requires_grad_(False).zero_()
+        with torch.no_grad():
+            for f in flat.values():
+                f["g"].zero_()
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -124,15 +148,24 @@ def _flatten(group) -> dict:
         p.data, p.grad = view, grad
     sizes = [p.numel() for p in params]
     return {"params": params, "p": flat_p, "g": flat_g, "g_views": g_views, "step": 0,
-            "m": torch.zeros_like(flat_p), "v": torch.zeros_like(flat_p),
+            "m": torch.zeros_like(flat_p), "v": torch.zeros_like(flat_p), "u": torch.empty_like(flat_p),
             "p_segments": list(flat_p.split(sizes)), "sizes": sizes}
 
 
-def _moments_and_update(p, g, m, v, b1, b2, eps, wd, bc1, bc2):
-    """m, v in place; returns the unscaled update u = m_hat / (sqrt(v_hat) + eps) + wd * p."""
+def _moments_and_update(p, g, m, v, u, b1, b2, eps, wd, bc1, bc2):
+    """m, v and the unscaled update u = m_hat / (sqrt(v_hat) + eps) + wd * p, all in place and
+    with no temporary (eager)."""
     m.lerp_(g, 1 - b1)
     v.mul_(b2).addcmul_(g, g, value=1 - b2)
-    return (m / bc1) / ((v / bc2).sqrt() + eps) + wd * p
+    torch.div(v, bc2, out=u).sqrt_().add_(eps)
+    torch.div(m, u, out=u).div_(bc1).addcmul_(p, wd)
+
+
+def _moments_and_update_expr(p, g, m, v, u, b1, b2, eps, wd, bc1, bc2):
+    """The same as one expression, for torch.compile: one loop that writes m, v and u."""
+    m.lerp_(g, 1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    u.copy_((m / bc1) / ((v / bc2).sqrt() + eps) + wd * p)
 
 
 _compiled = None
@@ -144,7 +177,7 @@ def _update_fn():
     global _compiled
     if _compiled is None:
         try:
-            _compiled = torch.compile(_moments_and_update, dynamic=False, fullgraph=True)
+            _compiled = torch.compile(_moments_and_update_expr, dynamic=False, fullgraph=True)
             STATUS.update(compiled=True, reason="")
         except Exception as exc:  # noqa: BLE001 - no compiler, an unsupported torch: eager, said
             _compiled = _moments_and_update
@@ -157,7 +190,7 @@ def _fused(opt: Lamb, group) -> None:
     if id(group) not in flat:
         flat[id(group)] = _flatten(group)
     f = flat[id(group)]
-    for p, view in zip(f["params"], f["g_views"]):  # zero_grad(set_to_none=True) or a new .grad: back into the buffer
+    for p, view in zip(f["params"], f["g_views"]):  # a .grad set or cleared from outside: back into the buffer
         if p.grad is None:
             view.zero_()
             p.grad = view
@@ -170,16 +203,17 @@ def _fused(opt: Lamb, group) -> None:
     scalars = [torch.tensor(x, dtype=f["p"].dtype) for x in (b1, b2, group["eps"], group["weight_decay"],
                                                              1 - b1**t, 1 - b2**t)]
     update = _update_fn()
+    u = f["u"]
     try:
-        u = update(f["p"], f["g"], f["m"], f["v"], *scalars)
+        update(f["p"], f["g"], f["m"], f["v"], u, *scalars)
     except Exception as exc:  # noqa: BLE001 - a compile that fails at its first call: eager from now on
         if update is _moments_and_update:
             raise
         global _compiled
         _compiled = _moments_and_update
         STATUS.update(compiled=False, reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-        u = _moments_and_update(f["p"], f["g"], f["m"], f["v"], *scalars)
-    u_segments = list(u.split(f["sizes"]))
+        _moments_and_update(f["p"], f["g"], f["m"], f["v"], u, *scalars)
+    u_segments = f.setdefault("u_segments", list(u.split(f["sizes"])))
     w, n = torch.stack(torch._foreach_norm(f["p_segments"])), torch.stack(torch._foreach_norm(u_segments))
     trust = torch.where((w > 0) & (n > 0), w / n, torch.ones_like(w)) * -group["lr"]
     torch._foreach_mul_(u_segments, list(trust.unbind()))
