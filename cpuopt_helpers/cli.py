@@ -21,6 +21,28 @@ class _Parser(argparse.ArgumentParser):
         raise CpuoptError(f"{message} (see `{self.prog} --help`)")
 
 
+TOPOLOGY_HELP = ("plan for another machine: its saved `cpuopt doctor --json` or `lscpu -p` output "
+                 "(with --dry-run; a run measures this machine)")
+
+
+def machine_for(args):
+    """This machine, or with --topology FILE the one it describes (plans only: needs --dry-run)."""
+    from cpuopt_helpers import launch
+
+    if not getattr(args, "topology", None):
+        return launch.Machine.this()
+    if not args.dry_run:
+        raise CpuoptError("--topology plans for another machine: add --dry-run (a run measures this machine)")
+    return launch.Machine.from_file(args.topology)
+
+
+def print_plan(plan, machine) -> None:
+    """A dry run: the plan as shell, headed by the machine it was planned for when that is another."""
+    if machine.source:
+        print(f"# planned for {machine.source}: {machine.topology.summary()}")
+    print(plan.shell_command())
+
+
 def add_runtime_options(parser: argparse.ArgumentParser) -> None:
     """What bench and launch both set before a process starts: pinning, allocator, OpenMP."""
     parser.add_argument("--affinity", default="compact", help="compact | scatter | none (no pinning)")
@@ -74,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="an environment variable for the worker, e.g. MALLOC_CONF=... (repeatable)")
     bench.add_argument("--timeout", type=float, default=600, help="seconds before the run is stopped")
     bench.add_argument("--dry-run", action="store_true", help="print the launch plan as shell commands and exit")
+    bench.add_argument("--topology", metavar="FILE", help=TOPOLOGY_HELP)
     bench.add_argument("--save", action="store_true", help="also write the result to the results store")
     bench.add_argument("--json", action="store_true", help="print the RunResult as JSON")
 
@@ -92,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_runtime_options(launch)
     launch.add_argument("--log-dir", default="build/launch", help="one log per instance here (default build/launch)")
     launch.add_argument("--dry-run", action="store_true", help="print the plan as shell commands and exit")
+    launch.add_argument("--topology", metavar="FILE", help=TOPOLOGY_HELP)
     launch.add_argument("program", nargs=argparse.REMAINDER, metavar="COMMAND", help="-- then the command to run")
 
     cmp = sub.add_parser("compare", help="adaptive A/B of two bench option strings: ratio b/a, interval, verdict")
@@ -109,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--preset", default="quick", help="quick | standard | full")
     tune.add_argument("--budget-min", type=float, default=10, help="minutes the search may take (default 10)")
     tune.add_argument("--json", action="store_true", help="print the recommendation as JSON")
+    tune.add_argument("--dry-run", action="store_true",
+                      help="print the candidates the search would measure, with their cores, and exit")
+    tune.add_argument("--topology", metavar="FILE", help=TOPOLOGY_HELP)
 
     lad = sub.add_parser("ladder", help="what the notebooks handed on: each rung, its ratio to the rung before "
                                         "and to the baseline, with intervals")
@@ -164,9 +191,10 @@ def _bench(args) -> int:
     from cpuopt_helpers.results import ResultStore
 
     config = bench_config(args)
-    plan = launch.build_plan(config, launch.Machine.this())
+    machine = machine_for(args)
+    plan = launch.build_plan(config, machine)
     if args.dry_run:
-        print(plan.shell_command())
+        print_plan(plan, machine)
         return 0
     facts = system.collect_facts()
     result = launch.run_plan(plan, facts)
@@ -232,6 +260,9 @@ def _compare(args) -> int:
         if any(w in ("--workload", "--preset", "--json", "--dry-run", "--save") or w.startswith(("--workload=",
                "--preset=")) for w in words):
             raise CpuoptError(f"{name} {options!r}: give --workload and --preset once, outside --a/--b")
+        if any(w.startswith("--topology") for w in words):
+            raise CpuoptError(f"{name} {options!r}: compare measures this machine; --topology only plans "
+                              "(bench --dry-run)")
         try:
             bench_args = build_parser().parse_args(["bench", "--workload", args.workload, "--preset", args.preset,
                                                     *words])
@@ -295,7 +326,7 @@ def _launch(args) -> int:
     command = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not command:
         raise CpuoptError("no command given; write it after --, e.g. cpuopt launch --allocator jemalloc -- python train.py")
-    machine = launch.Machine.this()
+    machine = machine_for(args)
     cores = None
     threads = args.ncores_per_instance
     if args.cores:
@@ -323,7 +354,7 @@ def _launch(args) -> int:
     else:
         plan = launch.build_plan(config, machine, command=command)
     if args.dry_run:
-        print(plan.shell_command())
+        print_plan(plan, machine)
         return 0
     outcome = launch.run_command_plan(plan, args.log_dir)
     for inst in outcome["instances"]:
@@ -403,6 +434,12 @@ def _tune(args) -> int:
     from cpuopt_helpers import system, tune
     from cpuopt_helpers.results import ResultStore
 
+    if args.dry_run or args.topology:
+        machine = machine_for(args)  # --topology without --dry-run is refused here
+        facts = tune.machine_facts(machine) if machine.source else system.collect_facts()
+        rows = tune.search_plan(args.workload, args.preset, facts, machine)
+        print(json.dumps(rows, indent=2) if args.json else tune.format_search_plan(rows, machine))
+        return 0
     facts = system.collect_facts()
     ladder = ResultStore().get_fact(facts["fingerprint"], f"ladder/{args.workload}/{args.preset}", [])
     result = tune.tune(args.workload, args.budget_min, args.preset, facts, ladder, progress=not args.json)

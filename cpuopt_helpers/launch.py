@@ -33,8 +33,21 @@ cold compile, also when a user pastes the plan's command again; a plan-time temp
 folder would be filled by the first run and make a rerun silently warm. A value in the
 caller's environment (or the config's ``env``) wins, with a warning.
 
-Pinning: ``numactl --physcpubind=CORES --membind=NODES`` when numactl works, else
-``taskset -c CORES``, else the worker pins itself with ``os.sched_setaffinity``.
+Placement (``assign_cores``, affinity compact): instances never straddle a NUMA node or a
+socket. Each takes one thread per physical core (SMT siblings only when the layout needs
+more threads than cores), inside one (socket, node) where it fits, several to a node; an
+instance larger than a node takes whole nodes of one socket, then whole sockets. A layout
+that does not fit that way is refused, saying which thread count fits; ``--affinity
+scatter`` (spread across sockets on purpose) or explicit ``--cores`` are the ways to ask
+for straddling. With no thread count given, each instance gets the most physical cores
+that keep it inside its node (``default_threads``).
+
+Pinning: ``numactl --physcpubind=CORES`` with the memory bound to the instance's node
+(``--membind=NODE``; an instance spanning several nodes gets ``--localalloc``, since
+``--membind`` to several nodes fills the lowest first) when numactl works, else
+``taskset -c CORES`` (with a warning where numactl is present but refused: memory is then
+not bound, and pages land on the node of the thread that first touches them), else the
+worker pins itself with ``os.sched_setaffinity``.
 
 What ``make_result`` adds to the instances' results:
 
@@ -72,7 +85,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from cpuopt_helpers import runtimes, stats, system
+from cpuopt_helpers import rank_exec, runtimes, stats, system
 from cpuopt_helpers.config import RunConfig, validate
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.worker import RESULT_KEY
@@ -101,11 +114,37 @@ class Machine:
     libraries: dict  # kind (jemalloc, tcmalloc, iomp) -> path or None
     numactl: bool
     taskset: bool
+    numactl_refused: str = ""  # why numactl, though installed, cannot bind here ("" when it can or is absent)
+    source: str = ""  # the --topology file this machine was read from ("" for this machine)
+    facts: dict = field(default_factory=dict)  # the facts of that file's `cpuopt doctor --json` ({} otherwise)
 
     @classmethod
     def this(cls) -> "Machine":
-        return cls(system.topology(), {k: system.locate_library(k) for k in ("jemalloc", "tcmalloc", "iomp")},
-                   system.numactl_status()["works"], shutil.which("taskset") is not None)
+        status = system.numactl_status()
+        return cls(system.topology(), this_libraries(), status["works"], shutil.which("taskset") is not None,
+                   status["reason"] if status["present"] and not status["works"] else "")
+
+    @classmethod
+    def from_file(cls, path: str) -> "Machine":
+        """Another machine, for plans only (--topology): its saved `cpuopt doctor --json` or `lscpu -p`.
+
+        A doctor JSON also says which libraries that machine has and whether numactl works
+        there; for lscpu text the libraries are this machine's, and numactl is taken to work
+        (a server's usual case; where it does not, the launch there falls back to taskset).
+        """
+        topo, facts = system.read_topology_file(path)
+        if not facts:
+            return cls(topo, this_libraries(), True, True, source=path)
+        numactl = facts.get("numactl") or {}
+        libraries = {**(facts.get("allocators") or {}), "iomp": (facts.get("openmp") or {}).get("intel")}
+        return cls(topo, libraries, bool(numactl.get("works")), True,
+                   numactl.get("reason", "") if numactl.get("present") and not numactl.get("works") else "",
+                   source=path, facts=facts)
+
+
+def this_libraries() -> dict:
+    """The allocator and OpenMP libraries found on this machine (kind -> path or None)."""
+    return {k: system.locate_library(k) for k in ("jemalloc", "tcmalloc", "iomp")}
 
 
 @dataclass(frozen=True)
@@ -135,11 +174,53 @@ class LaunchPlan:
         return "\n".join(lines)
 
 
+def _place(topology: system.Topology, instances: int, threads: int) -> list[list[int]] | None:
+    """Core sets that keep every instance inside one NUMA node, or on whole nodes of one
+    socket, or on whole sockets (see the module docstring); None when they do not fit so."""
+    smt = instances * threads > topology.physical_cores
+    first = set(topology.core_order()[:topology.physical_cores])  # one CPU per physical core
+    nodes = [(socket, [c for c in cpus if smt or c in first]) for (socket, _), cpus in topology.domains().items()]
+    if threads <= max(len(cpus) for _, cpus in nodes):  # inside a node: first fit, several to a node
+        free = [cpus for _, cpus in nodes]
+        groups = []
+        for _ in range(instances):
+            i = next((i for i, cpus in enumerate(free) if len(cpus) >= threads), None)
+            if i is None:
+                return None
+            groups.append(free[i][:threads])
+            free[i] = free[i][threads:]
+        return groups
+    sockets: dict[int, list[int]] = {}
+    for socket, cpus in nodes:
+        sockets.setdefault(socket, []).extend(cpus)
+    for units in (list(sockets.values()), [[c for _, cpus in nodes for c in cpus]]):  # one socket, then all of them
+        if threads <= max(len(u) for u in units):
+            fitting = [u for u in units if len(u) >= threads]
+            return [u[:threads] for u in fitting[:instances]] if len(fitting) >= instances else None
+    return None
+
+
+def fits(topology: system.Topology, instances: int, threads: int) -> bool:
+    """Whether compact placement keeps each of these instances inside its node (``assign_cores`` accepts it)."""
+    return instances * threads <= topology.logical_cores and _place(topology, instances, threads) is not None
+
+
+def default_threads(topology: system.Topology, instances: int = 1) -> int:
+    """Threads per instance when none are asked: the most physical cores each instance can
+    have inside its node (all usable physical cores for one instance). Never os.cpu_count():
+    the topology holds only the CPUs the affinity mask, the cpuset and the quota leave."""
+    for threads in range(max(1, topology.physical_cores // instances), 0, -1):
+        if _place(topology, instances, threads) is not None:
+            return threads
+    return 1
+
+
 def assign_cores(topology: system.Topology, instances: int, threads: int,
                  affinity: str = "compact") -> list[tuple[int, ...]]:
     """Disjoint core sets, one thread per physical core first and SMT siblings after.
 
-    compact: each instance takes consecutive cores (inside one socket where it fits);
+    compact: instances packed node by node, never straddling a NUMA node or socket (see the
+    module docstring); a layout that cannot be placed so is refused with what fits.
     scatter: cores are dealt round-robin across sockets, so each instance spreads out.
     """
     order = topology.core_order()
@@ -151,7 +232,15 @@ def assign_cores(topology: system.Topology, instances: int, threads: int,
         by_socket = [[c for c in order if next(x.socket for x in topology.cpus if x.cpu == c) == s] for s in sockets]
         dealt = [c for group in zip(*by_socket) for c in group] or order
         order = dealt + [c for c in order if c not in dealt]  # sockets alternate: s0, s1, s0, s1, ...
-    return [tuple(sorted(order[i * threads:(i + 1) * threads])) for i in range(instances)]
+        return [tuple(sorted(order[i * threads:(i + 1) * threads])) for i in range(instances)]
+    groups = _place(topology, instances, threads)
+    if groups is None:
+        core = {c.cpu: (c.socket, c.core) for c in topology.cpus}
+        sizes = ", ".join(str(len({core[c] for c in cpus})) for cpus in topology.domains().values())
+        raise CpuoptError(f"{instances} instances x {threads} threads do not fit in the NUMA nodes here ({sizes} "
+                          f"physical cores) without one straddling two; use {default_threads(topology, instances)} "
+                          "threads per instance or fewer, or ask for straddling: --affinity scatter, or --cores")
+    return [tuple(sorted(g)) for g in groups]
 
 
 def _library(machine: Machine, kind: str) -> str:
@@ -202,13 +291,18 @@ def python_path(base_env: dict) -> str:
 
 def pin_prefix(pinning: str, group: tuple[int, ...], topo: system.Topology) -> list[str]:
     """The command prefix that binds a process to its cores (and their NUMA nodes)."""
-    csv = ",".join(map(str, group))
     if pinning == "numactl":
-        nodes = ",".join(str(n) for n in sorted({topo.node_of(c) for c in group}))
-        return ["numactl", f"--physcpubind={csv}", f"--membind={nodes}"]
+        return rank_exec.numactl_argv(group, sorted({topo.node_of(c) for c in group}))
     if pinning == "taskset":
-        return ["taskset", "-c", csv]
+        return ["taskset", "-c", ",".join(map(str, group))]
     return []
+
+
+def numactl_fallback(reason: str, pinning: str) -> str:
+    """The warning when numactl is installed but refuses to bind here (a container without CAP_SYS_NICE,
+    a cpuset.mems that excludes the node): what pins instead, and that memory is not bound."""
+    return (f"numactl is installed but refused here ({reason}); pinning with {pinning} instead: CPUs are bound, "
+            "memory is not, so pages land on the node of the thread that first touches them")
 
 
 def run_cpu_argv(config: RunConfig, python: str) -> list[str]:
@@ -236,6 +330,8 @@ def build_plan(config: RunConfig, machine: Machine, base_env: dict | None = None
     """
     base_env = dict(os.environ if base_env is None else base_env)
     topo = machine.topology
+    if config.threads is None and not config.cores and config.launcher == "cpuopt":
+        config = config.replace(threads=default_threads(topo, max(1, config.instances)))
     config = validate(config, topo.logical_cores, topo.physical_cores, check_workload=command is None)
     if config.kmp_blocktime is not None and config.omp_runtime != "intel":
         raise CpuoptError("KMP_BLOCKTIME only applies to Intel OpenMP; add --omp-runtime intel")
@@ -265,6 +361,8 @@ def build_plan(config: RunConfig, machine: Machine, base_env: dict | None = None
         pinning = "none"
     else:
         pinning = "numactl" if machine.numactl else "taskset" if machine.taskset else "sched_setaffinity"
+        if machine.numactl_refused:
+            warnings.append(numactl_fallback(machine.numactl_refused, pinning))
     argv_tail = command or [python, "-m", "cpuopt_helpers.worker", "--config", config.to_json()]
     if config.mode == "ddp":  # torch.distributed's env:// rendezvous, as torchrun sets it
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(len(cores)))
@@ -299,10 +397,14 @@ def build_torchrun_plan(config: RunConfig, machine: Machine, command: list[str],
     if not os.path.isfile(command[0]):
         raise CpuoptError(f"no such script {command[0]!r}")
     topo = machine.topology
+    if config.threads is None and not config.cores:
+        config = config.replace(threads=default_threads(topo, nproc))
     config = validate(config.replace(instances=nproc), topo.logical_cores, topo.physical_cores, check_workload=False)
     groups = list(config.cores) if config.cores else assign_cores(topo, nproc, config.threads, config.affinity)
     env, warnings = plan_env(config, machine, base_env)
     pinning = "numactl" if machine.numactl else "sched_setaffinity"
+    if machine.numactl_refused:
+        warnings.append(numactl_fallback(machine.numactl_refused, pinning))
     env.update(CPUOPT_RANK_CORES=";".join(",".join(map(str, g)) for g in groups), CPUOPT_PINNING=pinning,
                CPUOPT_RANK_NODES=";".join(",".join(str(n) for n in sorted({topo.node_of(c) for c in g}))
                                           for g in groups))

@@ -4,10 +4,10 @@
 ``python -m torch.distributed.run --nproc-per-node N -m cpuopt_helpers.rank_exec train.py ARGS``.
 A stock torchrun sets OMP_NUM_THREADS=1 and pins nothing; here each rank reads its
 LOCAL_RANK, takes its core group from CPUOPT_RANK_CORES ("0,1;2,3": groups by local
-rank) and restarts itself under ``numactl --physcpubind=CORES --membind=NODES`` (or pins
-itself with sched_setaffinity where numactl is refused), then runs the script, before
-torch is imported, so the OpenMP pool starts on the right cores with OMP_NUM_THREADS
-threads (set by the launcher to the cores per rank).
+rank) and restarts itself under ``numactl --physcpubind=CORES --membind=NODE`` (see
+``numactl_argv``; or pins itself with sched_setaffinity where numactl is refused), then
+runs the script, before torch is imported, so the OpenMP pool starts on the right cores
+with OMP_NUM_THREADS threads (set by the launcher to the cores per rank).
 
 Standard library only: this runs before anything else in the rank.
 """
@@ -18,6 +18,18 @@ import os
 import runpy
 import sys
 import traceback
+
+
+def numactl_argv(cores, nodes) -> list[str]:
+    """numactl binding a process to its cores and its memory to their NUMA node.
+
+    One node: ``--membind=NODE``. Several (a rank larger than a node): ``--localalloc``,
+    each thread's pages on its own node; ``--membind`` to several nodes would fill the
+    lowest-numbered one first.
+    """
+    nodes = [str(n) for n in nodes]
+    memory = f"--membind={nodes[0]}" if len(nodes) == 1 else "--localalloc"
+    return ["numactl", f"--physcpubind={','.join(map(str, cores))}", memory]
 
 
 def rank_cores(spec: str, local_rank: int) -> list[int]:
@@ -62,8 +74,8 @@ def main(argv: list[str]) -> int:
         nodes = os.environ.get("CPUOPT_RANK_NODES", "").split(";")
         if os.environ.get("CPUOPT_PINNING") == "numactl" and local_rank < len(nodes) and nodes[local_rank]:
             # numactl binds memory too; it runs this module again, which then only runs the script
-            argv_exec = ["numactl", f"--physcpubind={os.environ['CPUOPT_CORES']}", f"--membind={nodes[local_rank]}",
-                         sys.executable, "-m", "cpuopt_helpers.rank_exec", *argv]
+            argv_exec = numactl_argv(cores, nodes[local_rank].split(",")) + [
+                sys.executable, "-m", "cpuopt_helpers.rank_exec", *argv]
             os.execvp(argv_exec[0], argv_exec)
         os.sched_setaffinity(0, cores)
         os.environ["CPUOPT_PINNING"] = "sched_setaffinity"

@@ -1,8 +1,24 @@
 """Machine facts: topology, ISA flags, allocator and OpenMP libraries, versions.
 
-Parsers take text (``lscpu -p`` output, ``/proc/cpuinfo``, ``ldconfig -p``) so that
-tests feed fixtures of other machines; ``collect_facts`` is the one function that reads
-this machine.
+Parsers take text (``lscpu -p`` output, ``/proc/cpuinfo``, ``ldconfig -p``, cgroup files)
+so that tests feed fixtures of other machines; ``topology`` and ``collect_facts`` read
+this machine, and ``read_cgroup_limits`` / ``read_core_kinds`` read the kernel's files
+under a root folder that tests replace with a fixture tree.
+
+The CPUs a process uses (``topology()``), as the kernel lets it:
+
+| fact               | read from                                                  | effect on plans         |
+|--------------------|------------------------------------------------------------|-------------------------|
+| CPUs, cores, nodes | ``lscpu -p=CPU,CORE,SOCKET,NODE``                          | instances inside a node |
+| affinity mask      | ``os.sched_getaffinity(0)`` (taskset, numactl)             | only these CPUs         |
+| cgroup cpuset      | v2 ``cpuset.cpus.effective``, v1 ``cpuset.effective_cpus`` | only these CPUs         |
+| cgroup CPU quota   | v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``, ``cfs_period_us`` | floor(quota) CPUs, >= 1 |
+| SMT siblings       | CPUs that share a (socket, core)                           | one thread a core first |
+| hybrid cores       | ``/sys/devices/cpu_core/cpus``, ``.../cpu_atom/cpus``      | performance cores first |
+
+Hybrid cores come from the kernel's own lists of Intel's core PMUs, not from lscpu's
+MAXMHZ: max clocks also differ between the cores of one kind (favoured cores of Turbo
+Boost Max 3.0), so a clock threshold would misread servers as hybrid.
 """
 
 from __future__ import annotations
@@ -11,6 +27,7 @@ import functools
 import glob
 import hashlib
 import json
+import math
 import os
 import platform
 import re
@@ -19,6 +36,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from cpuopt_helpers.errors import CpuoptError
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx_ne_convert")
 
@@ -39,33 +58,125 @@ INSTALL_HINTS = {
 
 @dataclass(frozen=True)
 class Cpu:
-    """One logical CPU: its id, physical core, socket and NUMA node."""
+    """One logical CPU: its id, physical core, socket and NUMA node, and on hybrid CPUs its kind."""
 
     cpu: int
     core: int
     socket: int
     node: int
+    kind: str = ""  # "performance" or "efficiency" on hybrid CPUs, else ""
+
+
+LSCPU_COLUMNS = ("cpu", "core", "socket", "node")
 
 
 def parse_lscpu_parse(text: str) -> list[Cpu]:
-    """Parse ``lscpu -p=CPU,CORE,SOCKET,NODE`` output (comment lines start with '#')."""
+    """Parse ``lscpu -p=CPU,CORE,SOCKET,NODE`` or plain ``lscpu -p`` output.
+
+    Comment lines start with '#'; the one that names the columns ("# CPU,Core,Socket,Node,,
+    L1d,...") says where each is, else they are taken in that order. An empty node or socket
+    (a machine without NUMA) reads as 0, an empty core as the CPU itself; a line that is not
+    numbers is refused with its line number.
+    """
+    columns: list[int | None] = [0, 1, 2, 3]
     cpus = []
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
-        if not line or line.startswith("#"):
+        if line.startswith("#"):
+            names = [n.strip().lower() for n in line[1:].split(",")]
+            if "cpu" in names and "core" in names:
+                columns = [names.index(n) if n in names else None for n in LSCPU_COLUMNS]
             continue
-        fields = line.split(",")
-        values = [int(f) if f.strip().isdigit() else 0 for f in fields[:4]]
-        values += [0] * (4 - len(values))
-        cpus.append(Cpu(*values))
+        if not line:
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        values = [fields[i] if i is not None and i < len(fields) else "" for i in columns]
+        if not values[0].isdigit() or not all(v.isdigit() for v in values if v):
+            raise CpuoptError(f"line {number} is not lscpu -p's CPU,Core,Socket,Node numbers: {line[:60]!r}")
+        cpu, core, socket, node = (int(v) if v else None for v in values)
+        cpus.append(Cpu(cpu, cpu if core is None else core, socket or 0, node or 0))
     return sorted(cpus, key=lambda c: c.cpu)
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """The kernel's CPU list ('0-3,8,10-11', as in cpuset.cpus or cpu_core/cpus): sorted ids; empty -> []."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo and not hi:
+            continue
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise CpuoptError(f"cannot read CPU list {text.strip()!r}; the kernel writes it like 0-3,8")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(cpus)
+
+
+def format_cpu_list(cpus) -> str:
+    """[0, 1, 2, 3, 8] -> '0-3,8' (the kernel's syntax, also what taskset -c takes)."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
+def parse_cpu_max(text: str) -> float | None:
+    """cgroup v2 ``cpu.max`` ("QUOTA PERIOD" in microseconds; "max PERIOD": no quota): the quota in CPUs."""
+    parts = text.split()
+    if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit() and int(parts[1]) > 0:
+        return int(parts[0]) / int(parts[1])
+    return None
+
+
+def parse_cfs_quota(quota_us: str, period_us: str) -> float | None:
+    """cgroup v1 ``cpu.cfs_quota_us`` (-1: no quota) over ``cpu.cfs_period_us``: the quota in CPUs."""
+    quota, period = quota_us.strip(), period_us.strip()
+    if quota.isdigit() and period.isdigit() and int(quota) > 0 and int(period) > 0:
+        return int(quota) / int(period)
+    return None
+
+
+def quota_threads(quota: float | None) -> int | None:
+    """Threads a CPU quota keeps busy without throttling: floor(quota), at least 1 (None: no quota)."""
+    return None if quota is None else max(1, math.floor(quota + 1e-9))
+
+
+def parse_proc_cgroup(text: str) -> dict[str, str]:
+    """/proc/self/cgroup ("ID:CONTROLLERS:PATH" lines): controller -> cgroup path; v2's line under ''."""
+    paths = {}
+    for line in text.splitlines():
+        parts = line.strip().split(":", 2)
+        if len(parts) == 3:
+            for controller in parts[1].split(",") if parts[1] else [""]:
+                paths[controller] = parts[2]
+    return paths
+
+
+def parse_core_kinds(core_cpus: str, atom_cpus: str) -> dict[int, str]:
+    """Intel hybrid CPUs: cpu -> "performance" (cpu_core/cpus) or "efficiency" (cpu_atom/cpus); {} elsewhere."""
+    if not atom_cpus.strip():
+        return {}
+    kinds = {c: "performance" for c in parse_cpu_list(core_cpus)}
+    kinds.update({c: "efficiency" for c in parse_cpu_list(atom_cpus)})
+    return kinds
 
 
 @dataclass(frozen=True)
 class Topology:
-    """Logical CPUs grouped into physical cores, sockets and NUMA nodes."""
+    """The CPUs a process uses, grouped into physical cores, sockets and NUMA nodes.
+
+    ``cpus`` are the usable ones; ``machine`` (every CPU lscpu lists), ``affinity``,
+    ``cpuset`` and ``quota`` say how they were found (see ``restrict``); None: not known
+    or no limit.
+    """
 
     cpus: tuple[Cpu, ...]
+    machine: tuple[Cpu, ...] = ()
+    affinity: tuple[int, ...] | None = None
+    cpuset: tuple[int, ...] | None = None
+    quota: float | None = None
 
     @property
     def logical_cores(self) -> int:
@@ -86,15 +197,24 @@ class Topology:
             nodes.setdefault(c.node, []).append(c.cpu)
         return nodes
 
+    @property
+    def smt(self) -> int:
+        """Hardware threads per physical core (the most any core has)."""
+        per_core: dict[tuple[int, int], int] = {}
+        for c in self.cpus:
+            per_core[(c.socket, c.core)] = per_core.get((c.socket, c.core), 0) + 1
+        return max(per_core.values(), default=1)
+
     def core_order(self) -> list[int]:
         """Logical CPU ids, first one per physical core (by socket), then SMT siblings.
 
         Handing out consecutive chunks of this list gives one thread per physical core
-        and keeps an instance inside a socket whenever the counts allow.
+        and keeps an instance inside a socket whenever the counts allow. On hybrid CPUs
+        the performance cores come first.
         """
         seen: set[tuple[int, int]] = set()
         first, siblings = [], []
-        for c in sorted(self.cpus, key=lambda c: (c.socket, c.core, c.cpu)):
+        for c in sorted(self.cpus, key=lambda c: (c.kind == "efficiency", c.socket, c.core, c.cpu)):
             key = (c.socket, c.core)
             (siblings if key in seen else first).append(c.cpu)
             seen.add(key)
@@ -102,6 +222,202 @@ class Topology:
 
     def node_of(self, cpu: int) -> int:
         return next(c.node for c in self.cpus if c.cpu == cpu)
+
+    def domains(self) -> dict[tuple[int, int], list[int]]:
+        """(socket, NUMA node) -> its CPUs in core order: the units an instance should not straddle."""
+        by_cpu = {c.cpu: c for c in self.cpus}
+        out: dict[tuple[int, int], list[int]] = {}
+        for cpu in self.core_order():
+            out.setdefault((by_cpu[cpu].socket, by_cpu[cpu].node), []).append(cpu)
+        return dict(sorted(out.items()))
+
+    def summary(self) -> str:
+        nodes = len(self.numa_nodes)
+        return (f"{self.sockets} socket(s), {nodes} NUMA node(s), {self.physical_cores} physical / "
+                f"{self.logical_cores} logical CPUs usable")
+
+    def to_dict(self) -> dict:
+        """The JSON form `cpuopt doctor --json` saves, which ``from_dict`` (and --topology) reads back."""
+        return {"machine": [[c.cpu, c.core, c.socket, c.node, c.kind] for c in self.machine or self.cpus],
+                "affinity": None if self.affinity is None else list(self.affinity),
+                "cpuset": None if self.cpuset is None else list(self.cpuset),
+                "quota": self.quota, "usable": [c.cpu for c in self.cpus]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Topology":
+        try:
+            cpus = [Cpu(int(r[0]), int(r[1]), int(r[2]), int(r[3]), str(r[4]) if len(r) > 4 else "")
+                    for r in d["machine"]]
+            return restrict(cpus, d.get("affinity"), d.get("cpuset"), d.get("quota"))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise CpuoptError(f"its topology section is malformed ({type(exc).__name__}: {exc}); save it again "
+                              "with `cpuopt doctor --json`") from None
+
+
+def restrict(cpus: list[Cpu], affinity=None, cpuset=None, quota: float | None = None,
+             kinds: dict[int, str] | None = None) -> Topology:
+    """The CPUs a process uses: lscpu's CPUs inside its affinity mask and its cgroup's cpuset,
+    then at most floor(quota) of them (one per physical core first, from socket 0), with
+    hybrid kinds applied. Pure: tests and --topology feed other machines."""
+    machine = tuple(Cpu(c.cpu, c.core, c.socket, c.node, (kinds or {}).get(c.cpu, c.kind)) for c in cpus)
+    allowed = tuple(c for c in machine
+                    if (affinity is None or c.cpu in affinity) and (cpuset is None or c.cpu in cpuset))
+    if not allowed:
+        raise CpuoptError(f"no CPU is left: lscpu lists {format_cpu_list(c.cpu for c in machine) or 'none'}, "
+                          f"affinity {format_cpu_list(affinity or [])}, cpuset {format_cpu_list(cpuset or [])}")
+    usable = Topology(allowed)
+    cap = quota_threads(quota)
+    if cap is not None and cap < len(allowed):
+        keep = set(usable.core_order()[:cap])
+        usable = Topology(tuple(c for c in allowed if c.cpu in keep))
+    return Topology(usable.cpus, machine, None if affinity is None else tuple(sorted(affinity)),
+                    None if cpuset is None else tuple(sorted(cpuset)), quota)
+
+
+def _cgroup_dirs(mount: Path, path: str) -> list[Path]:
+    """The process's cgroup folder and its parents up to the mount, innermost first (those that exist).
+
+    In a container the mount is often the container's own cgroup while /proc/self/cgroup
+    names its path on the host; walking up then finds the mount itself.
+    """
+    parts = [p for p in path.split("/") if p]
+    dirs = [mount.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
+    return [d for d in dirs if d.is_dir()]
+
+
+def read_cgroup_limits(root: str = "/") -> dict:
+    """This process's cgroup CPU quota and cpuset, read under ``root`` (tests give a fixture tree).
+
+    Returns {"version": 2 | 1 | None, "quota": CPUs or None, "quota_file", "cpuset": [cpus]
+    or None, "cpuset_file"}. A quota anywhere up the hierarchy limits the process: the
+    smallest one counts. The effective cpuset already includes the parents' limits.
+    """
+    base = Path(root)
+    paths = parse_proc_cgroup(_read(base / "proc/self/cgroup"))
+    fs = base / "sys/fs/cgroup"
+    out: dict = {"version": None, "quota": None, "quota_file": None, "cpuset": None, "cpuset_file": None}
+    if (fs / "cgroup.controllers").is_file():
+        out["version"] = 2
+        dirs = _cgroup_dirs(fs, paths.get("", "/"))
+        quotas = [(parse_cpu_max(_read(d / "cpu.max")), d / "cpu.max") for d in dirs]
+        cpusets = [d / "cpuset.cpus.effective" for d in dirs]
+    else:
+        mount = next((fs / m for m in ("cpu", "cpu,cpuacct", "cpuacct,cpu") if (fs / m).is_dir()), None)
+        dirs = _cgroup_dirs(mount, paths.get("cpu", "/")) if mount else []
+        quotas = [(parse_cfs_quota(_read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")),
+                   d / "cpu.cfs_quota_us") for d in dirs]
+        cpuset_dirs = _cgroup_dirs(fs / "cpuset", paths.get("cpuset", "/")) if (fs / "cpuset").is_dir() else []
+        cpusets = [d / name for d in cpuset_dirs for name in ("cpuset.effective_cpus", "cpuset.cpus")]
+        out["version"] = 1 if mount or cpuset_dirs else None
+    found = [(q, f) for q, f in quotas if q is not None]
+    if found:
+        out["quota"], quota_file = min(found, key=lambda qf: qf[0])
+        out["quota_file"] = str(quota_file)
+    for f in cpusets:
+        try:
+            listed = parse_cpu_list(_read(f))
+        except CpuoptError:  # a kernel file we cannot read is no limit we know of
+            continue
+        if listed:
+            out["cpuset"], out["cpuset_file"] = listed, str(f)
+            break
+    return out
+
+
+def read_core_kinds(root: str = "/") -> dict[int, str]:
+    """Hybrid performance/efficiency cores from the kernel's PMU lists under ``root`` ({} elsewhere)."""
+    base = Path(root) / "sys/devices"
+    try:
+        return parse_core_kinds(_read(base / "cpu_core/cpus"), _read(base / "cpu_atom/cpus"))
+    except CpuoptError:
+        return {}
+
+
+def read_topology_file(path: str) -> tuple[Topology, dict]:
+    """Another machine's topology from its saved `cpuopt doctor --json` or its `lscpu -p` text,
+    and the doctor's other facts ({} for lscpu text). A file that is neither is refused in one line."""
+    what = "give a saved `cpuopt doctor --json` or `lscpu -p` output of that machine"
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        raise CpuoptError(f"cannot read topology file {path}: {why}; {what}") from None
+    if text.lstrip().startswith(("{", "[")):
+        try:
+            facts = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CpuoptError(f"topology file {path} is not valid JSON ({exc.msg}, line {exc.lineno}); "
+                              f"{what}") from None
+        if not isinstance(facts, dict) or not isinstance(facts.get("topology"), dict):
+            raise CpuoptError(f"topology file {path} is JSON without the topology section of `cpuopt doctor --json` "
+                              f"(an older cpuopt, or another tool); {what}")
+        try:
+            return Topology.from_dict(facts["topology"]), facts
+        except CpuoptError as exc:
+            raise CpuoptError(f"topology file {path}: {exc}") from None
+    try:
+        cpus = parse_lscpu_parse(text)
+        if not cpus:
+            raise CpuoptError("it lists no CPU")
+        return restrict(cpus), {}
+    except CpuoptError as exc:
+        raise CpuoptError(f"topology file {path}: {exc}; {what}") from None
+
+
+def topology_notes(topo: Topology) -> list[dict]:
+    """Each fact about the CPUs this process sees, with what it means for threads:
+    [{"fact": name, "value": what the kernel says, "threads": what that means}]."""
+    notes = []
+    machine = {c.cpu for c in topo.machine or topo.cpus}
+    usable = [c.cpu for c in topo.cpus]
+    physical, default = topo.physical_cores, topo.physical_cores
+
+    def note(fact: str, value: str, threads: str) -> None:
+        notes.append({"fact": fact, "value": value, "threads": threads})
+
+    note("cpus", f"{len(usable)} usable of the machine's {len(machine)} logical CPUs: {format_cpu_list(usable)}",
+         "threads and instances are placed on these only" + (
+             f" (os.cpu_count() says {len(machine)}, counting CPUs this process may not use)"
+             if len(usable) < len(machine) else ""))
+    if topo.affinity is not None and set(topo.affinity) != machine:
+        note("affinity", f"mask {format_cpu_list(topo.affinity)} (taskset, numactl or the container runtime)",
+             "cpuopt plans inside it")
+    if topo.cpuset is not None and set(topo.cpuset) != machine:
+        zero = ", excluding CPU 0" if 0 in machine and 0 not in topo.cpuset else ""
+        note("cpuset", f"cgroup cpuset {format_cpu_list(topo.cpuset)}{zero}",
+             "pinning uses only these CPUs" + (" (PyTorch's run_cpu falls back to taskset when CPU 0 is excluded, "
+                                               "pytorch#131011; cpuopt plans on the cpuset directly)" if zero else ""))
+    if topo.quota is not None:
+        cap = quota_threads(topo.quota)
+        allowed = machine & set(machine if topo.affinity is None else topo.affinity) & set(
+            machine if topo.cpuset is None else topo.cpuset)
+        note("quota", f"cgroup CPU quota {topo.quota:g} CPUs",
+             f"more than {cap} busy thread(s) get throttled: threads default to {cap} (floor of the quota, at "
+             f"least 1), pinned to {cap} of the {len(allowed)} allowed CPUs" if cap < len(allowed) else
+             f"the quota is no smaller than the {len(allowed)} allowed CPUs: no cap")
+    core_of = {c.cpu: (c.socket, c.core) for c in topo.cpus}
+    cores = {key: len({core_of[c] for c in cpus}) for key, cpus in topo.domains().items()}
+    smallest = min(cores.values())
+    snc = len(topo.numa_nodes) > topo.sockets
+    note("numa", f"{topo.sockets} socket(s), {len(topo.numa_nodes)} NUMA node(s)"
+         + (" (sub-NUMA clustering: several nodes a socket)" if snc else "")
+         + ": " + ", ".join(f"node {n} on socket {s}: {k} cores" for (s, n), k in cores.items()),
+         "one node: no placement to respect" if len(cores) == 1 else
+         f"an instance or rank of up to {smallest} threads stays inside one node, its memory bound there; larger "
+         "ones take whole nodes of one socket, then whole sockets")
+    smt = topo.smt
+    note("smt", f"{smt} hardware thread(s) per core: {physical} physical, {len(usable)} logical",
+         f"threads default to one per physical core ({physical}); SMT siblings are used only when a layout needs "
+         "more threads than cores" if smt > 1 else "no SMT siblings: one thread per CPU")
+    kinds = {c.kind for c in topo.cpus}
+    if "efficiency" in kinds:
+        perf = len({(c.socket, c.core) for c in topo.cpus if c.kind == "performance"})
+        eff = len({(c.socket, c.core) for c in topo.cpus if c.kind == "efficiency"})
+        note("hybrid", f"{perf} performance and {eff} efficiency cores",
+             "OpenMP splits work evenly, so a team that mixes them waits for its efficiency cores: cores are handed "
+             f"out performance first; compare --threads {perf} (performance cores only) with {physical}")
+    note("threads", f"default {default}", "the physical cores among the usable CPUs, never os.cpu_count()")
+    return notes
 
 
 def parse_isa_flags(cpuinfo: str) -> dict[str, bool]:
@@ -195,23 +511,35 @@ def numactl_status() -> dict:
     cpu = sorted(os.sched_getaffinity(0))[0]
     proc = _run([exe, f"--physcpubind={cpu}", "--localalloc", "true"])
     works = proc is not None and proc.returncode == 0
-    reason = "" if works else (proc.stderr.strip().splitlines() or ["trial call failed"])[-1] if proc else "trial call failed"
+    reason = ""
+    if not works:
+        said = (proc.stderr.strip().splitlines() or ["trial call failed"])[-1] if proc else "trial call failed"
+        cpus_only = _run([exe, f"--physcpubind={cpu}", "true"])
+        what = "memory binding" if cpus_only is not None and cpus_only.returncode == 0 else "binding"
+        reason = f"{what} refused: {said}"
     return {"present": True, "works": works, "path": exe, "reason": reason}
 
 
 @functools.lru_cache(maxsize=1)
 def topology() -> Topology:
-    """This machine's topology from lscpu, restricted to the CPUs this process may use."""
+    """This machine as this process sees it: lscpu's CPUs inside the affinity mask and the
+    cgroup's cpuset, capped by its CPU quota, with hybrid core kinds (see ``restrict``)."""
     proc = _run(["lscpu", "-p=CPU,CORE,SOCKET,NODE"])
-    allowed = os.sched_getaffinity(0)
-    if proc is not None and proc.returncode == 0:
-        cpus = [c for c in parse_lscpu_parse(proc.stdout) if c.cpu in allowed]
-    else:
-        cpus = [Cpu(i, i, 0, 0) for i in sorted(allowed)]
-    return Topology(tuple(cpus))
+    affinity = os.sched_getaffinity(0)
+    try:
+        cpus = parse_lscpu_parse(proc.stdout) if proc is not None and proc.returncode == 0 else []
+    except CpuoptError:
+        cpus = []
+    if not affinity <= {c.cpu for c in cpus}:  # no lscpu, or it does not know our CPUs: one core each
+        cpus = [Cpu(i, i, 0, 0) for i in sorted(affinity)]
+    limits = read_cgroup_limits()
+    try:
+        return restrict(cpus, affinity, limits["cpuset"], limits["quota"], read_core_kinds())
+    except CpuoptError:  # a cpuset that misses the affinity mask: trust the mask, as the kernel does
+        return restrict(cpus, affinity, None, limits["quota"], read_core_kinds())
 
 
-def _read(path: str) -> str:
+def _read(path) -> str:
     try:
         return Path(path).read_text()
     except OSError:
@@ -357,6 +685,8 @@ def collect_facts() -> dict:
         "logical_cores": topo.logical_cores,
         "sockets": topo.sockets,
         "numa_nodes": {str(k): v for k, v in topo.numa_nodes.items()},
+        "usable_cpus": topo.logical_cores,
+        "topology": {**topo.to_dict(), "cgroup": read_cgroup_limits(), "notes": topology_notes(topo)},
         "isa": parse_isa_flags(cpuinfo),
         "memory_gib": parse_meminfo_gib(_read("/proc/meminfo")),
         "allocators": allocators,
@@ -378,6 +708,8 @@ def format_facts(facts: dict) -> str:
         f"CPU          {facts['cpu_model']}",
         f"cores        {facts['physical_cores']} physical, {facts['logical_cores']} logical, "
         f"{facts['sockets']} socket(s), NUMA nodes {facts['numa_nodes']}",
+        *[f"{n['fact']:<12} {n['value']}\n{'':<12} -> {n['threads']}"
+          for n in facts.get("topology", {}).get("notes", [])],
         f"ISA          {isa}",
         f"memory       {facts['memory_gib']} GiB",
         f"software     python {v['python']}, torch {v['torch']}, oneDNN {v['onednn']}, MKL {v['mkl']}, "

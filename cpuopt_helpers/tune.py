@@ -15,6 +15,11 @@
 The recommendation is the winner when its verdict against the defaults is ``faster``;
 otherwise the defaults themselves, with the measured comparison that says why. No
 interval is printed that was not measured.
+
+``cpuopt tune --dry-run`` lists step 1's candidates with the cores of their instances and
+measures nothing (``search_plan``); with ``--topology FILE`` it does so for another machine
+(its saved ``cpuopt doctor --json`` or ``lscpu -p``), so a laptop shows what the search
+would run on the server.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import shlex
 import statistics
 import time
 
-from cpuopt_helpers import compare, launch
+from cpuopt_helpers import compare, launch, system
 from cpuopt_helpers.stages import multi_instance, settings, threading
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
@@ -35,7 +40,8 @@ def search_space(default: RunConfig, facts: dict, image_like: bool) -> list[RunC
     """One change at a time from the defaults (each a rung the notebooks measure)."""
     physical = facts["physical_cores"]
     out = [default.replace(threads=t) for t in threading.thread_counts(physical, physical) if t != default.threads]
-    out += [default.replace(threads=t, instances=n, mode="ddp") for t, n in multi_instance.layouts(physical) if n > 1]
+    out += [default.replace(threads=t, instances=n, mode="ddp") for t, n in multi_instance.layouts(
+        multi_instance.machine_of(facts)) if n > 1]
     out += [default.replace(allocator=a) for a, path in facts["allocators"].items() if path]
     if facts["openmp"].get("intel"):
         out.append(default.replace(omp_runtime="intel"))
@@ -46,6 +52,42 @@ def search_space(default: RunConfig, facts: dict, image_like: bool) -> list[RunC
     if facts["bf16"]["accelerated"]:
         out.append(default.replace(dtype="bf16"))
     return out
+
+
+def machine_facts(machine: launch.Machine) -> dict:
+    """What the search space needs to know about a machine read from --topology: its topology
+    and counts, its libraries, and bf16 where its doctor JSON says (lscpu text does not: no bf16)."""
+    topo = machine.topology
+    return {**machine.facts, "physical_cores": topo.physical_cores, "logical_cores": topo.logical_cores,
+            "sockets": topo.sockets, "topology": topo.to_dict(),
+            "allocators": {k: machine.libraries.get(k) for k in ("jemalloc", "tcmalloc")},
+            "openmp": {"intel": machine.libraries.get("iomp")},
+            "bf16": machine.facts.get("bf16") or {"accelerated": False}}
+
+
+def search_plan(workload: str, preset: str, facts: dict, machine: launch.Machine) -> list[dict]:
+    """What the search would measure first, measuring nothing (`cpuopt tune --dry-run`): every
+    candidate with its instances' cores on ``machine``, this one or another's (--topology)."""
+    from cpuopt_helpers.workloads import build_workload
+
+    default = settings.normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
+    image_like = bool(getattr(build_workload(workload, preset), "image_like", False))
+    rows = []
+    for config in settings.unique([default] + search_space(default, facts, image_like)):
+        plan = launch.build_plan(config, machine)
+        rows.append({"label": config.label(), "config": config.to_dict(), "pinning": plan.pinning,
+                     "cores": [list(i.cores) for i in plan.instances], "argv": [list(i.argv) for i in plan.instances]})
+    return rows
+
+
+def format_search_plan(rows: list[dict], machine: launch.Machine) -> str:
+    where = machine.topology.summary() + (f", from {machine.source}" if machine.source else "")
+    lines = [f"# cpuopt tune would measure these {len(rows)} candidates once each ({where}); the faster half then "
+             "runs again, and the winner is confirmed against PyTorch's defaults in fresh rounds"]
+    for r in rows:
+        cores = " | ".join(system.format_cpu_list(c) for c in r["cores"])
+        lines.append(f"{r['label']}: cores {cores} ({r['pinning']})")
+    return "\n".join(lines)
 
 
 def changes(config: RunConfig, default: RunConfig) -> dict:

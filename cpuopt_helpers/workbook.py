@@ -486,7 +486,7 @@ def _paper_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
     lines = ["", "The paper's RetinaNet numbers beside this machine's (notebook 08; ratios, an interval where the run "
              "had the rounds for one):", "", "| fix | the paper | here | why (this run's data) |", "|---|---|---|---|"]
     for r in rows:
-        paper = f"{r['paper']:.2f}x" if r["paper"] else "-"
+        paper = f"{r['paper']:.2f}x" if r["paper"] and r["paper"] == r["paper"] else "-"  # None, or NaN from a table
         lines.append(f"| {r['fix']} | {paper} | {r['here, worded']} | {r['why']} |")
     return lines
 

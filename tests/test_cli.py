@@ -6,12 +6,16 @@ command a user types (slow: one process per input); every bench starts worker pr
 
 import json
 import logging
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from cpuopt_helpers import cli, system
+
+XEON = Path(__file__).parent / "fixtures" / "lscpu_p_xeon_2s_smt.txt"
 
 
 def cpuopt(*args, timeout=300):
@@ -33,6 +37,11 @@ BAD_INPUT = [
     (["workbook", "run", "--workloads", "cnn,nosuch"], "unknown workload 'nosuch'"),
     (["workbook", "run", "-p", "rounds", "3"], "UPPER_CASE"),
     (["frobnicate"], "invalid choice"),
+    (["bench", "--topology", "/nonexistent/server.json", "--dry-run"], "cannot read topology file"),
+    (["bench", "--topology", str(XEON)], "--topology plans for another machine: add --dry-run"),
+    (["bench", "--topology", str(Path(__file__)), "--dry-run"], "is not lscpu -p's"),
+    (["tune", "--topology", str(XEON)], "add --dry-run"),
+    (["tune", "--topology", "/nonexistent/server.json", "--dry-run"], "cannot read topology file"),
 ]
 
 
@@ -151,3 +160,32 @@ def test_a_parameter_no_notebook_takes_is_refused_before_anything_runs(capsys):
     assert all(workbook.declared_parameters(b)[0] == "PRESET" for b in books.values())
     with pytest.raises(Exception, match="notebook 08 has no parameter ROUNDS"):
         workbook.check_parameters([books["08"]], {}, {"08": {"ROUNDS": 1}})
+
+
+def test_bench_dry_run_for_a_server_from_its_saved_doctor_json(tmp_path, capsys):
+    topo = system.read_topology_file(str(XEON))[0]
+    saved = tmp_path / "server.json"
+    saved.write_text(json.dumps({"topology": topo.to_dict(), "allocators": {"jemalloc": "/srv/libjemalloc.so.2"},
+                                 "openmp": {"intel": None}, "numactl": {"present": True, "works": True}}))
+    args = ["bench", "--topology", str(saved), "--instances", "2", "--allocator", "jemalloc", "--dry-run"]
+    assert cli.main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"# planned for {saved}: 2 socket(s), 2 NUMA node(s), 56 physical / 112 logical CPUs usable"
+    assert "--physcpubind=" + ",".join(map(str, range(28))) + " --membind=0 " in lines[1]
+    assert "--physcpubind=" + ",".join(map(str, range(28, 56))) + " --membind=1 " in lines[2]
+    assert all("LD_PRELOAD=/srv/libjemalloc.so.2" in line for line in lines[1:3])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(1 not in os.sched_getaffinity(0), reason="needs CPU 1")
+def test_under_taskset_doctor_and_bench_use_the_one_cpu_left():
+    doctor = subprocess.run(["taskset", "-c", "1", sys.executable, "-m", "cpuopt_helpers", "doctor", "--json"],
+                            capture_output=True, text=True, timeout=300)
+    assert doctor.returncode == 0, doctor.stderr
+    facts = json.loads(doctor.stdout)
+    assert facts["usable_cpus"] == 1 and facts["topology"]["usable"] == [1]
+    bench = subprocess.run(["taskset", "-c", "1", sys.executable, "-m", "cpuopt_helpers", "bench", "--workload", "cnn",
+                            "--preset", "quick", "--steps", "3", "--json"], capture_output=True, text=True, timeout=300)
+    assert bench.returncode == 0, bench.stderr
+    (inst,) = json.loads(bench.stdout)["instances"]
+    assert inst["affinity"] == [1] and inst["torch_threads"] == 1 and inst["omp_num_threads"] == "1"

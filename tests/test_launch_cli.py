@@ -5,13 +5,16 @@ bad input once more as the command a user types, start processes (slow).
 """
 
 import os
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from cpuopt_helpers import cli, system
 
+XEON = Path(__file__).parent / "fixtures" / "lscpu_p_xeon_2s_smt.txt"
 SCRIPT = "import os; print('AFFINITY', sorted(os.sched_getaffinity(0)), 'PRELOAD', os.environ.get('LD_PRELOAD'))"
 
 
@@ -62,6 +65,10 @@ BAD_INPUT = [
     (["--cores", "0-1", "--ninstances", "3", "--", "true"], "do not split evenly"),
     (["--allocator", "hoard", "--", "true"], "unknown allocator"),
     (["--affinity", "diagonal", "--", "true"], "unknown affinity"),
+    (["--topology", __file__, "--dry-run", "--", "true"], "is not lscpu -p's"),
+    (["--topology", str(XEON), "--", "true"], "add --dry-run"),
+    (["--topology", str(XEON), "--ninstances", "3", "--ncores-per-instance", "18", "--dry-run", "--", "true"],
+     "do not fit in the NUMA nodes"),
 ]
 
 
@@ -78,3 +85,15 @@ def test_bad_launch_input_from_the_command_line_exits_2():
         proc = launch(*args)
         assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
             (args, proc.stderr)
+
+
+def test_dry_run_on_a_2x28_xeon_puts_each_instance_in_one_socket(capsys):
+    args = ["launch", "--topology", str(XEON), "--ninstances", "4", "--dry-run", "--", "python", "train.py"]
+    assert cli.main(args) == 0
+    header, *lines, wait = capsys.readouterr().out.splitlines()
+    assert header.startswith(f"# planned for {XEON}: 2 socket(s)") and wait == "wait" and len(lines) == 4
+    for line, node in zip(lines, (0, 0, 1, 1)):
+        words = shlex.split(line)
+        cores = [int(c) for c in words[words.index("numactl") + 1].split("=")[1].split(",")]
+        assert len(cores) == 14 and {c // 28 for c in cores} == {node}  # socket 0: CPUs 0-27, socket 1: 28-55
+        assert words[words.index("numactl") + 2] == f"--membind={node}" and words[-3:] == ["python", "train.py", "&"]

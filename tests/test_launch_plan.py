@@ -1,5 +1,6 @@
 """LaunchPlan building: environment, argv and cores for each option (no worker starts)."""
 
+import json
 import shlex
 from pathlib import Path
 
@@ -30,7 +31,8 @@ def test_defaults_use_all_physical_cores_of_one_instance():
     assert inst.cores == tuple(range(56))  # physical cores of both sockets, no SMT siblings
     assert inst.env["OMP_NUM_THREADS"] == "56" and inst.env["MKL_NUM_THREADS"] == "56"
     assert "LD_PRELOAD" not in inst.env and "MALLOC_CONF" not in inst.env and "KMP_AFFINITY" not in inst.env
-    assert inst.argv[:3] == ("numactl", "--physcpubind=" + ",".join(map(str, range(56))), "--membind=0,1")
+    # one instance on both sockets: each thread's pages on its own node (--membind=0,1 would fill node 0 first)
+    assert inst.argv[:3] == ("numactl", "--physcpubind=" + ",".join(map(str, range(56))), "--localalloc")
     assert inst.argv[3:6] == ("/py", "-m", "cpuopt_helpers.worker")
     assert RunConfig.from_json(inst.argv[-1]).threads == 56
 
@@ -45,9 +47,12 @@ def test_instances_get_disjoint_cores_within_a_socket():
 
 
 def test_smt_siblings_used_only_beyond_physical_cores():
-    p = plan(RunConfig(instances=2, threads=56))
-    assert set(p.instances[0].cores) == set(range(56))
-    assert set(p.instances[1].cores) == set(range(56, 112))
+    p = plan(RunConfig(instances=2, threads=28))
+    assert [set(i.cores) for i in p.instances] == [set(range(28)), set(range(28, 56))]
+    p = plan(RunConfig(instances=2, threads=56))  # more threads than cores: each instance one socket, with siblings
+    assert set(p.instances[0].cores) == set(range(28)) | set(range(56, 84))
+    assert set(p.instances[1].cores) == set(range(28, 56)) | set(range(84, 112))
+    assert [i.argv[2] for i in p.instances] == ["--membind=0", "--membind=1"]
 
 
 def test_jemalloc_preloads_versioned_library_with_run_cpu_conf():
@@ -186,3 +191,88 @@ def test_run_json_module_fixes_threads_and_cores_and_keeps_the_users_value(monke
     assert "OMP_NUM_THREADS=1 from your environment overrides the planned 3 for the env probe" in caplog.text
     with pytest.raises(CpuoptError, match=r"env probe failed \(exit code 1\): told to fail"):
         run_json_module("tests.print_env", ["fail"], "env probe", error=CpuoptError)
+
+
+# --- placement that respects sockets and NUMA nodes ---
+
+def sockets_of(inst):
+    return {0 if c % 56 < 28 else 1 for c in inst.cores}  # the 2x28 fixture: siblings are CPU + 56
+
+
+@pytest.mark.parametrize("instances,threads", [(2, 28), (3, 14), (4, 14), (5, 9), (8, 7), (6, 9), (7, 7)])
+def test_default_threads_keep_every_instance_inside_one_socket(instances, threads):
+    p = plan(RunConfig(instances=instances))
+    assert [len(i.cores) for i in p.instances] == [threads] * instances
+    assert all(len(sockets_of(i)) == 1 for i in p.instances)
+    assert all(i.argv[2] == f"--membind={sockets_of(i).pop()}" for i in p.instances)  # memory on the rank's node
+    assert len({c for i in p.instances for c in i.cores}) == instances * threads
+
+
+def test_a_layout_that_would_straddle_is_refused_unless_asked():
+    with pytest.raises(CpuoptError, match="3 instances x 18 threads do not fit.*28, 28 physical cores.*use 14 threads "
+                                          "per instance or fewer.*--affinity scatter, or --cores"):
+        plan(RunConfig(instances=3, threads=18))
+    asked = plan(RunConfig(instances=3, threads=18, affinity="scatter"))
+    assert all(len(sockets_of(i)) == 2 for i in asked.instances)
+    own = plan(RunConfig(instances=1, threads=4, cores=((26, 27, 28, 29),)))  # the user's cores, as given
+    assert own.instances[0].cores == (26, 27, 28, 29) and own.instances[0].argv[2] == "--localalloc"
+
+
+def test_sub_numa_clustering_nodes_and_sockets():
+    snc = dict(fixture="lscpu_p_xeon_2s_snc2.txt")  # 2 sockets x 2 nodes x 20 cores
+    p = plan(RunConfig(instances=4), **snc)
+    assert [i.argv[2] for i in p.instances] == ["--membind=0", "--membind=1", "--membind=2", "--membind=3"]
+    p = plan(RunConfig(instances=2, threads=40), **snc)  # a rank of a socket: its two nodes, never 3
+    assert [set(i.cores) for i in p.instances] == [set(range(40)), set(range(40, 80))]
+    assert [i.argv[2] for i in p.instances] == ["--localalloc", "--localalloc"]
+    (inst,) = plan(RunConfig(threads=30), **snc).instances
+    assert set(inst.cores) == set(range(30))  # node 0 and half of node 1, both on socket 0
+    with pytest.raises(CpuoptError, match="3 instances x 25 threads do not fit.*use 20 threads per instance"):
+        plan(RunConfig(instances=3, threads=25), **snc)  # a third rank larger than a node would straddle sockets
+
+
+def test_threads_default_to_the_cpus_a_quota_leaves():
+    m = launch.Machine(system.restrict(system.parse_lscpu_parse((FIX / "machines/container_quota_v2/lscpu_p.txt")
+                                                                .read_text()), quota=2.5), dict(LIBS), True, True)
+    (inst,) = launch.build_plan(RunConfig(), m, base_env={}, python="/py").instances
+    assert inst.env["OMP_NUM_THREADS"] == "2" and inst.cores == (0, 1)
+    with pytest.raises(CpuoptError, match="more than the 2 logical cores"):
+        launch.build_plan(RunConfig(threads=4), m, base_env={}, python="/py")
+
+
+def test_refused_numactl_falls_back_to_taskset_and_says_memory_is_not_bound():
+    m = launch.Machine(machine().topology, dict(LIBS), False, True,
+                       numactl_refused="memory binding refused: set_mempolicy: Operation not permitted")
+    p = launch.build_plan(RunConfig(instances=2), m, base_env={}, python="/py")
+    assert p.pinning == "taskset" and p.instances[1].argv[:3] == ("taskset", "-c", ",".join(map(str, range(28, 56))))
+    (warning,) = p.warnings
+    assert "set_mempolicy: Operation not permitted" in warning and "memory is not" in warning
+    assert not plan(RunConfig(instances=2), numactl=False).warnings  # numactl absent: taskset, nothing refused
+
+
+def test_numactl_binds_memory_to_the_ranks_node():
+    from cpuopt_helpers import rank_exec
+
+    assert rank_exec.numactl_argv([28, 29], [1]) == ["numactl", "--physcpubind=28,29", "--membind=1"]
+    assert rank_exec.numactl_argv([0, 28], ["0", "1"])[2] == "--localalloc"
+
+
+def test_torchrun_ranks_each_get_a_node(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    p = launch.build_torchrun_plan(RunConfig(), machine(fixture="lscpu_p_xeon_2s_snc2.txt"), ["python", str(script)],
+                                   4, base_env={}, python="/py")
+    env = p.instances[0].env
+    assert env["CPUOPT_RANK_NODES"] == "0;1;2;3" and env["OMP_NUM_THREADS"] == "20"
+
+
+def test_a_machine_from_its_saved_doctor_json(tmp_path):
+    facts = {"topology": machine().topology.to_dict(), "allocators": {"jemalloc": "/srv/lib/libjemalloc.so.2",
+                                                                     "tcmalloc": None},
+             "openmp": {"intel": None}, "numactl": {"present": True, "works": False, "reason": "binding refused: x"}}
+    path = tmp_path / "server.json"
+    path.write_text(json.dumps(facts))
+    m = launch.Machine.from_file(str(path))
+    assert m.topology.physical_cores == 56 and m.source == str(path) and m.numactl_refused == "binding refused: x"
+    p = launch.build_plan(RunConfig(instances=2, allocator="jemalloc"), m, base_env={}, python="/py")
+    assert p.pinning == "taskset" and p.instances[0].env["LD_PRELOAD"] == "/srv/lib/libjemalloc.so.2"

@@ -362,3 +362,18 @@ def test_frozen_layers_and_the_paper_table_are_worded_from_the_runs():
     assert "`make case-study` measures it" in table.loc["conv + frozen BN + ReLU fused", "why"]
     assert "0.03 GB move, 2.8 GB/s of the 20.0 GB/s copy bandwidth" in table.loc["fused Lamb", "why"]
     assert table.loc["overall", "here, worded"] == "not measured" and "make case-study" in table.loc["overall", "why"]
+
+
+def test_baseline_findings_compare_workloads_with_the_ceiling_only_when_there_are_several():
+    import pandas as pd
+
+    from cpuopt_helpers.stages import baseline
+
+    row = {"samples_per_s": 10.0, "runs": 2, "low": 9.0, "high": 11.0, "step_ms": 100.0, "warning": None,
+           "forward_share": 0.3, "backward_share": 0.6, "optimizer_share": 0.1}
+    two = pd.DataFrame([dict(row, gflops=50.0), dict(row, gflops=150.0)], index=["rnn", "cnn"])
+    lines = baseline.findings(two, 200.0)
+    assert "rnn: 10.0 samples/s (median of 2 runs, range 9.0-11.0); backward takes 60%" in lines[0]
+    assert lines[-1].startswith("Furthest from the GEMM ceiling: rnn (25%); closest: cnn (75%)")
+    one = baseline.findings(two.loc[["cnn"]], 200.0)
+    assert len(one) == 1 and "75% of the measured fp32 GEMM peak" in one[0]

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cpuopt_helpers import system
+from cpuopt_helpers.errors import CpuoptError
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -122,6 +124,9 @@ def test_doctor_text_lists_install_commands_for_missing():
     assert "apt-get install libjemalloc2" in text and "apt-get install numactl" in text
     assert "jemalloc     not found" in text
     assert "bf16         not accelerated: no AVX512-BF16, AMX or AVX-NE-CONVERT" in text
+    container = kernel_view("container_quota_v2", affinity=set(range(8)))
+    text = system.format_facts(dict(facts, topology={"notes": system.topology_notes(container)}))
+    assert "quota        cgroup CPU quota 2.5 CPUs\n             -> more than 2 busy thread(s) get throttled" in text
 
 
 def test_loaded_openmp_runtime_from_maps():
@@ -157,3 +162,137 @@ def test_onednn_isa_probe_is_cached_per_cpu_torch_and_isa_cap(tmp_path, monkeypa
     assert system.onednn_isa() is None  # a failed probe is said as unknown and not cached
     assert len(json.loads(system.onednn_isa_cache_file().read_text())) == 2
     system.onednn_isa.cache_clear()
+
+
+# --- the CPUs a process may use: lscpu, affinity, cgroup cpuset and quota, SMT, hybrid cores ---
+
+MACHINES = FIX / "machines"
+
+
+def kernel_view(name, affinity=None):
+    """The topology a process would see on a fixture machine: its lscpu text and kernel files."""
+    root = MACHINES / name
+    cpus = system.parse_lscpu_parse((root / "lscpu_p.txt").read_text())
+    limits = system.read_cgroup_limits(str(root))
+    return system.restrict(cpus, affinity, limits["cpuset"], limits["quota"], system.read_core_kinds(str(root)))
+
+
+def notes(t):
+    return {n["fact"]: n for n in system.topology_notes(t)}
+
+
+def test_plain_lscpu_p_names_its_columns_in_the_header():
+    t = topo("lscpu_p_xeon_2s_snc2.txt")  # `lscpu -p`: CPU,Core,Socket,Node,,L1d,L1i,L2,L3
+    assert (t.logical_cores, t.physical_cores, t.sockets, t.smt) == (160, 80, 2, 2)
+    assert sorted(t.numa_nodes) == [0, 1, 2, 3] and t.numa_nodes[1][:2] == [20, 21] and 100 in t.numa_nodes[1]
+    assert list(t.domains()) == [(0, 0), (0, 1), (1, 2), (1, 3)]
+    reordered = "# CPU,Node,Socket,Core\n0,1,0,5\n1,1,0,5\n2,,,\n"
+    assert system.parse_lscpu_parse(reordered) == [system.Cpu(0, 5, 0, 1), system.Cpu(1, 5, 0, 1),
+                                                   system.Cpu(2, 2, 0, 0)]  # empty core: its own core
+    with pytest.raises(CpuoptError, match="line 2 is not lscpu -p's"):
+        system.parse_lscpu_parse("0,0,0,0\nCPU(s): 8\n")
+
+
+def test_cpu_lists_and_quotas_as_the_kernel_writes_them():
+    assert system.parse_cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11] and system.parse_cpu_list("\n") == []
+    assert system.format_cpu_list([11, 0, 1, 2, 3, 8, 10]) == "0-3,8,10-11" and system.format_cpu_list([]) == ""
+    with pytest.raises(CpuoptError, match="cannot read CPU list '1-x'"):
+        system.parse_cpu_list("1-x")
+    assert system.parse_cpu_max("250000 100000\n") == 2.5 and system.parse_cpu_max("max 100000\n") is None
+    assert system.parse_cfs_quota("250000\n", "100000\n") == 2.5 and system.parse_cfs_quota("-1", "100000") is None
+    assert [system.quota_threads(q) for q in (2.5, 0.5, 4.0, 3.9999999999, None)] == [2, 1, 4, 4, None]
+
+
+@pytest.mark.parametrize("name,version", [("container_quota_v2", 2), ("container_quota_v1", 1)])
+def test_a_container_with_a_quota_of_2_5_cpus_uses_2(name, version):
+    limits = system.read_cgroup_limits(str(MACHINES / name))
+    assert (limits["version"], limits["quota"], limits["cpuset"]) == (version, 2.5, list(range(8)))
+    t = kernel_view(name, affinity=set(range(8)))
+    # 8 vCPUs (4 cores x SMT 2) allowed; the quota keeps 2 busy: one thread per physical core
+    assert [c.cpu for c in t.cpus] == [0, 1] and t.physical_cores == 2 and len(t.machine) == 8
+    said = notes(t)
+    assert said["quota"]["value"] == "cgroup CPU quota 2.5 CPUs"
+    assert "threads default to 2 (floor of the quota" in said["quota"]["threads"]
+    assert "os.cpu_count() says 8" in said["cpus"]["threads"]
+
+
+def test_a_cpuset_that_excludes_cpu_0():
+    limits = system.read_cgroup_limits(str(MACHINES / "cpuset_without_cpu0"))
+    assert limits["cpuset"] == [1, 2, 3] and limits["quota"] == 4.0  # the pod's quota, two levels up
+    t = kernel_view("cpuset_without_cpu0", affinity={0, 1, 2, 3})  # usable = affinity & cpuset
+    assert [c.cpu for c in t.cpus] == [1, 2, 3] and t.cpuset == (1, 2, 3)
+    said = notes(t)
+    assert said["cpuset"]["value"] == "cgroup cpuset 1-3, excluding CPU 0" and "131011" in said["cpuset"]["threads"]
+    assert "no cap" in said["quota"]["threads"] and said["threads"]["value"] == "default 3"
+    assert [c.cpu for c in kernel_view("cpuset_without_cpu0", affinity={2, 3}).cpus] == [2, 3]
+
+
+def test_a_hybrid_laptop_hands_out_performance_cores_first():
+    limits = system.read_cgroup_limits(str(MACHINES / "hybrid_laptop"))
+    assert limits["quota"] is None and limits["cpuset"] == list(range(16))  # cpu.max "max 100000": no quota
+    t = kernel_view("hybrid_laptop")
+    assert (t.logical_cores, t.physical_cores, t.smt) == (16, 12, 2)
+    assert {c.cpu for c in t.cpus if c.kind == "performance"} == set(range(8))
+    order = t.core_order()
+    # one CPU per performance core, then the efficiency cores, then the performance cores' siblings
+    assert order[:4] == [0, 2, 4, 6] and order[4:12] == list(range(8, 16)) and order[12:] == [1, 3, 5, 7]
+    assert notes(t)["hybrid"]["value"] == "4 performance and 8 efficiency cores"
+    assert "--threads 4" in notes(t)["hybrid"]["threads"]
+    assert system.parse_core_kinds("0-7\n", "") == {}  # a machine with one kind of core
+
+
+def test_two_socket_xeon_notes_say_what_placement_does():
+    said = notes(topo("lscpu_p_xeon_2s_smt.txt"))
+    assert said["numa"]["value"].startswith("2 socket(s), 2 NUMA node(s): node 0 on socket 0: 28 cores")
+    assert "up to 28 threads stays inside one node" in said["numa"]["threads"]
+    assert "threads default to one per physical core (56)" in said["smt"]["threads"]
+    snc = notes(topo("lscpu_p_xeon_2s_snc2.txt"))["numa"]
+    assert "sub-NUMA clustering" in snc["value"] and "up to 20 threads" in snc["threads"]
+
+
+def test_no_cpu_left_is_a_clear_error():
+    cpus = system.parse_lscpu_parse("0,0,0,0\n1,1,0,0\n")
+    with pytest.raises(CpuoptError, match="no CPU is left"):
+        system.restrict(cpus, {0}, [1])
+
+
+def test_this_process_sees_its_affinity_mask():
+    t = system.topology()
+    assert {c.cpu for c in t.cpus} <= os.sched_getaffinity(0) and t.physical_cores >= 1
+
+
+@pytest.mark.skipif(not shutil.which("taskset") or 1 not in os.sched_getaffinity(0), reason="needs taskset and CPU 1")
+def test_under_taskset_one_cpu_is_usable():
+    code = "from cpuopt_helpers import system, launch; t = system.topology(); print([c.cpu for c in t.cpus], " \
+           "launch.default_threads(t))"
+    proc = subprocess.run(["taskset", "-c", "1", sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[1]", "1"]
+
+
+def test_a_saved_doctor_json_plans_the_same_cpus(tmp_path):
+    t = kernel_view("container_quota_v2", affinity=set(range(8)))
+    path = tmp_path / "doctor.json"
+    path.write_text(json.dumps({"physical_cores": t.physical_cores, "topology": t.to_dict()}))
+    back, facts = system.read_topology_file(str(path))
+    assert back == t and facts["physical_cores"] == 2
+    back, facts = system.read_topology_file(str(FIX / "lscpu_p_xeon_2s_smt.txt"))
+    assert (back.physical_cores, back.sockets, facts) == (56, 2, {})
+
+
+@pytest.mark.parametrize("content,needle", [
+    (None, "cannot read topology file"),
+    ("", "lists no CPU"),
+    ("Architecture: x86_64\nCPU(s): 8\n", "line 1 is not lscpu -p's"),
+    ('{"physical_cores": 8}', "without the topology section"),
+    ('{"topology": {"machine": [[0, 0]]}}', "topology section is malformed"),
+    ("{not json", "is not valid JSON"),
+])
+def test_a_bad_topology_file_is_one_clear_line(tmp_path, content, needle):
+    path = tmp_path / "server.txt"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(CpuoptError, match=needle) as err:
+        system.read_topology_file(str(path))
+    assert "\n" not in str(err.value) and "doctor --json" in str(err.value)

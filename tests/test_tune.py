@@ -4,10 +4,11 @@ import json
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from cpuopt_helpers import system, tune
+from cpuopt_helpers import launch, system, tune
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import settings
@@ -96,3 +97,17 @@ def test_real_budgeted_search_on_the_quick_cnn():
     assert measured["n"] == len(t["rounds"]) and measured["verdict"] in ("faster", "slower", "equivalent",
                                                                       "no different", "too few rounds")
     assert t["launch_command"].startswith("cpuopt launch") and "numactl" in t["shell_command"]
+
+
+def test_dry_run_plans_the_search_for_a_server():
+    machine = launch.Machine.from_file(str(Path(__file__).parent / "fixtures" / "lscpu_p_xeon_2s_smt.txt"))
+    facts = tune.machine_facts(machine)
+    rows = tune.search_plan("cnn", "quick", facts, machine)
+    ddp = {(r["config"]["threads"], r["config"]["instances"]) for r in rows if r["config"]["mode"] == "ddp"}
+    assert ddp == {(7, 2), (7, 4), (7, 8), (14, 2), (14, 4), (28, 2)}  # Table 2's multi-rank layouts
+    for r in rows:  # every rank of up to 28 threads on one socket of the fixture
+        assert all(len({c // 28 for c in cores}) == 1 for cores in r["cores"] if len(cores) <= 28), r["label"]
+    assert rows[0]["config"]["threads"] == 56 and not any(r["config"]["dtype"] == "bf16" for r in rows)
+    text = tune.format_search_plan(rows, machine)
+    assert text.splitlines()[0].startswith(f"# cpuopt tune would measure these {len(rows)} candidates")
+    assert "threads=7 instances=8 mode=ddp: cores 0-6 | 7-13 | 14-20 | 21-27 | 28-34 | 35-41 | 42-48 | 49-55" in text

@@ -21,7 +21,7 @@ def findings(table: pd.DataFrame, peak_gflops: float | None) -> list[str]:
         lines.append(f"{name}: {row['samples_per_s']:.1f} samples/s (median of {row['runs']} runs, range "
                      f"{row['low']:.1f}-{row['high']:.1f}); {dominant} takes {row[f'{dominant}_share']:.0%} of a "
                      f"{row['step_ms']:.1f} ms step; {row['gflops']:.1f} GFLOP/s achieved{share}.")
-    if peak_gflops:
+    if peak_gflops and len(table) > 1:  # a comparison between workloads
         efficiency = table["gflops"] / peak_gflops
         lo, hi = efficiency.idxmin(), efficiency.idxmax()
         lines.append(f"Furthest from the GEMM ceiling: {lo} ({efficiency[lo]:.0%}); closest: {hi} "

@@ -4,18 +4,80 @@ larger global batch does to convergence.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
-from cpuopt_helpers import compare, stats
+from cpuopt_helpers import compare, launch, stats, system
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.stages.settings import MEMORY_WARNING, normalise, paired, unique
-from cpuopt_helpers.stages.threading import thread_counts
 
 
-def layouts(physical: int) -> list[tuple[int, int]]:
-    """(threads per rank, ranks) pairs that fit the physical cores: powers of two and the full count."""
-    counts = sorted(set(thread_counts(physical, physical)))
-    return [(t, n) for t in counts for n in counts if t * n <= physical]
+def rank_threads(node_cores: int, nodes: int, physical: int) -> list[int]:
+    """Threads per rank that tile the machine: a NUMA node's physical cores halved while the
+    result is whole (28, 14, 7 on a 2x28-core Xeon), whole nodes (x2, x4, ...) and all the
+    cores; 1 as well where a node's count is odd, so that such machines still get several ranks."""
+    counts = {physical, node_cores}
+    t = node_cores
+    while t % 2 == 0:
+        t //= 2
+        counts.add(t)
+    if node_cores % 2:
+        counts.add(1)
+    m = 2
+    while m <= nodes:
+        counts.add(node_cores * m)
+        m *= 2
+    return sorted(c for c in counts if 1 <= c <= physical)
+
+
+def layouts(machine: int | system.Topology | str | Path) -> list[tuple[int, int]]:
+    """(threads per rank, ranks) pairs: on a 2x28-core Xeon the paper's Table 2 rows, 7, 14,
+    28 and 56 threads per rank (``rank_threads``), each with 1, 2, 4, ... ranks and the count
+    that fills the physical cores.
+
+    A plain count is taken as one NUMA node of that many physical cores. A Topology (this
+    machine's, ``system.topology()``), or the path of another machine's saved `cpuopt doctor
+    --json` or `lscpu -p`, gives the node size, and keeps only the layouts whose ranks each
+    stay inside a node or on whole nodes: the ones ``launch.assign_cores`` places.
+    """
+    if isinstance(machine, (str, Path)):
+        machine = system.read_topology_file(str(machine))[0]
+    if isinstance(machine, int):
+        topo, physical, node_cores, nodes = None, machine, machine, 1
+    else:
+        topo, physical = machine, machine.physical_cores
+        cores = {c.cpu: (c.socket, c.core) for c in machine.cpus}
+        per_node = [len({cores[c] for c in cpus}) for cpus in machine.domains().values()]
+        node_cores, nodes = min(per_node), len(per_node)
+    out = []
+    for threads in rank_threads(node_cores, nodes, physical):
+        most = physical // threads
+        for ranks in sorted({2**i for i in range(most.bit_length())} | {most}):
+            if topo is None or launch.fits(topo, ranks, threads):
+                out.append((threads, ranks))
+    return out
+
+
+def machine_of(facts: dict) -> system.Topology | int:
+    """What ``layouts`` takes from a machine's facts: the topology `cpuopt doctor` records, else
+    (facts saved before it did) the physical core count."""
+    return system.Topology.from_dict(facts["topology"]) if "topology" in facts else facts["physical_cores"]
+
+
+def layout_plan(topology: system.Topology | str | Path) -> pd.DataFrame:
+    """Every layout with the cores and NUMA nodes of each rank, as the launcher would place them:
+    what notebook 07 runs on that machine (another's: the path of its doctor JSON or lscpu -p)."""
+    if isinstance(topology, (str, Path)):
+        topology = system.read_topology_file(str(topology))[0]
+    rows = []
+    for threads, ranks in layouts(topology):
+        groups = launch.assign_cores(topology, ranks, threads)
+        rows.append({"threads": threads, "ranks": ranks,
+                     "cores": " | ".join(system.format_cpu_list(g) for g in groups),
+                     "nodes": " | ".join(",".join(str(n) for n in sorted({topology.node_of(c) for c in g}))
+                                         for g in groups)})
+    return pd.DataFrame(rows)
 
 
 def configs(base: RunConfig, facts: dict, batch_policy: str = "per_rank") -> list[RunConfig]:
@@ -24,7 +86,7 @@ def configs(base: RunConfig, facts: dict, batch_policy: str = "per_rank") -> lis
     One rank is the same process either way, so it runs once (independent)."""
     base = normalise(base, facts["physical_cores"]).replace(cores=None, batch_policy=batch_policy)
     configs = []
-    for threads, ranks in layouts(facts["physical_cores"]):
+    for threads, ranks in layouts(machine_of(facts)):
         for mode in ("independent", "ddp") if ranks > 1 else ("independent",):
             configs.append(base.replace(threads=threads, instances=ranks, mode=mode))
     return unique(configs)
