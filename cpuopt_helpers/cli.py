@@ -9,6 +9,7 @@ import argparse
 import json
 import logging
 import os
+import socket
 import sys
 
 from cpuopt_helpers.errors import CpuoptError
@@ -329,16 +330,18 @@ def _launch(args) -> int:
     machine = machine_for(args)
     cores = None
     threads = args.ncores_per_instance
-    if args.cores:
+    if args.cores:  # split between the instances, or between the local ranks of --nproc-per-node
         listed = launch.parse_core_list(args.cores)
-        if len(listed) % args.ninstances:
-            raise CpuoptError(f"{len(listed)} cores do not split evenly into {args.ninstances} instances")
-        per = len(listed) // args.ninstances
+        groups = args.nproc_per_node if args.nproc_per_node and args.nproc_per_node > 0 else args.ninstances
+        if len(listed) % groups:
+            raise CpuoptError(f"{len(listed)} cores do not split evenly into {groups} "
+                              f"{'ranks' if args.nproc_per_node else 'instances'}")
+        per = len(listed) // groups
         if threads is not None and threads != per:
             raise CpuoptError(f"--cores gives {per} cores per instance but --ncores-per-instance says {threads}")
         threads = per
-        cores = [listed[i * per:(i + 1) * per] for i in range(args.ninstances)]
-    config = RunConfig(instances=args.ninstances, threads=threads, cores=cores, allocator=args.allocator,
+        cores = [listed[i * per:(i + 1) * per] for i in range(groups)]
+    config = RunConfig(instances=len(cores) if cores else args.ninstances, threads=threads, cores=cores, allocator=args.allocator,
                        omp_runtime=args.omp_runtime, kmp_blocktime=args.kmp_blocktime, affinity=args.affinity)
     if args.nproc_per_node is not None:
         if args.nproc_per_node <= 0:
@@ -348,15 +351,16 @@ def _launch(args) -> int:
         torchrun_args = [f"{flag}={getattr(args, flag[2:].replace('-', '_'))}"
                          for flag in ("--nnodes", "--node-rank", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id")
                          if getattr(args, flag[2:].replace("-", "_")) is not None]
-        if cores is not None:
-            raise CpuoptError("--cores with --nproc-per-node: use --ncores-per-instance; ranks get consecutive cores")
         plan = launch.build_torchrun_plan(config, machine, command, args.nproc_per_node, torchrun_args)
     else:
         plan = launch.build_plan(config, machine, command=command)
     if args.dry_run:
         print_plan(plan, machine)
         return 0
-    outcome = launch.run_command_plan(plan, args.log_dir)
+    node = ""  # in a job of several machines, each one's logs carry its name
+    if args.nproc_per_node is not None and args.nnodes not in (None, "1"):
+        node = f"node{args.node_rank}" if args.node_rank is not None else f"{socket.gethostname()}-{os.getpid()}"
+    outcome = launch.run_command_plan(plan, args.log_dir, node=node)
     for inst in outcome["instances"]:
         print(f"cpuopt: instance {inst['index']} on cores {inst['cores']}: exit code {inst['returncode']}, "
               f"log {inst['log']}", file=sys.stderr)

@@ -868,8 +868,19 @@ def _pump(stream, prefix: str, log_file, echo) -> None:
             echo.flush()
 
 
-def run_command_plan(plan: LaunchPlan, log_dir: str, echo=sys.stdout, grace_s: float = 5.0) -> dict:
-    """Run a user command plan: each instance's output to its own log (and echoed with a prefix).
+def log_name(index: int, node: str = "") -> str:
+    """An instance's log file name; ``node`` names the machine in a multi-node job (``node1``),
+    so that nodes sharing a log folder (one machine, or a shared file system) never collide.
+
+    >>> log_name(0), log_name(0, "node1")
+    ('instance_0.log', 'node1_instance_0.log')
+    """
+    return f"{node}_instance_{index}.log" if node else f"instance_{index}.log"
+
+
+def run_command_plan(plan: LaunchPlan, log_dir: str, echo=sys.stdout, grace_s: float = 5.0, node: str = "") -> dict:
+    """Run a user command plan: each instance's output to its own log (and echoed with a prefix);
+    ``node`` goes into the log names of a multi-node job (``log_name``).
 
     When an instance fails, the others are stopped (SIGTERM, then SIGKILL after a grace
     period). Returns {"returncode", "instances": [{index, cores, returncode, log}], "failed"}.
@@ -879,7 +890,7 @@ def run_command_plan(plan: LaunchPlan, log_dir: str, echo=sys.stdout, grace_s: f
     os.makedirs(log_dir, exist_ok=True)
     procs, pumps, files = [], [], []
     for inst in plan.instances:
-        path = os.path.join(log_dir, f"instance_{inst.index}.log")
+        path = os.path.join(log_dir, log_name(inst.index, node))
         f = open(path, "wb")
         files.append((f, path))
         proc = subprocess.Popen(list(inst.argv), env=dict(os.environ, **inst.env), stdout=subprocess.PIPE,

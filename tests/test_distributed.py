@@ -151,3 +151,29 @@ def test_torchrun_plan_passes_multi_node_options():
     assert "--nnodes=2" in argv and "--rdzv-endpoint=head:29400" in argv
     assert argv[-3:] == ("-m", "cpuopt_helpers.rank_exec", "examples/ddp_train.py")  # `python` dropped
     assert plan.instances[0].env["CPUOPT_RANK_CORES"] == "0;1" and plan.instances[0].env["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TWO_CORES, reason="needs two cores")
+def test_two_node_agents_on_localhost_end_in_sync_with_their_own_logs(tmp_path):
+    """`cpuopt launch --nnodes 2` as two machines would run it: two torchrun node agents meeting at
+    a c10d rendezvous on a loopback port, each node's rank on its own core (--cores)."""
+    port = launch.free_port()
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "cpuopt_helpers.cli", "launch", "--nproc-per-node", "1", "--nnodes", "2",
+         "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+         "--rdzv-id", "cpuopt-test", "--cores", str(node), "--log-dir", str(tmp_path), "--",
+         "python", "examples/ddp_train.py", "--epochs", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=300) for p in nodes]
+    finally:
+        for p in nodes:
+            p.kill()
+    for p, (_, err) in zip(nodes, outs):
+        assert p.returncode == 0, err
+    logs = {node: (tmp_path / f"node{node}_instance_0.log").read_text() for node in (0, 1)}
+    assert not (tmp_path / "instance_0.log").exists()  # the nodes' logs never share a name
+    for node, log in logs.items():  # each node's one rank ran on the core it was given
+        assert f"/2 local_rank 0 cores [{node}] OMP_NUM_THREADS=1 torch_threads=1" in log, log
+    assert "params_in_sync=True" in logs[0] + logs[1]  # rank 0 (either node) gathered every rank's parameters
