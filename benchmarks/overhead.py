@@ -4,12 +4,11 @@ Run with `make overhead`. Prints a JSON summary; the README quotes it.
 """
 
 import json
-import os
 import statistics
 import sys
 import time
 
-from cpuopt_helpers import compare, launch, stats
+from cpuopt_helpers import compare, launch, stats, system
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.worker import prepare
 
@@ -27,7 +26,7 @@ def per_step_overhead() -> dict:
 
     Blocks of each are interleaved (A B A B ...) in one process so drift hits both.
     """
-    config = RunConfig(threads=os.cpu_count()).to_dict()
+    config = RunConfig(threads=launch.default_threads(system.topology())).to_dict()  # the usable physical cores
     prepared = prepare(config)
     for _ in range(5):
         prepared.step()
