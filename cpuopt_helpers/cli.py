@@ -52,6 +52,43 @@ def add_runtime_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kmp-blocktime", type=int, help="ms an Intel OpenMP thread spins (needs --omp-runtime intel)")
 
 
+def add_script_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """--script and how its throughput is read (cpuopt_helpers.scripts)."""
+    parser.add_argument("--script", metavar="COMMAND", help=f"a training command instead of a workload, e.g. "
+                        f"'python train.py --epochs 1'; {what}")
+    parser.add_argument("--metric", metavar="REGEX", help="with --script: the throughput in its output, one group "
+                        "around the number, higher is better (default: the line cpuopt_helpers.throughput prints, "
+                        "else the command's wall time)")
+    parser.add_argument("--metric-lower", action="store_true", help="--metric reads a time (lower is better)")
+
+
+def script_launch_config(name: str, options: str, command: list[str], physical_cores: int):
+    """A --script comparison arm: its launch options (--threads, --cores, --affinity, --allocator,
+    --omp-runtime, --kmp-blocktime) as a script run's configuration."""
+    import shlex
+
+    from cpuopt_helpers import launch, scripts
+
+    parser = _Parser(prog=f"cpuopt compare --script {name}", add_help=False)
+    parser.add_argument("--threads", "--ncores-per-instance", type=int, dest="threads")
+    parser.add_argument("--cores")
+    add_runtime_options(parser)
+    try:
+        args = parser.parse_args(shlex.split(options))
+    except ValueError as exc:
+        raise CpuoptError(f"{name} {options!r} is not a valid option string: {exc}") from None
+    except CpuoptError as exc:
+        raise CpuoptError(f"{name} {options!r}: {exc}; with --script the arms take launch options: --threads, "
+                          "--cores, --affinity, --allocator, --omp-runtime, --kmp-blocktime") from None
+    changes = {k: getattr(args, k) for k in ("affinity", "allocator", "omp_runtime", "kmp_blocktime")}
+    if args.cores:
+        cores = launch.parse_core_list(args.cores)
+        changes.update(cores=(tuple(cores),), threads=len(cores))
+    elif args.threads is not None:
+        changes["threads"] = args.threads
+    return scripts.script_config(command, physical_cores, **changes)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="cpuopt", description="Measure what makes deep-learning training fast on this CPU.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -128,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--max-rounds", type=int, default=14, help="rounds at most (default 14)")
     cmp.add_argument("--budget-min", type=float, help="minutes at most (default: no limit)")
     cmp.add_argument("--json", action="store_true", help="print the comparison with every round's throughputs")
+    add_script_options(cmp, "--a/--b are then launch options, e.g. '--allocator tcmalloc', '--threads 1'")
 
     tune = sub.add_parser("tune", help="search the best configuration for a workload within a time budget")
     tune.add_argument("--workload", default="cnn", help="cnn, transformer, rnn, retinanet, or package.module:function")
@@ -137,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--dry-run", action="store_true",
                       help="print the candidates the search would measure, with their cores, and exit")
     tune.add_argument("--topology", metavar="FILE", help=TOPOLOGY_HELP)
+    add_script_options(tune, "its launch configuration is searched")
 
     lad = sub.add_parser("ladder", help="what the notebooks handed on: each rung, its ratio to the rung before "
                                         "and to the baseline, with intervals")
@@ -252,6 +291,10 @@ def _compare(args) -> int:
     from cpuopt_helpers import compare, launch, system
     from cpuopt_helpers.results import ResultStore, run_comparison
 
+    if args.script:
+        return _compare_script(args)
+    if args.metric or args.metric_lower:
+        raise CpuoptError("--metric reads a --script's output; a workload reports its own samples/s")
     configs = []
     for name, options in (("--a", args.a), ("--b", args.b)):
         try:
@@ -286,6 +329,34 @@ def _compare(args) -> int:
         print(f"  rounds: {result['n']} with a result, order {' '.join(result['order'])}, stopped: {result['stopped']}")
         for reason in result["failures"][:3]:
             print(f"  failed run: {reason.splitlines()[0] if reason else ''}")
+    return 0 if result["n"] else 1
+
+
+def _compare_script(args) -> int:
+    from cpuopt_helpers import compare, launch, scripts, system
+    from cpuopt_helpers.results import ResultStore, run_comparison
+
+    command, reading = scripts.parse_command(args.script), scripts.Reading(args.metric, args.metric_lower)
+    if not 2 <= args.min_rounds <= args.max_rounds:
+        raise CpuoptError(f"need 2 <= --min-rounds ({args.min_rounds}) <= --max-rounds ({args.max_rounds})")
+    machine = launch.Machine.this()
+    a, b = (script_launch_config(name, options, command, machine.topology.physical_cores)
+            for name, options in (("--a", args.a), ("--b", args.b)))
+    for config in (a, b):
+        launch.build_plan(config, machine, command=command)  # bad options fail before anything runs
+    facts = system.collect_facts()
+    result = run_comparison(a, b, ResultStore(), lambda c: scripts.run_script(c, command, reading, facts),
+                            tag="cli-compare-script", machine=facts["fingerprint"], min_rounds=args.min_rounds,
+                            max_rounds=args.max_rounds, budget_s=args.budget_min * 60 if args.budget_min else None,
+                            resume=False, progress=not args.json)
+    result = dict(result, script=args.script)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"b over a ({scripts.label(b)} over {scripts.label(a)}, {args.script}): {compare.describe(result)}")
+        print(f"  rounds: {result['n']} with a result, order {' '.join(result['order'])}, stopped: {result['stopped']}")
+        for reason in result["failures"][:3]:
+            print(f"  failed run: {' | '.join(reason.splitlines()[:2]) if reason else ''}")
     return 0 if result["n"] else 1
 
 
@@ -438,12 +509,25 @@ def _tune(args) -> int:
     from cpuopt_helpers import system, tune
     from cpuopt_helpers.results import ResultStore
 
+    if args.script and (args.dry_run or args.topology):
+        raise CpuoptError("--dry-run and --topology list a workload's candidates; with --script they are not "
+                          "available yet (the script's candidates: threads, allocator, OpenMP runtime, no pinning)")
     if args.dry_run or args.topology:
         machine = machine_for(args)  # --topology without --dry-run is refused here
         facts = tune.machine_facts(machine) if machine.source else system.collect_facts()
         rows = tune.search_plan(args.workload, args.preset, facts, machine)
         print(json.dumps(rows, indent=2) if args.json else tune.format_search_plan(rows, machine))
         return 0
+    if args.script:
+        from cpuopt_helpers import scripts
+
+        facts = system.collect_facts()
+        result = tune.tune(scripts.SCRIPT, args.budget_min, facts=facts, progress=not args.json,
+                           script=scripts.parse_command(args.script), reading=scripts.Reading(args.metric, args.metric_lower))
+        print(json.dumps(result, indent=2) if args.json else tune.format_tune(result))
+        return 0
+    if args.metric or args.metric_lower:
+        raise CpuoptError("--metric reads a --script's output; a workload reports its own samples/s")
     facts = system.collect_facts()
     ladder = ResultStore().get_fact(facts["fingerprint"], f"ladder/{args.workload}/{args.preset}", [])
     result = tune.tune(args.workload, args.budget_min, args.preset, facts, ladder, progress=not args.json)

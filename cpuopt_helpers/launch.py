@@ -309,7 +309,10 @@ def run_cpu_argv(config: RunConfig, python: str) -> list[str]:
     """PyTorch's own launcher with its defaults, running the worker script (run_cpu wants a .py file)."""
     from cpuopt_helpers import worker
 
-    return [python, "-m", "torch.backends.xeon.run_cpu", worker.__file__, "--config", config.to_json()]
+    return [python, "-m", RUN_CPU, worker.__file__, "--config", config.to_json()]
+
+
+RUN_CPU = "torch.backends.xeon.run_cpu"  # a command plan under run_cpu: PYTHON -m RUN_CPU SCRIPT.py ARGS
 
 
 def free_port() -> int:
@@ -344,7 +347,8 @@ def build_plan(config: RunConfig, machine: Machine, base_env: dict | None = None
         env = {"PYTHONPATH": python_path(base_env)}
         if sys.prefix != sys.base_prefix:  # as in an activated venv, where run_cpu looks for libraries
             env["VIRTUAL_ENV"] = sys.prefix
-        inst = InstancePlan(0, tuple(c.cpu for c in topo.cpus), tuple(run_cpu_argv(config, python)), env)
+        argv = run_cpu_argv(config, python) if command is None else [command[0], "-m", RUN_CPU, *command[1:]]
+        inst = InstancePlan(0, tuple(c.cpu for c in topo.cpus), tuple(argv), env)
         return LaunchPlan(config, (inst,), "run_cpu")
     if config.cores:
         cores = list(config.cores)
@@ -878,9 +882,11 @@ def log_name(index: int, node: str = "") -> str:
     return f"{node}_instance_{index}.log" if node else f"instance_{index}.log"
 
 
-def run_command_plan(plan: LaunchPlan, log_dir: str, echo=sys.stdout, grace_s: float = 5.0, node: str = "") -> dict:
+def run_command_plan(plan: LaunchPlan, log_dir: str, echo=sys.stdout, grace_s: float = 5.0, node: str = "",
+                     timeout_s: float | None = None) -> dict:
     """Run a user command plan: each instance's output to its own log (and echoed with a prefix);
-    ``node`` goes into the log names of a multi-node job (``log_name``).
+    ``node`` goes into the log names of a multi-node job (``log_name``). After ``timeout_s``
+    every instance still running is stopped and the outcome says ``timed_out``.
 
     When an instance fails, the others are stopped (SIGTERM, then SIGKILL after a grace
     period). Returns {"returncode", "instances": [{index, cores, returncode, log}], "failed"}.
@@ -899,12 +905,16 @@ def run_command_plan(plan: LaunchPlan, log_dir: str, echo=sys.stdout, grace_s: f
         t = threading.Thread(target=_pump, args=(proc.stdout, f"[{inst.index}] ", f, echo), daemon=True)
         t.start()
         pumps.append(t)
-    failed = None
+    failed, timed_out = None, False
+    deadline = time.monotonic() + timeout_s if timeout_s else None
     try:
         while any([p.poll() is None for p in procs]):  # a list: poll every process, not just the first
             bad = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
             if bad:
                 failed = bad[0]
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                failed, timed_out = next(i for i, p in enumerate(procs) if p.poll() is None), True
                 break
             time.sleep(0.05)
     finally:
@@ -925,4 +935,4 @@ def run_command_plan(plan: LaunchPlan, log_dir: str, echo=sys.stdout, grace_s: f
     instances = [{"index": inst.index, "cores": list(inst.cores), "returncode": p.returncode, "log": path}
                  for inst, p, (_, path) in zip(plan.instances, procs, files)]
     return {"returncode": procs[failed].returncode if failed is not None else 0, "failed": failed,
-            "instances": instances}
+            "instances": instances, "timed_out": timed_out}

@@ -110,8 +110,9 @@ def combine(default: RunConfig, winners: list[RunConfig]) -> RunConfig | None:
         return None
 
 
-def launch_command(config: RunConfig, script: str = "train.py") -> str:
-    """The `cpuopt launch` line that trains a script with this configuration."""
+def launch_command(config: RunConfig, script: str = "train.py", command: str | None = None) -> str:
+    """The `cpuopt launch` line that trains a script with this configuration (``command``: the
+    whole command line, else ``python SCRIPT``)."""
     parts = ["cpuopt", "launch"]
     if config.mode == "ddp" and config.instances > 1:
         parts += ["--nproc-per-node", str(config.instances), "--ncores-per-instance", str(config.threads)]
@@ -124,17 +125,20 @@ def launch_command(config: RunConfig, script: str = "train.py") -> str:
                                  ("--affinity", config.affinity, "compact")):
         if value != default:
             parts += [flag, value]
-    line = " ".join(parts) + f" -- python {script}"
+    if config.kmp_blocktime is not None:
+        parts += ["--kmp-blocktime", str(config.kmp_blocktime)]
+    line = " ".join(parts) + f" -- {command or 'python ' + script}"
     extras = [f"{k}={v}" for k, v in changes(config, RunConfig(workload=config.workload, preset=config.preset,
                                                                 steps=config.steps, threads=config.threads)).items()
               if k in ("channels_last", "compile", "optimizer_impl", "dtype")]
     return line + (f"   # in the script: {', '.join(extras)}" if extras else "")
 
 
-def shell_command(config: RunConfig, machine: launch.Machine, script: str = "train.py") -> str:
+def shell_command(config: RunConfig, machine: launch.Machine, script: str = "train.py",
+                  command: list[str] | None = None) -> str:
     """The same as plain shell: environment variables and numactl, no cpuopt needed."""
     plan = launch.build_plan(config.replace(mode="independent", instances=1) if config.mode == "ddp" else config,
-                             machine, command=["python", script])
+                             machine, command=command or ["python", script])
     inst = plan.instances[0]
     env = {k: v for k, v in inst.env.items() if not k.startswith("CPUOPT_") and k != "PYTHONPATH"}
     text = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + " " + " ".join(
@@ -145,25 +149,41 @@ def shell_command(config: RunConfig, machine: launch.Machine, script: str = "tra
 
 
 def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | None = None,
-         ladder: list[dict] | None = None, runner=None, progress: bool = True) -> dict:
-    """Search within the budget; measure the recommendation against both defaults."""
+         ladder: list[dict] | None = None, runner=None, progress: bool = True, script: list[str] | None = None,
+         reading=None) -> dict:
+    """Search within the budget; measure the recommendation against both defaults.
+
+    ``script`` (a command line's words) tunes that command instead of a workload: its launch
+    configuration only (``scripts.search_space``), each run read as ``reading`` says
+    (``scripts.Reading``; a failed run is never a candidate)."""
     from tqdm.auto import tqdm
 
-    from cpuopt_helpers import system
-    from cpuopt_helpers.workloads import build_workload
+    from cpuopt_helpers import scripts, system
 
     if budget_min <= 0:
         raise CpuoptError(f"--budget-min must be positive, got {budget_min}")
     facts = facts or system.collect_facts()
-    runner = runner or (lambda c: launch.run(c, facts))
-    default = settings.normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
-    launch.build_plan(default, launch.Machine.this())  # bad workload or machine: fail before measuring
+    if script:
+        scripts.run_cpu_ready(script)
+        workload, reading = scripts.SCRIPT, reading or scripts.Reading()
+        runner = runner or (lambda c: scripts.run_script(c, script, reading, facts))
+        default = scripts.script_config(script, facts["physical_cores"])
+        launch.build_plan(default, launch.Machine.this(), command=script)  # bad machine: fail before measuring
+        candidates = settings.unique([default] + scripts.search_space(default, facts))
+    else:
+        from cpuopt_helpers.workloads import build_workload
+
+        runner = runner or (lambda c: launch.run(c, facts))
+        default = settings.normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
+        launch.build_plan(default, launch.Machine.this())  # bad workload or machine: fail before measuring
+        image_like = bool(getattr(build_workload(workload, preset), "image_like", False))
+        handed_on = [RunConfig.from_dict(s["config"]) for s in (ladder or []) if s["config"]["workload"] == workload]
+        candidates = settings.unique([default] + [c.replace(preset=preset, steps=default.steps, onednn_verbose=None,
+                                                          trace=None, warmup=max(default.warmup, c.warmup))
+                                                for c in handed_on] + search_space(default, facts, image_like))
     deadline = time.monotonic() + budget_min * 60
-    image_like = bool(getattr(build_workload(workload, preset), "image_like", False))
-    handed_on = [RunConfig.from_dict(s["config"]) for s in (ladder or []) if s["config"]["workload"] == workload]
-    candidates = settings.unique([default] + [c.replace(preset=preset, steps=default.steps, onednn_verbose=None, trace=None,
-                                                      warmup=max(default.warmup, c.warmup)) for c in handed_on]
-                               + search_space(default, facts, image_like))
+    failures: dict[str, str] = {}  # label -> why its last run failed
+    metrics: dict[str, None] = {}  # how a script's throughput was read, in order of first use
     samples: dict[str, list[float]] = {}
     by_hash = {c.config_hash(): c for c in candidates}
     bar = tqdm(desc=f"tune {workload}", unit="run", disable=not progress)
@@ -171,12 +191,16 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | 
 
     def measure(config: RunConfig) -> None:
         start = time.monotonic()
-        bar.set_postfix_str(config.label()[:50])
+        bar.set_postfix_str(label(config)[:50])
         r = runner(config)
         run_s.append(time.monotonic() - start)
         bar.update()
         if r["status"] == "ok":
             samples.setdefault(config.config_hash(), []).append(r["samples_per_s"])
+            if r.get("metric"):
+                metrics[r["metric"]] = None
+        else:
+            failures[label(config)] = (r.get("reason") or r["status"]).strip()
 
     def left() -> float:
         return deadline - time.monotonic()
@@ -237,19 +261,20 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | 
         vs_default = confirmation
         recommended = best if confirmation["verdict"] == "faster" else default
         note = "" if recommended is best else (
-            f"{best.label()} measured fastest in the search, but confirmed against the defaults it is "
+            f"{label(best)} measured fastest in the search, but confirmed against the defaults it is "
             f"{compare.describe(confirmation)}: the defaults are recommended")
 
     def brief(c: dict | None) -> dict | None:
         return None if c is None else {k: c[k] for k in ("ratio", "ci_low", "ci_high", "n", "verdict", "label")}
 
     machine = launch.Machine.this()
+    command = shlex.join(script) if script else None
     speeds = {"recommended": [r[1] for r in rounds] if recommended is best else [r[0] for r in rounds],
               "default": [r[0] for r in rounds],
               "run_cpu": [r[1] for r in rounds] if challenger is run_cpu else list(run_cpu_speeds.values())}
     return {"workload": workload, "preset": preset, "budget_min": budget_min,
-            "recommended": recommended.to_dict(), "recommended_label": recommended.label(),
-            "changes": changes(recommended, default), "search_winner": best.label(),
+            "recommended": recommended.to_dict(), "recommended_label": label(recommended),
+            "changes": changes(recommended, default), "search_winner": label(best),
             "speedup_vs_default": brief(vs_default), "search_winner_vs_default": brief(vs_default),
             "speedup_vs_run_cpu": brief(vs_run_cpu) if recommended is best or challenger is run_cpu else None,
             "run_cpu_vs_default": brief(compare.sequential_ratio(speeds["default"], speeds["run_cpu"]))
@@ -257,17 +282,28 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | 
             "rounds": confirmation["rounds"], "order": confirmation["order"], "stopped": confirmation["stopped"],
             "samples_per_s": {k: statistics.median([v for v in vs if v]) if any(vs) else None
                               for k, vs in speeds.items()},
-            "launch_command": launch_command(recommended), "shell_command": shell_command(recommended, machine),
-            "candidates": [{"label": by_hash[h].label(), "runs": len(v), "samples_per_s": statistics.median(v)}
+            "launch_command": launch_command(recommended, command=command),
+            "shell_command": shell_command(recommended, machine, command=script),
+            "candidates": [{"label": label(by_hash[h]), "runs": len(v), "samples_per_s": statistics.median(v)}
                            for h, v in samples.items()],
-            "runs": len(run_s) + sum(2 if challenger is run_cpu else 3 for _ in rounds), "note": note}
+            "failed": [{"label": k, "reason": v} for k, v in failures.items() if k not in
+                       {label(by_hash[h]) for h in samples}],
+            "runs": len(run_s) + sum(2 if challenger is run_cpu else 3 for _ in rounds), "note": note,
+            **({"script": command, "metric": list(metrics), "in_the_script": scripts.IN_SCRIPT} if script else {})}
+
+
+def label(config: RunConfig) -> str:
+    from cpuopt_helpers import scripts
+
+    return scripts.label(config) if config.workload == scripts.SCRIPT else config.label()
 
 
 def format_tune(t: dict) -> str:
     def ci(s):
         return compare.describe(dict(s, margin=compare.MARGIN, min_rounds=compare.MIN_ROUNDS)) if s else "not measured"
 
-    lines = [f"recommended for {t['workload']}[{t['preset']}]: {t['recommended_label']}",
+    what = t["script"] if t.get("script") else f"{t['workload']}[{t['preset']}]"
+    lines = [f"recommended for {what}: {t['recommended_label']}",
              f"  changes from PyTorch's defaults: {t['changes'] or 'none'}",
              f"  speedup over PyTorch's defaults: "
              + (ci(t['speedup_vs_default']) if t['speedup_vs_default'] else "none: the defaults are recommended"),
@@ -277,6 +313,12 @@ def format_tune(t: dict) -> str:
              f"  train with:  {t['launch_command']}",
              f"  or in plain shell:  {t['shell_command']}",
              f"  ({len(t['candidates'])} candidates, {t['runs']} runs in a {t['budget_min']:g}-minute budget)"]
+    for f in t.get("failed", []):
+        lines.append(f"  left out, its run failed: {f['label']}: {f['reason'].splitlines()[0][:160]}")
+    if t.get("metric"):
+        lines.append(f"  throughput read from: {'; '.join(t['metric'])}")
+    if t.get("in_the_script"):
+        lines.append(f"  still to try in the script itself: {t['in_the_script']}")
     if t["note"]:
         lines.append(f"  note: {t['note']}")
     return "\n".join(lines)

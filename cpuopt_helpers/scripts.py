@@ -1,0 +1,173 @@
+"""Any training script as a measured run (`cpuopt compare --script`, `cpuopt tune --script`).
+
+A run is the script started under a launch configuration (threads, cores, affinity,
+allocator, OpenMP runtime: what `cpuopt launch` sets; the script's own code is not
+touched), in a fresh process, with its exit code checked: a script that fails is a failed
+run with the tail of its output, never a result. Its throughput, higher is better, is read
+in the first way that applies:
+
+1. ``--metric REGEX``: the last match of the expression's one group in the output (stdout
+   and stderr), a rate such as samples/s; with ``--metric-lower`` a time (seconds a step,
+   an epoch), taken as its inverse.
+2. The line ``cpuopt_helpers.throughput`` prints (the script called ``throughput.step`` per
+   step, its warm-up steps untimed, or ``throughput.report`` once).
+3. Otherwise the wall time of the whole command, inverted: start-up, data loading and
+   warm-up included, which the result says.
+
+``python`` (or ``python3``) as the command's first word is the interpreter cpuopt runs
+under, so the script sees the same environment in every configuration. Several copies of
+one arbitrary script are not started here (copies can collide on files and ports):
+`cpuopt launch --ninstances N` runs them where a script is written for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from cpuopt_helpers import launch, throughput
+from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.stages import settings, threading
+
+SCRIPT = "script"  # RunConfig.workload of a script run; the command's hash is its one option
+WALL_TIME = "the wall time of the whole command (start-up, data loading and warm-up included)"
+IN_SCRIPT = ("channels-last and torch.compile (notebook 05), foreach/fused optimizers (notebook 05), bf16 autocast "
+             "(notebook 06, where the CPU has a bf16 fast path): changes to the script's own code, which "
+             "`--script` cannot make")
+
+
+def parse_command(text: str) -> list[str]:
+    """The script's command line as words, its ``python`` the interpreter running cpuopt."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise CpuoptError(f"--script {text!r} is not a valid command line: {exc}") from None
+    if not words:
+        raise CpuoptError("--script needs a command, e.g. --script 'python train.py --epochs 1'")
+    if words[0] in ("python", "python3"):
+        words[0] = sys.executable
+    return words
+
+
+def command_hash(command: list[str]) -> str:
+    return hashlib.sha256(shlex.join(command).encode()).hexdigest()[:10]
+
+
+def script_config(command: list[str], physical_cores: int, **changes) -> RunConfig:
+    """The launch configuration of a script run: PyTorch's defaults with ``changes``; the
+    command's hash keeps each script's runs (and stored sweeps) apart."""
+    base = RunConfig(workload=SCRIPT, options=(("command", command_hash(command)),))
+    return settings.normalise(base, physical_cores).replace(**changes)
+
+
+def label(config: RunConfig) -> str:
+    """A script run's name: what its launch configuration changes, nothing else."""
+    plain = config.replace(options=())
+    return SCRIPT + plain.label()[len(f"{plain.workload}[{plain.preset}]"):]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How the throughput is read from a run's output (see the module's docstring)."""
+
+    pattern: str | None = None
+    lower: bool = False
+
+    def __post_init__(self):
+        if self.pattern is None:
+            if self.lower:
+                raise CpuoptError("--metric-lower needs --metric REGEX (the time to read)")
+            return
+        try:
+            groups = re.compile(self.pattern).groups
+        except re.error as exc:
+            raise CpuoptError(f"--metric {self.pattern!r} is not a regular expression: {exc}") from None
+        if groups != 1:
+            raise CpuoptError(f"--metric {self.pattern!r} needs exactly one group around the number, e.g. "
+                              "'samples/s: ([0-9.]+)'")
+
+    def read(self, output: str, wall_s: float) -> tuple[float | None, str]:
+        """(throughput, how it was read); (None, why not) when the output holds none."""
+        if self.pattern is not None:
+            found = re.findall(self.pattern, output)
+            if not found:
+                return None, f"--metric {self.pattern!r} matched nothing in the script's output"
+            try:
+                value = float(found[-1])
+            except ValueError:
+                return None, f"--metric {self.pattern!r} matched {found[-1]!r}, which is not a number"
+            if self.lower:
+                if value <= 0:
+                    return None, f"--metric-lower read {value}, not a positive time"
+                return 1.0 / value, f"1 / the time --metric {self.pattern!r} read (last match: {value:g})"
+            return value, f"--metric {self.pattern!r} (last match)"
+        reports = [line[len(throughput.MARKER):] for line in output.splitlines() if line.startswith(throughput.MARKER)]
+        if reports:
+            import json
+
+            data = json.loads(reports[-1])
+            if data.get("samples_per_s") is None:
+                return None, (f"the script called throughput.step only {data.get('steps')} time(s), no more than its "
+                              f"{data.get('warmup')} warm-up steps: nothing was timed (CPUOPT_WARMUP_STEPS sets them)")
+            how = (f"the script's throughput.step: {data['steps']} timed steps after {data['warmup']} warm-up"
+                   if "steps" in data else "the script's throughput.report")
+            return data["samples_per_s"], how
+        return 1.0 / wall_s, WALL_TIME
+
+
+def run_script(config: RunConfig, command: list[str], reading: Reading, facts: dict | None = None,
+               machine: launch.Machine | None = None, timeout_s: float | None = 1800) -> dict:
+    """Run the script once under ``config``; a result shaped as the worker's (storable, comparable)."""
+    if config.instances != 1:
+        raise CpuoptError("several copies of an arbitrary script are not run here (they can collide on files and "
+                          "ports); `cpuopt launch --ninstances N -- ...` runs them where the script allows it")
+    plan = launch.build_plan(config, machine or launch.Machine.this(), command=command)
+    with tempfile.TemporaryDirectory(prefix="cpuopt-script-") as logs:
+        start = time.monotonic()
+        outcome = launch.run_command_plan(plan, logs, echo=None, timeout_s=timeout_s)
+        wall_s = time.monotonic() - start
+        output = Path(outcome["instances"][0]["log"]).read_text(errors="replace")
+    result = {"config": config.to_dict(), "config_hash": config.config_hash(), "label": label(config),
+              "command": shlex.join(command), "command_hash": command_hash(command), "wall_s": wall_s,
+              "pinning": plan.pinning, "argv": [list(i.argv) for i in plan.instances],
+              "env": {k: v for k, v in plan.instances[0].env.items() if k != "PYTHONPATH"},
+              "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "system": (facts or {}).get("fingerprint"), "samples_per_s": None, "metric": None}
+    tail = "\n".join(output.splitlines()[-15:])
+    if outcome.get("timed_out"):
+        return dict(result, status="failed", reason=f"still running after {timeout_s:.0f} s; stopped\n{tail}")
+    if outcome["failed"] is not None:
+        return dict(result, status="failed", reason=f"exit code {outcome['returncode']}\n{tail}")
+    value, how = reading.read(output, wall_s)
+    if value is None:
+        return dict(result, status="failed", reason=f"{how}\n{tail}")
+    return dict(result, status="ok", samples_per_s=value, metric=how, reason="")
+
+
+def search_space(default: RunConfig, facts: dict) -> list[RunConfig]:
+    """The launch-level knobs, one change at a time: threads, allocator, OpenMP runtime and its
+    KMP_BLOCKTIME, no pinning (never several copies: see the module's docstring)."""
+    physical = facts["physical_cores"]
+    out = [default.replace(threads=t) for t in threading.thread_counts(physical, physical) if t != default.threads]
+    out += [default.replace(allocator=a) for a, path in facts["allocators"].items() if path]
+    if facts["openmp"].get("intel"):
+        out += [default.replace(omp_runtime="intel"), default.replace(omp_runtime="intel", kmp_blocktime=1)]
+    out.append(default.replace(affinity="none"))
+    return out
+
+
+def run_cpu_ready(command: list[str]) -> None:
+    """PyTorch's run_cpu runs a Python script (python SCRIPT.py ...), nothing else: say so early."""
+    if not (len(command) > 1 and command[0] == sys.executable and command[1].endswith(".py")):
+        raise CpuoptError("cpuopt tune --script also measures PyTorch's run_cpu, which runs Python scripts only: "
+                          "give --script 'python SCRIPT.py ...'")
+    if not Path(command[1]).is_file():
+        raise CpuoptError(f"no such script {command[1]!r}")

@@ -1,0 +1,157 @@
+"""Any training script as a measured run: reading its throughput, its launch options, the
+tuner's search over them (a made-up runner), and real runs of scripts (slow)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from cpuopt_helpers import cli, scripts, throughput, tune
+from cpuopt_helpers.errors import CpuoptError
+
+EXAMPLE = "examples/train_script.py"
+
+
+def test_reading_takes_the_metric_then_the_helper_line_then_the_wall_time():
+    out = "epoch 1 throughput: 10.0 samples/s\nepoch 2 throughput: 12.5 samples/s\n"
+    assert scripts.Reading(r"throughput: ([0-9.]+)").read(out, 4.0) == (12.5, "--metric 'throughput: ([0-9.]+)' (last match)")
+    value, how = scripts.Reading(r"step time ([0-9.]+) s", lower=True).read("step time 0.25 s\n", 4.0)
+    assert value == 4.0 and how.startswith("1 / the time")
+    line = throughput.MARKER + json.dumps({"samples_per_s": 321.0, "steps": 27, "warmup": 3})
+    assert scripts.Reading().read(f"loss 1.0\n{line}\n", 4.0) == (321.0, "the script's throughput.step: 27 timed steps after 3 warm-up")
+    assert scripts.Reading(r"throughput: ([0-9.]+)").read(out + line, 4.0)[0] == 12.5  # --metric wins when given
+    assert scripts.Reading().read("loss 1.0\n", 4.0) == (0.25, scripts.WALL_TIME)
+    none, why = scripts.Reading(r"throughput: ([0-9.]+)").read("loss 1.0\n", 4.0)
+    assert none is None and "matched nothing" in why
+    too_few = throughput.MARKER + json.dumps({"samples_per_s": None, "steps": 2, "warmup": 3})
+    none, why = scripts.Reading().read(too_few, 4.0)
+    assert none is None and "only 2 time(s)" in why and "CPUOPT_WARMUP_STEPS" in why
+
+
+@pytest.mark.parametrize("pattern, lower, message", [
+    ("throughput: [0-9.]+", False, "exactly one group"),
+    ("(a)(b)", False, "exactly one group"),
+    ("([0-9", False, "not a regular expression"),
+    (None, True, "--metric-lower needs --metric"),
+])
+def test_a_bad_metric_is_refused_in_one_line(pattern, lower, message):
+    with pytest.raises(CpuoptError, match=message):
+        scripts.Reading(pattern, lower)
+
+
+def test_the_helper_times_the_steps_after_warm_up_and_prints_its_line_at_exit():
+    code = textwrap.dedent("""
+        import time
+        from cpuopt_helpers import throughput
+        for i in range(6):
+            time.sleep(0.2 if i == 0 else 0.02)  # a slow first step: warm-up, not timed
+            throughput.step(10)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={"CPUOPT_WARMUP_STEPS": "2", "PATH": ""}).stdout
+    value, how = scripts.Reading().read(out, 10.0)
+    assert how == "the script's throughput.step: 4 timed steps after 2 warm-up"
+    assert 200 < value < 520  # 40 samples in 4 steps of ~20 ms (not the 200 ms first step): ~500/s at most
+
+
+def test_the_arms_of_a_script_comparison_take_launch_options():
+    command = scripts.parse_command(f"python {EXAMPLE} --steps 5")
+    assert command[0] == sys.executable and command[1:] == [EXAMPLE, "--steps", "5"]
+    a = cli.script_launch_config("--a", "", command, 2)
+    b = cli.script_launch_config("--b", "--allocator tcmalloc --threads 1", command, 2)
+    assert (a.threads, a.allocator, b.threads, b.allocator) == (2, "default", 1, "tcmalloc")
+    assert scripts.label(b) == "script threads=1 allocator=tcmalloc" and scripts.label(a) == "script threads=2"
+    assert a.config_hash() != scripts.script_config(scripts.parse_command("python other.py"), 2).config_hash()
+    pinned = cli.script_launch_config("--b", "--cores 1", command, 2)
+    assert pinned.cores == ((1,),) and pinned.threads == 1
+    with pytest.raises(CpuoptError, match="with --script the arms take launch options"):
+        cli.script_launch_config("--b", "--channels-last", command, 2)
+    with pytest.raises(CpuoptError, match="needs a command"):
+        scripts.parse_command("  ")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["compare", "--script", f"python {EXAMPLE}", "--a", "", "--b", "--bf16"], "take launch options"),
+    (["compare", "--script", f"python {EXAMPLE}", "--a", "", "--b", "", "--metric", "x"], "exactly one group"),
+    (["compare", "--a", "", "--b", "", "--metric", "t: (.*)"], "--metric reads a --script's output"),
+    (["tune", "--script", "bash train.sh", "--budget-min", "1"], "runs Python scripts only"),
+    (["tune", "--script", "python missing.py", "--budget-min", "1"], "no such script"),
+    (["tune", "--script", f"python {EXAMPLE}", "--dry-run"], "not available yet"),
+])
+def test_bad_script_input_is_one_line_and_exit_2(argv, message, capsys):
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert message in err and len(err.strip().splitlines()) == 1 and out == ""
+
+
+FACTS = {"fingerprint": "m", "physical_cores": 2, "logical_cores": 2, "openmp": {"intel": "/x/libiomp5.so"},
+         "allocators": {"jemalloc": "/x/libjemalloc.so.2", "tcmalloc": None}, "bf16": {"accelerated": False}}
+
+
+def test_tuning_a_script_searches_launch_options_and_leaves_failed_runs_out_with_their_reason():
+    command = scripts.parse_command(f"python {EXAMPLE}")
+    seen = []
+
+    def runner(config):  # made up: jemalloc is faster, one thread fails, run_cpu is slower
+        seen.append(config)
+        base = {"config": config.to_dict(), "config_hash": config.config_hash(), "metric": scripts.WALL_TIME}
+        if config.threads == 1 and config.launcher != "run_cpu":
+            return dict(base, status="failed", samples_per_s=None, reason="exit code 3\nRuntimeError: needs 2 threads")
+        speed = 100.0 * (1.3 if config.allocator == "jemalloc" else 1.0) * (0.9 if config.launcher == "run_cpu" else 1.0)
+        return dict(base, status="ok", samples_per_s=speed, reason="")
+
+    t = tune.tune(scripts.SCRIPT, 0.05, facts=FACTS, runner=runner, progress=False, script=command)
+    assert {c.workload for c in seen} == {"script"} and not any(c.channels_last or c.compile or c.dtype != "fp32"
+                                                               for c in seen)  # launch options only
+    assert t["recommended_label"] == "script threads=2 allocator=jemalloc" and t["speedup_vs_default"]["verdict"] == "faster"
+    assert t["failed"] == [{"label": "script threads=1", "reason": "exit code 3\nRuntimeError: needs 2 threads"}]
+    assert t["launch_command"] == f"cpuopt launch --ncores-per-instance 2 --allocator jemalloc -- {' '.join(command)}"
+    assert "LD_PRELOAD=/x/libjemalloc.so.2" in t["shell_command"] or "jemalloc" in t["shell_command"]
+    assert t["metric"] == [scripts.WALL_TIME] and "torch.compile" in t["in_the_script"]
+    text = tune.format_tune(t)
+    assert "left out, its run failed: script threads=1: exit code 3" in text and "still to try in the script" in text
+
+
+def script_not_importing_the_package(tmp_path, fail_on_one_thread=False):
+    path = tmp_path / "own_words.py"
+    path.write_text(textwrap.dedent(f"""
+        import os, sys, time
+        import torch
+        if {fail_on_one_thread} and os.environ.get("OMP_NUM_THREADS") == "1":
+            sys.exit("this script refuses to run on one thread")
+        a = torch.randn(256, 256)
+        start = time.perf_counter()
+        for _ in range(40):
+            a = torch.tanh(a @ a / 256)
+        print(f"it ran {{40 / (time.perf_counter() - start):.1f}} iterations per second")
+    """))
+    return f"python {path}"
+
+
+@pytest.mark.slow
+def test_compare_script_gives_a_verdict_with_its_interval_and_rounds():
+    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers.cli", "compare", "--script",
+                           f"python {EXAMPLE} --steps 8", "--a", "", "--b", "--allocator tcmalloc", "--min-rounds", "5",
+                           "--max-rounds", "5", "--json"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["n"] == 5 and r["verdict"] in ("faster", "slower", "equivalent", "no different")
+    assert r["ci_low"] <= r["ratio"] <= r["ci_high"] and len(r["rounds"]) == 5 and r["script"].endswith("--steps 8")
+
+
+@pytest.mark.slow
+def test_tune_script_reads_a_metric_in_the_scripts_own_words_and_leaves_a_failing_configuration_out(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers.cli", "tune", "--script",
+                           script_not_importing_the_package(tmp_path, fail_on_one_thread=True),
+                           "--metric", r"ran ([0-9.]+) iterations per second", "--budget-min", "1.5", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    t = json.loads(proc.stdout)
+    assert t["metric"] == ["--metric 'ran ([0-9.]+) iterations per second' (last match)"]
+    assert {"label": "script threads=1"} == {k: v for k, v in t["failed"][0].items() if k == "label"}
+    assert "refuses to run on one thread" in t["failed"][0]["reason"]
+    assert t["launch_command"].startswith("cpuopt launch ") and "own_words.py" in t["launch_command"]
+    assert t["run_cpu_vs_default"] or t["speedup_vs_run_cpu"]  # measured against run_cpu's defaults as well
+    assert t["speedup_vs_default"] is None or t["speedup_vs_default"]["n"] >= 5
