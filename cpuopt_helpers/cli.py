@@ -521,9 +521,10 @@ def _tune(args) -> int:
     if args.script:
         from cpuopt_helpers import scripts
 
+        command, reading = scripts.parse_command(args.script), scripts.Reading(args.metric, args.metric_lower)
         facts = system.collect_facts()
-        result = tune.tune(scripts.SCRIPT, args.budget_min, facts=facts, progress=not args.json,
-                           script=scripts.parse_command(args.script), reading=scripts.Reading(args.metric, args.metric_lower))
+        result = tune.tune(scripts.SCRIPT, args.budget_min, facts=facts, progress=not args.json, script=command,
+                           reading=reading, runner=scripts.stored_runner(command, reading, facts, ResultStore()))
         print(json.dumps(result, indent=2) if args.json else tune.format_tune(result))
         return 0
     if args.metric or args.metric_lower:

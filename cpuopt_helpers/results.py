@@ -169,7 +169,8 @@ class ResultStore:
                         "versions.ipex": (r.get("versions") or {}).get("ipex"),
                         "loaded": (r.get("machine_state") or {}).get("loaded")})
             row["workload"] = r["config"]["workload"]
-            row["step_ms"] = r["step_ms"]["median"]
+            row["step_ms"] = (r.get("step_ms") or {}).get("median")  # a script run has none
+            row.update({k: r[k] for k in ("command", "metric") if k in r})
             for phase, ms in (r.get("phase_ms") or {}).items():
                 row[f"{phase}_ms"] = ms
             rows.append(row)

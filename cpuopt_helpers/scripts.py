@@ -135,7 +135,8 @@ def run_script(config: RunConfig, command: list[str], reading: Reading, facts: d
         outcome = launch.run_command_plan(plan, logs, echo=None, timeout_s=timeout_s)
         wall_s = time.monotonic() - start
         output = Path(outcome["instances"][0]["log"]).read_text(errors="replace")
-    result = {"config": config.to_dict(), "config_hash": config.config_hash(), "label": label(config),
+    result = {"config": config.to_dict(), "config_hash": config.config_hash(),
+              "label": f"{label(config)}: {shlex.join(command)}",
               "command": shlex.join(command), "command_hash": command_hash(command), "wall_s": wall_s,
               "pinning": plan.pinning, "argv": [list(i.argv) for i in plan.instances],
               "env": {k: v for k, v in plan.instances[0].env.items() if k != "PYTHONPATH"},
@@ -150,6 +151,21 @@ def run_script(config: RunConfig, command: list[str], reading: Reading, facts: d
     if value is None:
         return dict(result, status="failed", reason=f"{how}\n{tail}")
     return dict(result, status="ok", samples_per_s=value, metric=how, reason="")
+
+
+def stored_runner(command: list[str], reading: Reading, facts: dict, store, tag: str = "cli-tune-script"):
+    """``run_script`` for the tuner, each run also written to the results store (the report's
+    table shows it), in one sweep per search."""
+    sweep = f"{tag}-{command_hash(command)}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
+    count = [0]
+
+    def run(config: RunConfig) -> dict:
+        result = run_script(config, command, reading, facts)
+        store.save_result(result, sweep=sweep, arm=0, round=count[0], tag=tag)
+        count[0] += 1
+        return result
+
+    return run
 
 
 def search_space(default: RunConfig, facts: dict) -> list[RunConfig]:

@@ -155,3 +155,18 @@ def test_tune_script_reads_a_metric_in_the_scripts_own_words_and_leaves_a_failin
     assert t["launch_command"].startswith("cpuopt launch ") and "own_words.py" in t["launch_command"]
     assert t["run_cpu_vs_default"] or t["speedup_vs_run_cpu"]  # measured against run_cpu's defaults as well
     assert t["speedup_vs_default"] is None or t["speedup_vs_default"]["n"] >= 5
+
+
+def test_script_runs_are_stored_and_read_back_like_worker_runs(tmp_path):
+    from cpuopt_helpers.results import ResultStore
+
+    command = scripts.parse_command(f"python {EXAMPLE}")
+    config = scripts.script_config(command, 2, allocator="jemalloc")
+    store = ResultStore(tmp_path / "r.sqlite")
+    result = {"config": config.to_dict(), "config_hash": config.config_hash(), "status": "ok", "reason": "",
+              "label": f"{scripts.label(config)}: python {EXAMPLE}", "samples_per_s": 50.0, "command": " ".join(command),
+              "metric": scripts.WALL_TIME, "created_at": "2026-12-01T10:00:00+00:00", "system": "m"}
+    store.save_result(result, sweep="s", tag="cli-tune-script")
+    df = store.load()
+    assert df.loc[0, "workload"] == "script" and df.loc[0, "metric"] == scripts.WALL_TIME and df.loc[0, "samples_per_s"] == 50
+    assert df.loc[0, "step_ms"] is None and df.loc[0, "label"].endswith(EXAMPLE)
