@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="main | ipex (.venv-ipex: torch 2.8 + IPEX, built by `make ipex`) | path of a python")
     bench.add_argument("--ipex", action="store_true", help="apply ipex.optimize (needs --runtime ipex)")
     bench.add_argument("--compile", nargs="?", const="default", metavar="MODE",
-                       help="torch.compile the model: default | max-autotune (compile time reported apart)")
+                       help="torch.compile the model: default | max-autotune (Inductor) | zentorch (AMD's backend, "
+                            "pip install zentorch for this torch); compile time reported apart")
     bench.add_argument("--optimizer", default="sgd", help="sgd (momentum 0.9) | adamw")
     bench.add_argument("--optimizer-impl", default="default", help="default | foreach | fused")
     bench.add_argument("--onednn-verbose", metavar="FILE",
@@ -221,6 +222,7 @@ def _doctor(args) -> int:
 
     facts = system.collect_facts()
     facts["ipex_runtime"] = runtimes.ipex_facts()
+    facts["vendor_extension"] = runtimes.vendor_extension(facts.get("cpu_vendor"), facts["ipex_runtime"])
     print(json.dumps(facts, indent=2) if args.json else system.format_facts(facts))
     return 0
 

@@ -20,7 +20,7 @@ MODES = ("independent", "ddp")
 BATCH_POLICIES = ("per_rank", "global")
 OPTIMIZERS = ("sgd", "adamw", "lamb")
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
-COMPILE_MODES = ("default", "max-autotune")
+COMPILE_MODES = ("default", "max-autotune", "zentorch")  # zentorch: AMD's backend (cpuopt_helpers.runtimes)
 AFFINITIES = ("compact", "scatter", "none")
 LAUNCHERS = ("cpuopt", "run_cpu")
 # preset -> (timed steps, warm-up steps) used by the notebooks
@@ -46,7 +46,8 @@ class RunConfig:
     ``runtime``: the interpreter the worker runs under: main (this one), ipex (the
     ``.venv-ipex`` built by ``make ipex``: torch 2.8 + IPEX 2.8) or a path to a python.
     ``ipex`` applies ``ipex.optimize(model, optimizer, dtype)`` (needs an IPEX runtime).
-    ``compile`` wraps the model in ``torch.compile`` (default or max-autotune mode).
+    ``compile`` wraps the model in ``torch.compile`` (default or max-autotune mode of Inductor, or
+    AMD's zentorch backend).
     ``optimizer`` sgd (momentum 0.9), adamw or lamb (cpuopt_helpers.kernels.lamb);
     ``optimizer_impl`` default (torch's choice: a per-parameter loop on CPU), foreach or fused.
     ``mode``: independent (instances train alone; throughput summed) or ddp (instances are

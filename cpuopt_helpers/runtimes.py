@@ -87,6 +87,66 @@ def installed_versions() -> dict:
     return out
 
 
+def zentorch_mismatch(torch_version: str, zentorch_version: str) -> str | None:
+    """Why this zentorch does not fit this torch (each release is built for one torch release,
+    zentorch 2.13.0.x for torch 2.13.0), or None."""
+    release = lambda v: tuple(v.split("+")[0].split(".")[:3])  # noqa: E731
+    if release(torch_version) == release(zentorch_version):
+        return None
+    want = ".".join(release(torch_version))
+    return (f"zentorch {zentorch_version} is built for torch {'.'.join(release(zentorch_version))} but this "
+            f"interpreter has torch {torch_version}: pip install 'zentorch=={want}.*'")
+
+
+def zentorch_status(vendor: str | None = None) -> dict:
+    """Whether AMD's torch.compile backend can run here (read from package metadata, nothing
+    imported); ``reason`` says why not, or, on a CPU not AMD's, that it was not tried."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("zentorch")
+    except metadata.PackageNotFoundError:
+        version = None
+    torch_version = installed_versions()["torch"] or "?"
+    out = {"version": version, "usable": False, "amd": vendor == "AuthenticAMD", "reason": ""}
+    if version is None:
+        release = ".".join(torch_version.split("+")[0].split(".")[:3])
+        out["reason"] = (f"zentorch is not installed; AMD's torch.compile backend: pip install 'zentorch=={release}.*' "
+                         "(make setup installs it on an AMD CPU)")
+    else:
+        out["reason"] = zentorch_mismatch(torch_version, version) or ""
+        out["usable"] = not out["reason"]
+    if vendor is not None and not out["amd"]:
+        out["reason"] = (f"not tried: this CPU is {vendor}, and zentorch is AMD's backend (over ZenDNN), validated on "
+                         "AMD EPYC only" + (f"; zentorch {version} is installed: `cpuopt bench --compile zentorch` "
+                                            "runs it anyway" if out["usable"] else ""))
+    return out
+
+
+def vendor_extension(vendor: str | None, ipex: dict | None = None) -> str:
+    """The CPU vendor's extension for PyTorch that applies here, and its state (`cpuopt doctor`)."""
+    if vendor == "AuthenticAMD":
+        z = zentorch_status(vendor)
+        state = f"zentorch {z['version']} installed, fits this torch" if z["usable"] else z["reason"]
+        return (f"AMD CPU: zentorch, AMD's torch.compile backend over ZenDNN (`--compile zentorch`; notebook 05 "
+                f"measures it for training beside Inductor and IPEX): {state}")
+    if vendor == "GenuineIntel":
+        state = "its runtime is built" if (ipex or {}).get("available") else (ipex or {}).get("reason", "")
+        return ("Intel CPU: Intel Extension for PyTorch (IPEX), archived by Intel, last release 2.8.0 for torch 2.8 "
+                f"(`--runtime ipex`; notebook 05 measures it in its own runtime): {state}")
+    return f"no vendor extension for this CPU ({vendor or 'vendor unknown'}): stock PyTorch and torch.compile"
+
+
+def import_zentorch():
+    """Import zentorch (which registers the backend) after checking it fits this torch."""
+    status = zentorch_status()
+    if not status["usable"]:
+        raise CpuoptError(status["reason"])
+    import zentorch
+
+    return zentorch
+
+
 def import_ipex():
     """Import IPEX after checking it matches this torch; a clear error instead of os._exit."""
     versions = installed_versions()

@@ -437,6 +437,12 @@ def parse_cpu_model(cpuinfo: str) -> str:
     return match.group(1).strip() if match else platform.processor() or "unknown"
 
 
+def parse_cpu_vendor(cpuinfo: str) -> str | None:
+    """/proc/cpuinfo's vendor_id: GenuineIntel, AuthenticAMD, ... (None where it has none, e.g. ARM)."""
+    match = re.search(r"^vendor_id\s*:\s*(\S+)", cpuinfo, re.MULTILINE)
+    return match.group(1) if match else None
+
+
 def parse_meminfo_gib(meminfo: str) -> float:
     match = re.search(r"^MemTotal:\s+(\d+)\s+kB", meminfo, re.MULTILINE)
     return round(int(match.group(1)) / 2**20, 1) if match else 0.0
@@ -681,6 +687,7 @@ def collect_facts() -> dict:
     facts = {
         "hostname": platform.node(),
         "cpu_model": parse_cpu_model(cpuinfo),
+        "cpu_vendor": parse_cpu_vendor(cpuinfo),
         "physical_cores": topo.physical_cores,
         "logical_cores": topo.logical_cores,
         "sockets": topo.sockets,
@@ -730,6 +737,8 @@ def format_facts(facts: dict) -> str:
                          f"ISA {isa.get('current', '?')} (highest {isa.get('highest', '?')})")
         else:
             lines.append(f"{'ipex':<12} not available: {ipex['reason']}")
+    if facts.get("vendor_extension"):
+        lines.append(f"{'extension':<12} {facts['vendor_extension']}")
     if facts["missing"]:
         lines.append("missing      install with:")
         lines += [f"  {kind:<10} {hint}" for kind, hint in facts["missing"].items()]

@@ -476,7 +476,12 @@ def prepare(config: dict) -> Prepared:
         dist.init_process_group("gloo", rank=rank, world_size=world)
         seen["backend"] = dist.get_backend()
         model = torch.nn.parallel.DistributedDataParallel(model)
-    if config.get("compile"):
+    if config.get("compile") == "zentorch":  # AMD's backend over ZenDNN, checked against this torch first
+        from cpuopt_helpers.runtimes import import_zentorch
+
+        import_zentorch()
+        model = torch.compile(model, backend="zentorch")
+    elif config.get("compile"):
         model = torch.compile(model, mode=None if config["compile"] == "default" else config["compile"])
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if config["dtype"] == "bf16" \
         else contextlib.nullcontext

@@ -16,9 +16,12 @@ from cpuopt_helpers.stages.settings import normalise, paired
 OPTIMIZER_ARMS = ("SGD foreach", "SGD fused", "AdamW (default)", "AdamW fused")
 
 
+ZENTORCH = "torch.compile (zentorch)"
+
+
 def configs(base: RunConfig, facts: dict, image_like: bool, ipex_available: bool,
             compile_modes: tuple[str, ...] = ("default", "max-autotune"),
-            optimizers: tuple[str, ...] = OPTIMIZER_ARMS) -> dict[str, RunConfig]:
+            optimizers: tuple[str, ...] = OPTIMIZER_ARMS, zentorch: bool = False) -> dict[str, RunConfig]:
     """Notebook 05: stock torch 2.8, torch 2.8 + IPEX, stock torch (this venv), and this
     torch's upstream replacements for what IPEX did, all on the same base setting.
 
@@ -36,6 +39,8 @@ def configs(base: RunConfig, facts: dict, image_like: bool, ipex_available: bool
         configs["channels-last"] = base.replace(channels_last=True)
     for mode in compile_modes:
         configs[f"torch.compile ({mode})"] = base.replace(compile=mode, warmup=max(base.warmup, 1))
+    if zentorch:  # AMD's backend, beside Inductor
+        configs[ZENTORCH] = base.replace(compile="zentorch", warmup=max(base.warmup, 1))
     unknown = set(optimizers) - set(OPTIMIZER_ARMS)
     if unknown:
         raise CpuoptError(f"unknown optimizer arm(s) {', '.join(sorted(unknown))}; use some of {', '.join(OPTIMIZER_ARMS)}")
@@ -84,6 +89,32 @@ def findings(results: list[dict], configs: dict, table: pd.DataFrame, workload: 
         lines.append(f"{workload}: {row.name} compiled in {row.compile_s:.0f} s from a cold cache{warm}; "
                      + (f"it pays for itself after {steps:,.0f} steps." if steps else
                         "its steps are not faster, so it never pays for itself."))
+    return lines
+
+
+def zentorch_findings(results: list[dict], configs: dict, table: pd.DataFrame, workload: str,
+                      status: dict) -> list[str]:
+    """zentorch's training throughput against stock eager and Inductor, and whether its loss
+    matches the eager run's; or why it was not measured, or what failed."""
+    if ZENTORCH not in configs:
+        return [f"{workload}: zentorch: {status.get('reason') or 'not measured here (ZENTORCH = False)'}."]
+    h = {n: c.config_hash() for n, c in configs.items()}
+    row = table[table["name"] == ZENTORCH] if "name" in table else table.iloc[0:0]
+    if row.empty or pd.isna(row.iloc[0]["samples_per_s"]):
+        failed = next((r["reason"] for r in results if r["config_hash"] == h[ZENTORCH] and r["status"] != "ok"), "")
+        last = [line for line in (failed or "no result").splitlines() if line.strip()][-1:] or ["no result"]
+        return [f"{workload}: zentorch: its training run failed, measured: {last[0][:200]}."]
+    lines = [f"{workload}: zentorch over stock eager: {compare.describe(paired(results, h['torch (stock)'], h[ZENTORCH]))}."]
+    inductor = [n for n in configs if n.startswith("torch.compile (") and n != ZENTORCH]
+    lines += [f"{workload}: zentorch over Inductor ({n[len('torch.compile ('):-1]}): "
+              f"{compare.describe(paired(results, h[n], h[ZENTORCH]))}." for n in inductor]
+    if not inductor:
+        lines.append(f"{workload}: zentorch against Inductor: Inductor is not measured in this run (COMPILE_MODES = []).")
+    drift = row.iloc[0].get("loss_drift")
+    if drift is not None and drift == drift:
+        lines.append(f"{workload}: zentorch's loss over the steps lies {drift:.1%} from the eager run's "
+                     + ("(within the 10% a setting may drift: it trains the same)." if drift <= 0.10
+                        else "(beyond 10%: it does not train the same; no candidate)."))
     return lines
 
 

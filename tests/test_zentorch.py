@@ -1,0 +1,86 @@
+"""zentorch, AMD's torch.compile backend: whether it fits this torch, what `cpuopt doctor` and
+notebook 05 say about it on each vendor's CPU, and its findings (made-up runs)."""
+
+from importlib import metadata
+
+import pytest
+
+from cpuopt_helpers import launch, runtimes, system
+from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.stages import runtime, settings
+from tests.test_stages import result
+
+
+def test_each_zentorch_release_fits_one_torch_release():
+    assert runtimes.zentorch_mismatch("2.13.0+cpu", "2.13.0.2") is None
+    why = runtimes.zentorch_mismatch("2.13.0+cpu", "2.14.0.1")
+    assert "zentorch 2.14.0.1 is built for torch 2.14.0" in why and "pip install 'zentorch==2.13.0.*'" in why
+
+
+def installed(monkeypatch, zentorch: str | None, torch: str = "2.13.0+cpu"):
+    def version(name):
+        found = {"torch": torch, "zentorch": zentorch}.get(name)
+        if found is None:
+            raise metadata.PackageNotFoundError(name)
+        return found
+
+    monkeypatch.setattr(metadata, "version", version)
+
+
+def test_its_status_says_what_is_missing_or_why_it_was_not_tried(monkeypatch):
+    installed(monkeypatch, None)
+    missing = runtimes.zentorch_status("AuthenticAMD")
+    assert not missing["usable"] and missing["amd"] and "pip install 'zentorch==2.13.0.*'" in missing["reason"]
+    installed(monkeypatch, "2.13.0.2")
+    assert runtimes.zentorch_status("AuthenticAMD") == {"version": "2.13.0.2", "usable": True, "amd": True, "reason": ""}
+    intel = runtimes.zentorch_status("GenuineIntel")
+    assert intel["usable"] and intel["reason"].startswith("not tried: this CPU is GenuineIntel")
+    assert "zentorch: not tried" not in runtimes.vendor_extension("AuthenticAMD")
+    assert runtimes.vendor_extension("AuthenticAMD").endswith("zentorch 2.13.0.2 installed, fits this torch")
+    assert runtimes.vendor_extension("GenuineIntel", {"available": True}).startswith(
+        "Intel CPU: Intel Extension for PyTorch (IPEX), archived")
+    with pytest.raises(CpuoptError, match="built for torch 2.14.0"):
+        installed(monkeypatch, "2.14.0.1")
+        runtimes.import_zentorch()
+
+
+def test_the_vendor_is_read_from_cpuinfo():
+    assert system.parse_cpu_vendor("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n") == "AuthenticAMD"
+    assert system.parse_cpu_vendor("processor\t: 0\nCPU part\t: 0xd0c\n") is None
+
+
+def test_a_zentorch_run_that_cannot_start_is_refused_before_any_process(monkeypatch):
+    installed(monkeypatch, None)
+    config = RunConfig.for_preset("cnn", "quick", threads=1, compile="zentorch", warmup=1)
+    with pytest.raises(CpuoptError, match="--compile zentorch: zentorch is not installed"):
+        launch.build_plan(config, launch.Machine.this())
+    installed(monkeypatch, "2.13.0.2")
+    with pytest.raises(CpuoptError, match="--runtime main"):
+        launch.build_plan(config.replace(runtime="ipex"), launch.Machine.this())
+
+
+def test_notebook_05_compares_zentorch_with_eager_and_inductor_or_says_why_not():
+    base = RunConfig(threads=2)
+    configs = runtime.configs(base, {"physical_cores": 2}, False, False, ("default",), (), zentorch=True)
+    assert configs[runtime.ZENTORCH].compile == "zentorch" and "torch.compile (default)" in configs
+    stock, inductor, zen = configs["torch (stock)"], configs["torch.compile (default)"], configs[runtime.ZENTORCH]
+    curve = [2.0, 1.5, 1.0]
+    results = []
+    for i in range(5):
+        results += [result(stock, i, 100.0, arm=0, losses=curve), result(inductor, i, 110.0 + i, arm=1, losses=curve),
+                    result(zen, i, 120.0 + i, arm=2, losses=[2.0, 1.5, 1.02])]
+    for r in results:
+        r.update(step_ms={"median": 10.0})
+    lines = runtime.zentorch_findings(results, configs, settings.named_table(results, configs), "cnn", {})
+    assert lines[0].startswith("cnn: zentorch over stock eager: 1.22x") and "faster" in lines[0]
+    assert lines[1].startswith("cnn: zentorch over Inductor (default): 1.09x")
+    assert "from the eager run's (within the 10% a setting may drift" in lines[2]
+    failed = [r for r in results if r["config_hash"] != zen.config_hash()] + [
+        dict(result(zen, 0, None, arm=2), status="failed", reason="Traceback ...\nRuntimeError: zentorch: unsupported op")]
+    lines = runtime.zentorch_findings(failed, configs, settings.named_table(failed, configs), "cnn", {})
+    assert lines == ["cnn: zentorch: its training run failed, measured: RuntimeError: zentorch: unsupported op."]
+    plain = runtime.configs(base, {"physical_cores": 2}, False, False, (), ())
+    not_tried = {"reason": "not tried: this CPU is GenuineIntel, and zentorch is AMD's backend"}
+    assert runtime.zentorch_findings([], plain, settings.named_table([], plain), "cnn", not_tried) == [
+        "cnn: zentorch: not tried: this CPU is GenuineIntel, and zentorch is AMD's backend."]
