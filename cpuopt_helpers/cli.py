@@ -194,7 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--step-ms", type=float, help="measured step time, for the efficiency ratio")
     prof.add_argument("--threads", type=int, help="threads for the replay (default: physical cores)")
     prof.add_argument("--trace", metavar="TRACE", help="also read a trace from `cpuopt bench --trace TRACE`")
-    prof.add_argument("--csv", metavar="FILE", help="also write the parsed table as CSV")
+    prof.add_argument("--csv", metavar="FILE", help="also write the breakdown as verbose_converter's breakdown "
+                      "generator does (CSV, one row per distinct primitive, heaviest first)")
+    prof.add_argument("--benchdnn", metavar="FILE", nargs="?", const="-",
+                      help="benchdnn reproducer lines, one per distinct primitive (verbose_converter's syntax): "
+                           "printed alone, or written to FILE beside the usual output")
     prof.add_argument("--json", action="store_true", help="print the breakdown as JSON")
 
     wb = sub.add_parser("workbook", help="execute the notebooks with papermill")
@@ -456,20 +460,41 @@ def _profile(args) -> int:
         raise CpuoptError("--project needs --steps N (how many training steps the log covers); logs captured by "
                           "`cpuopt bench --onednn-verbose` record it beside the log")
     parsed = profiledn.parse_log(args.log)
-    if parsed.exec.empty:
-        why = ("it is empty" if parsed.counts["lines"] == 0 else
-               f"none of its {parsed.counts['lines']} lines is an executed primitive")
-        raise CpuoptError(f"{args.log} holds no oneDNN primitive: {why}; usually no op reached oneDNN (fp32 GEMMs go "
-                          "to MKL), or verbose mode was off: capture with `cpuopt bench --onednn-verbose FILE`")
-    if args.csv:
-        parsed.exec.to_csv(args.csv, index=False)
+    parsed.require_primitives()
+    other = profiledn.parse_log(args.compare) if args.compare else None
+    if other is not None:
+        other.require_primitives()
     table = profiledn.breakdown(parsed.exec, args.by, args.steps)
-    out = {"summary": parsed.summary(), "counts": parsed.counts, "info": parsed.info,
+
+    def write(path: str, text: str) -> None:
+        try:
+            with open(path, "w") as f:
+                f.write(text)
+        except OSError as exc:
+            raise CpuoptError(f"cannot write {path}: {exc.strerror}; name a file in a folder you can write") from exc
+
+    if args.csv:
+        write(args.csv, profiledn.converter_breakdown(parsed.exec))
+    out = {"summary": parsed.summary(), "total_ms": float(parsed.exec["time_ms"].sum()),
+           "exec_lines": parsed.counts["exec"], "counts": parsed.counts, "info": parsed.info,
            "malformed_examples": parsed.malformed_examples,
            "breakdown": table.reset_index().to_dict(orient="records"),
            "findings": profiledn.findings(parsed.exec, args.steps)}
-    if args.compare:
-        other = profiledn.parse_log(args.compare)
+    if args.benchdnn:
+        lines, skipped = profiledn.benchdnn_lines(parsed.exec)
+        note = ("no benchdnn line for " + ", ".join(f"{n} distinct {k}" for k, n in skipped.items())
+                + " (graph partitions and kinds without a benchdnn driver)") if skipped else ""
+        if args.benchdnn == "-" and not args.json:  # the lines alone, ready for a file
+            print("\n".join(lines))
+            if note:
+                print(f"cpuopt: {note}", file=sys.stderr)
+            return 0
+        out["benchdnn"], out["benchdnn_skipped"] = lines, skipped
+        if args.benchdnn != "-":
+            write(args.benchdnn, "\n".join(lines) + "\n")
+            out["findings"].append(f"{len(lines)} benchdnn reproducer lines written to {args.benchdnn} "
+                                   f"(each runs as `benchdnn --mode=P LINE`)" + (f"; {note}" if note else "") + ".")
+    if other is not None:
         labels = ("A", "B")
         out["compare"] = profiledn.compare(parsed.exec, other.exec, args.by, labels).reset_index().to_dict(
             orient="records")

@@ -70,6 +70,45 @@ def test_onednn_312_v1_format_from_torch():
     assert "acdb" in set(ts.exec[ts.exec.kind == "convolution"].src_layout)
 
 
+def test_onednn_32_v0_marker_with_timestamps_and_templates():
+    """oneDNN 3.1-3.2 builds print a `v0` marker: the format of the 'Enable ONEDNN_VERBOSE with
+    timestamps' example of oneDNN's Verbose Mode guide (output of oneDNN v3.2.0, the revision that
+    documents 'verbose mode version: v0 or v1'); the fixture's lines are written in that format,
+    with its 3.1-3.2 descriptors (src_f32:a:blocked:aBcd16b::f0), create lines and a graph line."""
+    p = parse("onednn_32_v0_timestamps.log")
+    assert p.counts == {"exec": 5, "create": 2, "info": 7, "other": 0, "malformed": 0, "lines": 14}
+    assert list(p.exec.kind) == ["reorder", "reorder", "convolution", "reorder", "graph:convolution_post_ops"]
+    assert p.exec.timestamp.tolist()[:2] == [1700000000102.0, 1700000000102.25]
+    assert p.exec.time_ms.sum() == pytest.approx(0.11 + 0.09 + 0.75 + 0.125 + 0.5)
+    conv = p.exec.iloc[2]
+    assert (conv.direction, conv.data_types, conv.src_layout, conv.wei_layout) == (
+        "forward", "src:f32 wei:f32 bia:f32 dst:f32", "aBcd16b", "ABcd16b16a")
+    assert p.info["version"] == "oneDNN v3.2.0" and p.info["nthr"] == 8 and p.info["template"][-1] == "exec_time"
+    assert list(p.creates.operation) == ["create:cache_miss"] * 2 and p.creates.iloc[0].kind == "convolution"
+
+
+def test_onednn_graph_verbose_prefix_with_compile_lines():
+    """oneDNN Graph's own prefix (ONEDNN_GRAPH_VERBOSE, before 3.3 merged it into onednn_verbose):
+    the format documented by oneDNN Graph's Verbose Mode guide (dev_guide_verbose_mode, oneDNN Graph
+    v0.5: marker, compile:cache_miss|exec, engine, partition id, partition kind, op names, data formats,
+    logical tensors, fpmath mode, backend, time) and shown for oneDNN v3.2 in oneDNN's RFC
+    'Unify Primitive and Graph API Verbose'; the fixture's lines are written in that format, mixed
+    with a primitive line of the same run."""
+    p = parse("onednn_graph_32.log")
+    assert p.counts == {"exec": 4, "create": 2, "info": 7, "other": 0, "malformed": 0, "lines": 13}
+    assert list(p.exec.kind) == ["graph:matmul_post_ops", "graph:convolution_post_ops", "reorder",
+                                 "graph:matmul_post_ops"]
+    assert list(p.exec.api) == ["graph", "graph", "primitive", "graph"]
+    assert p.exec.iloc[1].problem == "CONV_0;BIAS_ADD_1;RELU_2" and p.exec.iloc[1].impl == "dnnl_backend"
+    assert p.exec.time_ms.sum() == pytest.approx(0.25 + 1.5 + 0.2 + 0.375)
+    assert list(p.creates.operation) == ["compile:cache_miss"] * 2
+    assert list(p.creates.kind) == ["graph:matmul_post_ops", "graph:convolution_post_ops"]
+    assert p.creates.time_ms.sum() == pytest.approx(12.5 + 30.75)
+    assert p.info["version"] == "oneDNN v3.2.0" and p.info["nthr"] == 16
+    kinds = profiledn.breakdown(p.exec, "kind")
+    assert kinds.loc["graph:convolution_post_ops", "share"] == pytest.approx(1.5 / 2.325)
+
+
 def test_program_output_glued_to_a_line_and_garbage_never_crash():
     text = ("step 1 onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src:f32::blocked:abcd::f0 "
             "dst:f32::blocked:acdb::f0,,,2x3x4x5,0.5\n"
@@ -154,12 +193,21 @@ def test_cli_profile_json_and_bad_logs(tmp_path, capsys):
     assert code == 0, err
     out = json.loads(out)
     assert {r["direction"] for r in out["breakdown"]} == {"forward", "backward_data", "backward_weights", "none"}
-    assert len(pd.read_csv(tmp_path / "t.csv")) == 132
+    assert out["exec_lines"] == 132 and out["total_ms"] == pytest.approx(sum(r["time_ms"] for r in out["breakdown"]))
+    assert pd.read_csv(tmp_path / "t.csv")["ncalls"].sum() == 132  # verbose_converter's breakdown
     (tmp_path / "junk.log").write_text("just program output\n")
-    for args in (["/nonexistent.log"], [str(tmp_path / "junk.log")], [str(log), "--project"], [str(log), "--by", "x"]):
+    (tmp_path / "random.log").write_bytes(bytes(range(256)) * 64)
+    (tmp_path / "logs").mkdir()
+    for args in (["/nonexistent.log"], [str(tmp_path / "junk.log")], [str(log), "--project"], [str(log), "--by", "x"],
+                 [str(tmp_path / "logs")], [str(log), "--compare", str(tmp_path / "random.log")],
+                 [str(log), "--compare", str(tmp_path / "logs")], [str(log), "--csv", str(tmp_path / "no" / "t.csv")]):
         code = cli.main(["profile", *args])
-        err = capsys.readouterr().err
-        assert code == 2 and len(err.strip().splitlines()) == 1, (args, err)
+        captured = capsys.readouterr()
+        assert code == 2 and len(captured.err.strip().splitlines()) == 1 and not captured.out, (args, captured)
+    code = cli.main(["profile", str(tmp_path / "logs")])
+    assert "is a folder, not a log" in capsys.readouterr().err
+    cli.main(["profile", str(log), "--compare", str(tmp_path / "random.log")])
+    assert "random.log holds no oneDNN primitive" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -7,14 +7,16 @@ Formats handled (the marker and the fields before the operation tell them apart)
 | MKL-DNN 0.x              | ``mkldnn_verbose,exec,``                        | primitive, impl, prop, formats, aux, problem, time |
 | MKL-DNN 1.x, DNNL <= 2.4 | ``mkldnn_verbose,exec,cpu,`` / ``dnnl_verbose,exec,cpu,`` | engine, primitive, impl, prop, mds, [attrs,] aux, problem, time |
 | oneDNN 2.5 - 3.2         | ``onednn_verbose,exec,cpu,``                    | as above |
+| oneDNN 3.1 - 3.2 builds  | ``onednn_verbose,v0,primitive,exec,cpu,``       | as above (the ``v0`` marker of the docs' 3.2 examples) |
 | oneDNN 3.3 - 3.5         | ``onednn_verbose,primitive,exec,cpu,``          | as above; ``graph,`` lines for the graph API |
 | oneDNN 3.6 on            | ``onednn_verbose,v1,primitive,exec,cpu,``       | as above (torch 2.13 prints this) |
+| oneDNN Graph 0.x, 3.1-3.2| ``onednn_graph_verbose,exec,cpu,``              | partition id, partition kind, op names, formats, tensors, fpmath, backend, time |
 
 With ``ONEDNN_VERBOSE_TIMESTAMP=1`` a timestamp (ms) stands before the API kind. Header
 lines (``info``) give the library version, ISA, thread count and the ``template:`` line,
-which names the field order when present. ``create:*`` and ``dispatch`` lines are kept
-apart from ``exec`` lines. Program output mixed into the log, a truncated last line and
-malformed lines are counted and reported.
+which names the field order when present. ``create:*``, ``compile:*`` (graph) and
+``dispatch`` lines are kept apart from ``exec`` lines. Program output mixed into the log,
+a truncated last line and malformed lines are counted and reported.
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ import pandas as pd
 
 from cpuopt_helpers.errors import CpuoptError
 
-MARKERS = ("onednn_verbose", "dnnl_verbose", "mkldnn_verbose")
+MARKERS = ("onednn_verbose", "dnnl_verbose", "mkldnn_verbose", "onednn_graph_verbose")
+GRAPH_MARKER = "onednn_graph_verbose"  # oneDNN Graph's own prefix, before 3.3 merged it
+VERSION_MARKERS = {"v0", "v1"}
+GRAPH_FIELDS = ["engine", "partition_id", "partition_kind", "op_names", "data_formats", "logical_tensors",
+                "fpmath_mode", "backend", "exec_time"]  # oneDNN Graph's documented order, when no template says
 API_KINDS = {"primitive", "graph", "common", "ukernel"}
 DTYPES = {"f32", "bf16", "f16", "s8", "u8", "s32", "f64", "f8_e5m2", "f8_e4m3", "s4", "u4", "e8m0", "f4_e2m1",
           "boolean", "undef"}
@@ -39,8 +45,8 @@ DIRECTIONS = {
 }
 PRIMITIVE_FIELDS = ["engine", "primitive", "implementation", "prop_kind", "memory_descriptors", "attributes",
                     "auxiliary", "problem_desc", "exec_time"]
-COLUMNS = ["line", "timestamp", "api", "kind", "impl", "isa", "prop", "direction", "data_type", "data_types",
-           "src_layout", "wei_layout", "dst_layout", "attrs", "aux", "problem", "time_ms"]
+COLUMNS = ["line", "timestamp", "api", "engine", "kind", "impl", "isa", "prop", "direction", "data_type", "data_types",
+           "src_layout", "wei_layout", "dst_layout", "mds", "attrs", "aux", "problem", "time_ms"]
 MAX_EXAMPLES = 5
 
 
@@ -54,6 +60,21 @@ class ParsedLog:
     counts: dict = field(default_factory=dict)
     malformed_examples: list = field(default_factory=list)
     source: str = ""
+
+    def require_primitives(self) -> None:
+        """Raise the user error that says why a log without executed primitives is of no use."""
+        if not self.exec.empty:
+            return
+        c = self.counts
+        if c["lines"] == 0:
+            why = "it is empty"
+        elif c["other"] == c["lines"]:
+            why = f"none of its {c['lines']} lines is a oneDNN verbose line, so it is not a verbose log"
+        else:
+            why = (f"none of its {c['lines']} lines is an executed primitive; usually no op reached oneDNN "
+                   "(fp32 GEMMs go to MKL), or verbose mode was off")
+        raise CpuoptError(f"{self.source} holds no oneDNN primitive: {why}; capture one with "
+                          "`cpuopt bench --onednn-verbose FILE`")
 
     def summary(self) -> str:
         c = self.counts
@@ -123,7 +144,8 @@ class _Parser:
             self.info["isa"] = text.split("isa:", 1)[1]
         elif "nthr:" in text:
             self.info["nthr"] = int(text.split("nthr:", 1)[1].split(",")[0])
-        elif ("oneDNN v" in text or "DNNL v" in text or "MKL-DNN v" in text or "Intel MKL-DNN" in text) \
+        elif ("oneDNN v" in text or "oneDNN Graph v" in text or "DNNL v" in text or "MKL-DNN v" in text
+              or "Intel MKL-DNN" in text) \
                 and "version" not in self.info:
             self.info["version"] = text.split(" (")[0]
 
@@ -137,9 +159,9 @@ class _Parser:
                 return
             line = line[at:]  # program output glued in front of a verbose line
         parts = line.split(",")
-        i = 2 if len(parts) > 1 and parts[1] == "v1" else 1
+        i = 2 if len(parts) > 1 and parts[1] in VERSION_MARKERS else 1
         timestamp = None
-        api = "primitive"
+        api = "graph" if parts[0] == GRAPH_MARKER else "primitive"
         for _ in range(2):  # a timestamp and an API kind, in either order
             if i < len(parts) and parts[i] in API_KINDS:
                 api, i = parts[i], i + 1
@@ -150,15 +172,18 @@ class _Parser:
         op, rest = parts[i], parts[i + 1:]
         if op == "info":
             return self.header(rest)
-        if op.startswith("create") or op in ("dispatch", "check", "error", "warn"):
+        if op.startswith(("create", "compile")) or op in ("dispatch", "check", "error", "warn"):
             self.counts["create"] += 1
             if len(rest) >= 4:
-                self.creates["line"].append(number)
-                self.creates["operation"].append(op)
-                self.creates["kind"].append(rest[1] if rest[0] in ("cpu", "gpu") else rest[0])
-                self.creates["impl"].append(rest[2] if rest[0] in ("cpu", "gpu") else rest[1])
-                self.creates["prop"].append(rest[3] if rest[0] in ("cpu", "gpu") else rest[2])
-                self.creates["problem"].append(rest[-2] if len(rest) > 5 else "")
+                engine = rest[0] in ("cpu", "gpu")
+                if api == "graph" and engine:  # engine, partition id, partition kind, op names, ..., backend, time
+                    kind, impl, prop, problem = f"graph:{rest[2]}", rest[-2], "", rest[3]
+                else:
+                    kind, impl, prop = rest[1:4] if engine else rest[0:3]
+                    problem = rest[-2] if len(rest) > 5 else ""
+                for name, value in (("line", number), ("operation", op), ("kind", kind), ("impl", impl),
+                                    ("prop", prop), ("problem", problem)):
+                    self.creates[name].append(value)
                 self.creates["time_ms"].append(float(rest[-1]) if _is_number(rest[-1]) else None)
             return
         if op != "exec" or not rest or not _is_number(rest[-1]):
@@ -182,14 +207,14 @@ class _Parser:
         if len(rest) < 5:
             return None
         names = self.graph_template if self.graph_template and len(self.graph_template) == len(rest) else \
-            ["engine", "partition_id", "partition_kind", "op_names"]
+            GRAPH_FIELDS
         f = dict(zip(names, rest))
         impl = f.get("implementation") or f.get("backend") or rest[-2]
-        return (f"graph:{f['partition_kind']}", impl, impl, "", "none", "", "", "", "", "", "",
-                f.get("data_formats", ""), f["op_names"])
+        return (rest[0], f"graph:{f['partition_kind']}", impl, impl, "", "none", "", "", "", "", "",
+                f.get("logical_tensors", ""), "", f.get("data_formats", ""), f["op_names"])
 
     def primitive_fields(self, rest: list[str], line: str) -> tuple | None:
-        """kind, impl, isa, prop, direction, data types, layouts, attrs, aux, problem."""
+        """engine, kind, impl, isa, prop, direction, data types, layouts, mds, attrs, aux, problem."""
         if rest[0] not in ("cpu", "gpu"):
             rest = ["cpu"] + rest  # MKL-DNN 0.x has no engine field
         if self.template and len(rest) == len(self.template):
@@ -211,10 +236,10 @@ class _Parser:
                     dtypes.append(f"{arg}:{dtype}")
                 layouts.setdefault(arg.replace("diff_", ""), layout)
         family, _, isa = impl.partition(":")
-        return (kind, impl, isa or family, prop, DIRECTIONS.get(prop, "none"),
+        return (rest[0], kind, impl, isa or family, prop, DIRECTIONS.get(prop, "none"),
                 dtypes[0].split(":")[1] if dtypes else "", " ".join(dtypes),
                 layouts.get("src", layouts.get("data", layouts.get("in", ""))), layouts.get("wei", ""),
-                layouts.get("dst", layouts.get("out", "")), attrs.strip(), aux, problem)
+                layouts.get("dst", layouts.get("out", "")), mds, attrs.strip(), aux, problem)
 
 
 def _lines(source) -> tuple[Iterable[str], str]:
@@ -223,7 +248,14 @@ def _lines(source) -> tuple[Iterable[str], str]:
         if not os.path.exists(path):
             raise CpuoptError(f"log file {path} does not exist; capture one with "
                               "`cpuopt bench --onednn-verbose FILE` or ONEDNN_VERBOSE=1")
-        return open(path, encoding="utf-8", errors="replace"), path
+        if os.path.isdir(path):
+            logs = sorted(n for n in os.listdir(path) if n.endswith(".log"))
+            example = os.path.join(path, logs[0]) if logs else os.path.join(path, "FILE.log")
+            raise CpuoptError(f"{path} is a folder, not a log; name one log file in it, e.g. {example}")
+        try:
+            return open(path, encoding="utf-8", errors="replace"), path
+        except OSError as exc:
+            raise CpuoptError(f"cannot read log file {path}: {exc.strerror}; check its permissions") from exc
     if isinstance(source, str):
         return io.StringIO(source), "text"
     return source, getattr(source, "name", "stream")
