@@ -294,7 +294,7 @@ def _ladder(args) -> int:
 def _compare(args) -> int:
     import shlex
 
-    from cpuopt_helpers import compare, launch, system
+    from cpuopt_helpers import launch, system
     from cpuopt_helpers.results import ResultStore, run_comparison
 
     if args.script:
@@ -328,18 +328,25 @@ def _compare(args) -> int:
                             machine=facts["fingerprint"], min_rounds=args.min_rounds, max_rounds=args.max_rounds,
                             budget_s=args.budget_min * 60 if args.budget_min else None, resume=False,
                             progress=not args.json)
-    if args.json:
+    return report_comparison(result, f"{configs[1].label()} over {configs[0].label()}", args.json)
+
+
+def report_comparison(result: dict, title: str, as_json: bool) -> int:
+    """A comparison as JSON or in words (ratio, interval, verdict, rounds, failed runs); exit 1 without a round."""
+    from cpuopt_helpers import compare
+
+    if as_json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"b over a ({configs[1].label()} over {configs[0].label()}): {compare.describe(result)}")
+        print(f"b over a ({title}): {compare.describe(result)}")
         print(f"  rounds: {result['n']} with a result, order {' '.join(result['order'])}, stopped: {result['stopped']}")
         for reason in result["failures"][:3]:
-            print(f"  failed run: {reason.splitlines()[0] if reason else ''}")
+            print(f"  failed run: {' | '.join(reason.splitlines()[:2]) if reason else ''}")
     return 0 if result["n"] else 1
 
 
 def _compare_script(args) -> int:
-    from cpuopt_helpers import compare, launch, scripts, system
+    from cpuopt_helpers import launch, scripts, system
     from cpuopt_helpers.results import ResultStore, run_comparison
 
     command, reading = scripts.parse_command(args.script), scripts.Reading(args.metric, args.metric_lower)
@@ -355,15 +362,8 @@ def _compare_script(args) -> int:
                             tag="cli-compare-script", machine=facts["fingerprint"], min_rounds=args.min_rounds,
                             max_rounds=args.max_rounds, budget_s=args.budget_min * 60 if args.budget_min else None,
                             resume=False, progress=not args.json)
-    result = dict(result, script=args.script)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(f"b over a ({scripts.label(b)} over {scripts.label(a)}, {args.script}): {compare.describe(result)}")
-        print(f"  rounds: {result['n']} with a result, order {' '.join(result['order'])}, stopped: {result['stopped']}")
-        for reason in result["failures"][:3]:
-            print(f"  failed run: {' | '.join(reason.splitlines()[:2]) if reason else ''}")
-    return 0 if result["n"] else 1
+    return report_comparison(dict(result, script=args.script), f"{scripts.label(b)} over {scripts.label(a)}, "
+                             f"{args.script}", args.json)
 
 
 def parse_env(items: list[str], flag: str = "--env") -> tuple[tuple[str, str], ...]:
