@@ -63,8 +63,8 @@ def add_script_options(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def script_launch_config(name: str, options: str, command: list[str], physical_cores: int):
-    """A --script comparison arm: its launch options (--threads, --cores, --affinity, --allocator,
-    --omp-runtime, --kmp-blocktime) as a script run's configuration."""
+    """A --script comparison arm: its launch options (--threads, --cores, --ninstances, --affinity,
+    --allocator, --omp-runtime, --kmp-blocktime) as a script run's configuration."""
     import shlex
 
     from cpuopt_helpers import launch, scripts
@@ -72,6 +72,7 @@ def script_launch_config(name: str, options: str, command: list[str], physical_c
     parser = _Parser(prog=f"cpuopt compare --script {name}", add_help=False)
     parser.add_argument("--threads", "--ncores-per-instance", type=int, dest="threads")
     parser.add_argument("--cores")
+    parser.add_argument("--ninstances", type=int, default=1)
     add_runtime_options(parser)
     try:
         args = parser.parse_args(shlex.split(options))
@@ -79,13 +80,20 @@ def script_launch_config(name: str, options: str, command: list[str], physical_c
         raise CpuoptError(f"{name} {options!r} is not a valid option string: {exc}") from None
     except CpuoptError as exc:
         raise CpuoptError(f"{name} {options!r}: {exc}; with --script the arms take launch options: --threads, "
-                          "--cores, --affinity, --allocator, --omp-runtime, --kmp-blocktime") from None
+                          "--cores, --ninstances, --affinity, --allocator, --omp-runtime, --kmp-blocktime") from None
     changes = {k: getattr(args, k) for k in ("affinity", "allocator", "omp_runtime", "kmp_blocktime")}
+    changes["instances"] = args.ninstances  # several copies: opt-in by naming them (cpuopt_helpers.scripts)
     if args.cores:
         cores = launch.parse_core_list(args.cores)
-        changes.update(cores=(tuple(cores),), threads=len(cores))
+        if len(cores) % args.ninstances:
+            raise CpuoptError(f"{name} {options!r}: {len(cores)} cores do not split evenly into {args.ninstances} "
+                              "instances")
+        per = len(cores) // args.ninstances
+        changes.update(cores=tuple(tuple(cores[i * per:(i + 1) * per]) for i in range(args.ninstances)), threads=per)
     elif args.threads is not None:
         changes["threads"] = args.threads
+    elif args.ninstances > 1:
+        changes["threads"] = max(1, physical_cores // args.ninstances)
     return scripts.script_config(command, physical_cores, **changes)
 
 
@@ -153,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         launch.add_argument(flag, help=what)
     add_runtime_options(launch)
     launch.add_argument("--log-dir", default="build/launch", help="one log per instance here (default build/launch)")
+    launch.add_argument("--instance-dirs", metavar="DIR", help="run instance N in DIR/instance_N (created), so that "
+                        "copies writing files never collide; words of the command naming a file here are made absolute")
     launch.add_argument("--dry-run", action="store_true", help="print the plan as shell commands and exit")
     launch.add_argument("--topology", metavar="FILE", help=TOPOLOGY_HELP)
     launch.add_argument("program", nargs=argparse.REMAINDER, metavar="COMMAND", help="-- then the command to run")
@@ -177,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="print the candidates the search would measure, with their cores, and exit")
     tune.add_argument("--topology", metavar="FILE", help=TOPOLOGY_HELP)
     add_script_options(tune, "its launch configuration is searched")
+    tune.add_argument("--allow-instances", action="store_true",
+                      help="with --script: also try several copies side by side, each on its own cores, in its own "
+                      "working directory, with CPUOPT_INSTANCE set (opt-in: copies can collide on files and ports)")
 
     lad = sub.add_parser("ladder", help="what the notebooks handed on: each rung, its ratio to the rung before "
                                         "and to the baseline, with intervals")
@@ -430,14 +443,16 @@ def _launch(args) -> int:
                          if getattr(args, flag[2:].replace("-", "_")) is not None]
         plan = launch.build_torchrun_plan(config, machine, command, args.nproc_per_node, torchrun_args)
     else:
-        plan = launch.build_plan(config, machine, command=command)
+        plan = launch.build_plan(config, machine, command=launch.absolute_paths(command) if args.instance_dirs
+                                 else command)
     if args.dry_run:
         print_plan(plan, machine)
         return 0
     node = ""  # in a job of several machines, each one's logs carry its name
     if args.nproc_per_node is not None and args.nnodes not in (None, "1"):
         node = f"node{args.node_rank}" if args.node_rank is not None else f"{socket.gethostname()}-{os.getpid()}"
-    outcome = launch.run_command_plan(plan, args.log_dir, node=node)
+    cwds = launch.instance_dirs(args.instance_dirs, len(plan.instances)) if args.instance_dirs else None
+    outcome = launch.run_command_plan(plan, args.log_dir, node=node, cwds=cwds)
     for inst in outcome["instances"]:
         print(f"cpuopt: instance {inst['index']} on cores {inst['cores']}: exit code {inst['returncode']}, "
               f"log {inst['log']}", file=sys.stderr)
@@ -536,22 +551,23 @@ def _tune(args) -> int:
     from cpuopt_helpers import system, tune
     from cpuopt_helpers.results import ResultStore
 
-    if args.script and (args.dry_run or args.topology):
-        raise CpuoptError("--dry-run and --topology list a workload's candidates; with --script they are not "
-                          "available yet (the script's candidates: threads, allocator, OpenMP runtime, no pinning)")
+    from cpuopt_helpers import scripts
+
+    if args.allow_instances and not args.script:
+        raise CpuoptError("--allow-instances is for --script (a workload's search always includes several ranks)")
+    command = scripts.parse_command(args.script) if args.script else None
     if args.dry_run or args.topology:
         machine = machine_for(args)  # --topology without --dry-run is refused here
         facts = tune.machine_facts(machine) if machine.source else system.collect_facts()
-        rows = tune.search_plan(args.workload, args.preset, facts, machine)
+        rows = tune.search_plan(args.workload, args.preset, facts, machine, command, args.allow_instances)
         print(json.dumps(rows, indent=2) if args.json else tune.format_search_plan(rows, machine))
         return 0
     if args.script:
-        from cpuopt_helpers import scripts
-
-        command, reading = scripts.parse_command(args.script), scripts.Reading(args.metric, args.metric_lower)
+        reading = scripts.Reading(args.metric, args.metric_lower)
         facts = system.collect_facts()
         result = tune.tune(scripts.SCRIPT, args.budget_min, facts=facts, progress=not args.json, script=command,
-                           reading=reading, runner=scripts.stored_runner(command, reading, facts, ResultStore()))
+                           reading=reading, runner=scripts.stored_runner(command, reading, facts, ResultStore()),
+                           instances=args.allow_instances)
         print(json.dumps(result, indent=2) if args.json else tune.format_tune(result))
         return 0
     if args.metric or args.metric_lower:

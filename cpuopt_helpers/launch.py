@@ -888,11 +888,27 @@ def log_name(index: int, node: str = "") -> str:
     return f"{node}_instance_{index}.log" if node else f"instance_{index}.log"
 
 
+def instance_dirs(root: str, count: int) -> list[str]:
+    """A working directory per instance, ROOT/instance_N (created): copies of one script that
+    write files (checkpoints, logs, caches) then never collide."""
+    dirs = [os.path.abspath(os.path.join(root, f"instance_{i}")) for i in range(count)]
+    for d in dirs:
+        os.makedirs(d, exist_ok=True)
+    return dirs
+
+
+def absolute_paths(command: list[str]) -> list[str]:
+    """The command with every word that names an existing file or folder here made absolute, so
+    that it runs the same from another working directory (``instance_dirs``)."""
+    return [os.path.abspath(w) if not w.startswith("-") and os.path.exists(w) else w for w in command]
+
+
 def run_command_plan(plan: LaunchPlan, log_dir: str, echo=sys.stdout, grace_s: float = 5.0, node: str = "",
-                     timeout_s: float | None = None) -> dict:
+                     timeout_s: float | None = None, cwds: list[str] | None = None) -> dict:
     """Run a user command plan: each instance's output to its own log (and echoed with a prefix);
     ``node`` goes into the log names of a multi-node job (``log_name``). After ``timeout_s``
-    every instance still running is stopped and the outcome says ``timed_out``.
+    every instance still running is stopped and the outcome says ``timed_out``. ``cwds``: each
+    instance's working directory (``instance_dirs``), else this one's.
 
     When an instance fails, the others are stopped (SIGTERM, then SIGKILL after a grace
     period). Returns {"returncode", "instances": [{index, cores, returncode, log}], "failed"}.
@@ -906,7 +922,8 @@ def run_command_plan(plan: LaunchPlan, log_dir: str, echo=sys.stdout, grace_s: f
         f = open(path, "wb")
         files.append((f, path))
         proc = subprocess.Popen(list(inst.argv), env=dict(os.environ, **inst.env), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=cwds[inst.index] if cwds else None)
         procs.append(proc)
         t = threading.Thread(target=_pump, args=(proc.stdout, f"[{inst.index}] ", f, echo), daemon=True)
         t.start()

@@ -16,8 +16,12 @@ in the first way that applies:
 
 ``python`` (or ``python3``) as the command's first word is the interpreter cpuopt runs
 under, so the script sees the same environment in every configuration. Several copies of
-one arbitrary script are not started here (copies can collide on files and ports):
-`cpuopt launch --ninstances N` runs them where a script is written for it.
+one script side by side (each on its own cores) are opt-in only, since copies can collide
+on files and ports: `cpuopt tune --script ... --allow-instances`, or a comparison arm with
+``--ninstances N``. Each copy then runs in its own working directory (``instance_N`` of a
+fresh folder; words of the command that name a file here are made absolute) with
+CPUOPT_INSTANCE and CPUOPT_INSTANCES set, and the throughput is the copies' sum (with the
+wall time: copies / wall time).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from pathlib import Path
 from cpuopt_helpers import launch, throughput
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
-from cpuopt_helpers.stages import settings, threading
+from cpuopt_helpers.stages import multi_instance, settings, threading
 
 SCRIPT = "script"  # RunConfig.workload of a script run; the command's hash is its one option
 WALL_TIME = "the wall time of the whole command (start-up, data loading and warm-up included)"
@@ -125,16 +129,17 @@ class Reading:
 
 def run_script(config: RunConfig, command: list[str], reading: Reading, facts: dict | None = None,
                machine: launch.Machine | None = None, timeout_s: float | None = 1800) -> dict:
-    """Run the script once under ``config``; a result shaped as the worker's (storable, comparable)."""
-    if config.instances != 1:
-        raise CpuoptError("several copies of an arbitrary script are not run here (they can collide on files and "
-                          "ports); `cpuopt launch --ninstances N -- ...` runs them where the script allows it")
-    plan = launch.build_plan(config, machine or launch.Machine.this(), command=command)
+    """Run the script once under ``config`` (several copies, each in its own working directory,
+    where ``config.instances`` > 1); a result shaped as the worker's (storable, comparable)."""
+    copies = config.instances > 1
+    plan = launch.build_plan(config, machine or launch.Machine.this(),
+                             command=launch.absolute_paths(command) if copies else command)
     with tempfile.TemporaryDirectory(prefix="cpuopt-script-") as logs:
+        cwds = launch.instance_dirs(logs, config.instances) if copies else None
         start = time.monotonic()
-        outcome = launch.run_command_plan(plan, logs, echo=None, timeout_s=timeout_s)
+        outcome = launch.run_command_plan(plan, logs, echo=None, timeout_s=timeout_s, cwds=cwds)
         wall_s = time.monotonic() - start
-        output = Path(outcome["instances"][0]["log"]).read_text(errors="replace")
+        outputs = [Path(i["log"]).read_text(errors="replace") for i in outcome["instances"]]
     result = {"config": config.to_dict(), "config_hash": config.config_hash(),
               "label": f"{label(config)}: {shlex.join(command)}",
               "command": shlex.join(command), "command_hash": command_hash(command), "wall_s": wall_s,
@@ -142,15 +147,21 @@ def run_script(config: RunConfig, command: list[str], reading: Reading, facts: d
               "env": {k: v for k, v in plan.instances[0].env.items() if k != "PYTHONPATH"},
               "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "system": (facts or {}).get("fingerprint"), "samples_per_s": None, "metric": None}
-    tail = "\n".join(output.splitlines()[-15:])
+    which = outcome["failed"] or 0
+    tail = "\n".join(outputs[which].splitlines()[-15:])
+    copy = f"copy {which} of {len(outputs)}: " if copies else ""
     if outcome.get("timed_out"):
-        return dict(result, status="failed", reason=f"still running after {timeout_s:.0f} s; stopped\n{tail}")
+        return dict(result, status="failed", reason=f"{copy}still running after {timeout_s:.0f} s; stopped\n{tail}")
     if outcome["failed"] is not None:
-        return dict(result, status="failed", reason=f"exit code {outcome['returncode']}\n{tail}")
-    value, how = reading.read(output, wall_s)
-    if value is None:
-        return dict(result, status="failed", reason=f"{how}\n{tail}")
-    return dict(result, status="ok", samples_per_s=value, metric=how, reason="")
+        return dict(result, status="failed", reason=f"{copy}exit code {outcome['returncode']}\n{tail}")
+    readings = [reading.read(output, wall_s) for output in outputs]
+    for i, (value, how) in enumerate(readings):
+        if value is None:
+            tail = "\n".join(outputs[i].splitlines()[-15:])
+            return dict(result, status="failed", reason=f"{f'copy {i} of {len(outputs)}: ' if copies else ''}{how}\n{tail}")
+    how = readings[0][1] + (f", summed over {len(outputs)} copies" if copies else "")
+    return dict(result, status="ok", samples_per_s=sum(v for v, _ in readings), metric=how, reason="",
+                instances=[{"index": i, "samples_per_s": v} for i, (v, _) in enumerate(readings)])
 
 
 def stored_runner(command: list[str], reading: Reading, facts: dict, store, tag: str = "cli-tune-script"):
@@ -168,11 +179,15 @@ def stored_runner(command: list[str], reading: Reading, facts: dict, store, tag:
     return run
 
 
-def search_space(default: RunConfig, facts: dict) -> list[RunConfig]:
+def search_space(default: RunConfig, facts: dict, instances: bool = False) -> list[RunConfig]:
     """The launch-level knobs, one change at a time: threads, allocator, OpenMP runtime and its
-    KMP_BLOCKTIME, no pinning (never several copies: see the module's docstring)."""
+    KMP_BLOCKTIME, no pinning; with ``instances`` (opt-in, see the module's docstring) also
+    several copies on disjoint cores, the layouts notebook 07 measures."""
     physical = facts["physical_cores"]
     out = [default.replace(threads=t) for t in threading.thread_counts(physical, physical) if t != default.threads]
+    if instances:
+        out += [default.replace(threads=t, instances=n) for t, n in multi_instance.layouts(
+            multi_instance.machine_of(facts)) if n > 1]
     out += [default.replace(allocator=a) for a, path in facts["allocators"].items() if path]
     if facts["openmp"].get("intel"):
         out += [default.replace(omp_runtime="intel"), default.replace(omp_runtime="intel", kmp_blocktime=1)]

@@ -65,17 +65,26 @@ def machine_facts(machine: launch.Machine) -> dict:
             "bf16": machine.facts.get("bf16") or {"accelerated": False}}
 
 
-def search_plan(workload: str, preset: str, facts: dict, machine: launch.Machine) -> list[dict]:
+def search_plan(workload: str, preset: str, facts: dict, machine: launch.Machine, script: list[str] | None = None,
+                instances: bool = False) -> list[dict]:
     """What the search would measure first, measuring nothing (`cpuopt tune --dry-run`): every
-    candidate with its instances' cores on ``machine``, this one or another's (--topology)."""
-    from cpuopt_helpers.workloads import build_workload
+    candidate with its instances' cores on ``machine``, this one or another's (--topology);
+    ``script``: that command's launch candidates (``scripts.search_space``, copies with ``instances``)."""
+    from cpuopt_helpers import scripts
 
-    default = settings.normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
-    image_like = bool(getattr(build_workload(workload, preset), "image_like", False))
+    if script:
+        default = scripts.script_config(script, facts["physical_cores"])
+        candidates = [default] + scripts.search_space(default, facts, instances)
+    else:
+        from cpuopt_helpers.workloads import build_workload
+
+        default = settings.normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
+        image_like = bool(getattr(build_workload(workload, preset), "image_like", False))
+        candidates = [default] + search_space(default, facts, image_like)
     rows = []
-    for config in settings.unique([default] + search_space(default, facts, image_like)):
-        plan = launch.build_plan(config, machine)
-        rows.append({"label": config.label(), "config": config.to_dict(), "pinning": plan.pinning,
+    for config in settings.unique(candidates):
+        plan = launch.build_plan(config, machine, command=script)
+        rows.append({"label": label(config), "config": config.to_dict(), "pinning": plan.pinning,
                      "cores": [list(i.cores) for i in plan.instances], "argv": [list(i.argv) for i in plan.instances]})
     return rows
 
@@ -120,6 +129,8 @@ def launch_command(config: RunConfig, script: str = "train.py", command: str | N
         parts += ["--ninstances", str(config.instances), "--ncores-per-instance", str(config.threads)]
     else:
         parts += ["--ncores-per-instance", str(config.threads)]
+    if config.instances > 1 and config.workload == "script":  # copies of a script: each in its own folder
+        parts += ["--instance-dirs", "runs"]
     for flag, value, default in (("--allocator", config.allocator, "default"),
                                  ("--omp-runtime", config.omp_runtime, "gnu"),
                                  ("--affinity", config.affinity, "compact")):
@@ -145,17 +156,20 @@ def shell_command(config: RunConfig, machine: launch.Machine, script: str = "tra
         shlex.quote(a) for a in inst.argv)
     if config.mode == "ddp" and config.instances > 1:
         text += f"   # one rank of {config.instances}: start each under torchrun on its own cores"
+    elif config.instances > 1:
+        text += (f"   # copy 1 of {config.instances}: start each on its own cores ({plan.pinning}), in its own "
+                 "working directory")
     return text
 
 
 def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | None = None,
          ladder: list[dict] | None = None, runner=None, progress: bool = True, script: list[str] | None = None,
-         reading=None) -> dict:
+         reading=None, instances: bool = False) -> dict:
     """Search within the budget; measure the recommendation against both defaults.
 
     ``script`` (a command line's words) tunes that command instead of a workload: its launch
-    configuration only (``scripts.search_space``), each run read as ``reading`` says
-    (``scripts.Reading``; a failed run is never a candidate)."""
+    configuration only (``scripts.search_space``; several copies only with ``instances``), each
+    run read as ``reading`` says (``scripts.Reading``; a failed run is never a candidate)."""
     from tqdm.auto import tqdm
 
     from cpuopt_helpers import scripts, system
@@ -169,7 +183,7 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | 
         runner = runner or (lambda c: scripts.run_script(c, script, reading, facts))
         default = scripts.script_config(script, facts["physical_cores"])
         launch.build_plan(default, launch.Machine.this(), command=script)  # bad machine: fail before measuring
-        candidates = settings.unique([default] + scripts.search_space(default, facts))
+        candidates = settings.unique([default] + scripts.search_space(default, facts, instances))
     else:
         from cpuopt_helpers.workloads import build_workload
 

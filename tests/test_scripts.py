@@ -70,6 +70,28 @@ def test_the_arms_of_a_script_comparison_take_launch_options():
         cli.script_launch_config("--b", "--channels-last", command, 2)
     with pytest.raises(CpuoptError, match="needs a command"):
         scripts.parse_command("  ")
+    copies = cli.script_launch_config("--b", "--ninstances 2", command, 2)
+    assert (copies.instances, copies.threads) == (2, 1) and scripts.label(copies).startswith("script threads=1 instances=2")
+    split = cli.script_launch_config("--b", "--ninstances 2 --cores 0,1", command, 2)
+    assert split.cores == ((0,), (1,))
+
+
+def test_copies_of_a_script_are_searched_only_when_allowed_and_each_runs_in_its_own_folder(capsys):
+    command = scripts.parse_command(f"python {EXAMPLE}")
+    default = scripts.script_config(command, 2)
+    assert all(c.instances == 1 for c in scripts.search_space(default, FACTS))
+    copies = [c for c in scripts.search_space(default, FACTS, instances=True) if c.instances > 1]
+    assert [(c.instances, c.threads) for c in copies] == [(2, 1)]
+    assert tune.launch_command(copies[0], command=f"python {EXAMPLE}") == (
+        f"cpuopt launch --ninstances 2 --ncores-per-instance 1 --instance-dirs runs -- python {EXAMPLE}")
+    assert cli.main(["tune", "--script", f"python {EXAMPLE}", "--dry-run", "--allow-instances", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["label"] == "script threads=2" and all(r["config"]["workload"] == "script" for r in rows)
+    two = [r for r in rows if r["config"]["instances"] == 2]
+    assert len(two) == 1 and sorted(sum(two[0]["cores"], [])) == [0, 1] and all(len(c) == 1 for c in two[0]["cores"])
+    assert all(r["argv"][0][-1] == EXAMPLE for r in rows)  # the script itself, not the worker
+    assert cli.main(["tune", "--script", f"python {EXAMPLE}", "--dry-run"]) == 0
+    assert "instances=2" not in capsys.readouterr().out  # not without --allow-instances
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -78,7 +100,8 @@ def test_the_arms_of_a_script_comparison_take_launch_options():
     (["compare", "--a", "", "--b", "", "--metric", "t: (.*)"], "--metric reads a --script's output"),
     (["tune", "--script", "bash train.sh", "--budget-min", "1"], "runs Python scripts only"),
     (["tune", "--script", "python missing.py", "--budget-min", "1"], "no such script"),
-    (["tune", "--script", f"python {EXAMPLE}", "--dry-run"], "not available yet"),
+    (["tune", "--allow-instances", "--budget-min", "1"], "--allow-instances is for --script"),
+    (["compare", "--script", f"python {EXAMPLE}", "--a", "", "--b", "--ninstances 2 --cores 0-2"], "split evenly"),
 ])
 def test_bad_script_input_is_one_line_and_exit_2(argv, message, capsys):
     assert cli.main(argv) == 2
@@ -170,3 +193,34 @@ def test_script_runs_are_stored_and_read_back_like_worker_runs(tmp_path):
     df = store.load()
     assert df.loc[0, "workload"] == "script" and df.loc[0, "metric"] == scripts.WALL_TIME and df.loc[0, "samples_per_s"] == 50
     assert df.loc[0, "step_ms"] is None and df.loc[0, "label"].endswith(EXAMPLE)
+
+
+def script_writing_a_file(tmp_path):
+    """A script that refuses to run where another copy already wrote its output (a checkpoint)."""
+    path = tmp_path / "writes_a_file.py"
+    path.write_text(textwrap.dedent("""
+        import os, time
+        with open("checkpoint.pt", "x") as f:  # "x": fails where the file exists, as two copies in one folder would
+            f.write(os.environ["CPUOPT_INSTANCE"])
+        time.sleep(0.5)
+        print(f"rate: {10 + int(os.environ['CPUOPT_INSTANCE'])}")
+    """))
+    return path
+
+
+@pytest.mark.slow
+def test_copies_of_a_script_run_in_their_own_folders_and_their_throughputs_add_up(tmp_path, monkeypatch):
+    command = scripts.parse_command(f"python {script_writing_a_file(tmp_path)}")
+    reading = scripts.Reading(r"rate: ([0-9]+)")
+    two = scripts.script_config(command, 2, instances=2, threads=1)
+    r = scripts.run_script(two, command, reading)
+    assert r["status"] == "ok", r["reason"]
+    assert r["samples_per_s"] == 21 and [i["samples_per_s"] for i in r["instances"]] == [10, 11]
+    assert r["metric"].endswith("summed over 2 copies")
+    (tmp_path / "runs").mkdir()
+    assert cli.main(["launch", "--ninstances", "2", "--ncores-per-instance", "1", "--instance-dirs",
+                     str(tmp_path / "runs"), "--log-dir", str(tmp_path / "logs"), "--", *command]) == 0
+    assert [(tmp_path / "runs" / f"instance_{i}" / "checkpoint.pt").read_text() for i in (0, 1)] == ["0", "1"]
+    monkeypatch.chdir(tmp_path / "runs")
+    assert cli.main(["launch", "--ninstances", "2", "--ncores-per-instance", "1", "--log-dir", str(tmp_path / "logs"),
+                     "--", *command]) == 1  # the same copies in one folder collide: the harm the opt-in avoids
