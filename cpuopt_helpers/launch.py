@@ -338,17 +338,17 @@ def build_plan(config: RunConfig, machine: Machine, base_env: dict | None = None
     config = validate(config, topo.logical_cores, topo.physical_cores, check_workload=command is None)
     if config.kmp_blocktime is not None and config.omp_runtime != "intel":
         raise CpuoptError("KMP_BLOCKTIME only applies to Intel OpenMP; add --omp-runtime intel")
-    python = python or runtimes.resolve_python(config.runtime)
-    if config.ipex:
-        probed = runtimes.probe(python)
-        if not probed["ipex_usable"]:
-            raise CpuoptError(f"--ipex cannot run under {python}: {probed['reason']}")
     if config.compile == "zentorch" and command is None:  # before any process starts: installed, and for this torch
         if config.runtime != "main":
             raise CpuoptError("--compile zentorch runs in this interpreter's torch (--runtime main) only")
         status = runtimes.zentorch_status()
         if not status["usable"]:
             raise CpuoptError(f"--compile zentorch: {status['reason']}")
+    python = python or runtimes.resolve_python(config.runtime)
+    if config.ipex:
+        probed = runtimes.probe(python)
+        if not probed["ipex_usable"]:
+            raise CpuoptError(f"--ipex cannot run under {python}: {probed['reason']}")
     if config.launcher == "run_cpu":  # measured as users run it: run_cpu decides everything itself
         env = {"PYTHONPATH": python_path(base_env)}
         if sys.prefix != sys.base_prefix:  # as in an activated venv, where run_cpu looks for libraries

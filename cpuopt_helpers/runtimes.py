@@ -123,17 +123,23 @@ def zentorch_status(vendor: str | None = None) -> dict:
     return out
 
 
-def vendor_extension(vendor: str | None, ipex: dict | None = None) -> str:
-    """The CPU vendor's extension for PyTorch that applies here, and its state (`cpuopt doctor`)."""
+def vendor_extension(vendor: str | None, ipex: dict | None = None, measured: dict | None = None) -> str:
+    """The CPU vendor's extension for PyTorch that applies here, its state, and what notebook 05
+    last measured of it on this machine (``measured``: its stored findings) (`cpuopt doctor`)."""
+    if measured and measured.get("lines"):
+        found = (f"; measured here by notebook 05 ({measured.get('preset')} preset, {measured.get('date')}): "
+                 + " ".join(measured["lines"]))
+    else:
+        found = "; not measured on this machine yet (notebook 05, `make run`)"
     if vendor == "AuthenticAMD":
         z = zentorch_status(vendor)
         state = f"zentorch {z['version']} installed, fits this torch" if z["usable"] else z["reason"]
         return (f"AMD CPU: zentorch, AMD's torch.compile backend over ZenDNN (`--compile zentorch`; notebook 05 "
-                f"measures it for training beside Inductor and IPEX): {state}")
+                f"measures it for training beside Inductor and IPEX): {state}{found}")
     if vendor == "GenuineIntel":
         state = "its runtime is built" if (ipex or {}).get("available") else (ipex or {}).get("reason", "")
         return ("Intel CPU: Intel Extension for PyTorch (IPEX), archived by Intel, last release 2.8.0 for torch 2.8 "
-                f"(`--runtime ipex`; notebook 05 measures it in its own runtime): {state}")
+                f"(`--runtime ipex`; notebook 05 measures it in its own runtime): {state}{found}")
     return f"no vendor extension for this CPU ({vendor or 'vendor unknown'}): stock PyTorch and torch.compile"
 
 

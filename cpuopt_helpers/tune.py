@@ -3,7 +3,8 @@
 1. Candidates: PyTorch's defaults, the ladder the notebooks handed on for this workload
    (if any), and one change at a time from the defaults over the search space: threads,
    ranks and mode, allocator, OpenMP runtime, channels-last, torch.compile, optimizer
-   implementation, and bf16 where the CPU has a fast path.
+   implementation, bf16 where the CPU has a fast path, and AMD's zentorch backend on an AMD
+   CPU where it is installed for this torch.
 2. Successive halving: every candidate runs once; the faster half runs again, and so on,
    while the budget lasts; candidates are ranked by their median samples/s.
 3. The best candidate is combined with the other winning changes (one run each). Picking
@@ -28,7 +29,7 @@ import shlex
 import statistics
 import time
 
-from cpuopt_helpers import compare, launch, system
+from cpuopt_helpers import compare, launch, runtimes, system
 from cpuopt_helpers.stages import multi_instance, settings, threading
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
@@ -49,6 +50,8 @@ def search_space(default: RunConfig, facts: dict, image_like: bool) -> list[RunC
         out.append(default.replace(channels_last=True))
     out += [default.replace(optimizer_impl=i) for i in ("foreach", "fused")]
     out.append(default.replace(compile="default", warmup=max(default.warmup, 1)))
+    if facts.get("cpu_vendor") == "AuthenticAMD" and runtimes.zentorch_status(facts["cpu_vendor"])["usable"]:
+        out.append(default.replace(compile="zentorch", warmup=max(default.warmup, 1)))  # AMD's backend (notebook 05)
     if facts["bf16"]["accelerated"]:
         out.append(default.replace(dtype="bf16"))
     return out

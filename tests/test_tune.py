@@ -111,3 +111,18 @@ def test_dry_run_plans_the_search_for_a_server():
     text = tune.format_search_plan(rows, machine)
     assert text.splitlines()[0].startswith(f"# cpuopt tune would measure these {len(rows)} candidates")
     assert "threads=7 instances=8 mode=ddp: cores 0-6 | 7-13 | 14-20 | 21-27 | 28-34 | 35-41 | 42-48 | 49-55" in text
+
+
+def test_the_search_includes_zentorch_on_an_amd_cpu_where_it_fits_this_torch(monkeypatch):
+    from cpuopt_helpers import runtimes
+
+    default = settings.normalise(RunConfig.for_preset("cnn", "quick"), 2)
+    facts = {**FACTS, "physical_cores": 2}
+    monkeypatch.setattr(runtimes, "zentorch_status", lambda vendor: {"usable": True, "amd": vendor == "AuthenticAMD"})
+    on_amd = tune.search_space(default, {**facts, "cpu_vendor": "AuthenticAMD"}, image_like=True)
+    on_intel = tune.search_space(default, {**facts, "cpu_vendor": "GenuineIntel"}, image_like=True)
+    assert [c.compile for c in on_amd if c.compile] == ["default", "zentorch"]
+    assert [c.compile for c in on_intel if c.compile] == ["default"]
+    monkeypatch.setattr(runtimes, "zentorch_status", lambda vendor: {"usable": False, "amd": True})
+    assert "zentorch" not in [c.compile for c in tune.search_space(default, {**facts, "cpu_vendor": "AuthenticAMD"},
+                                                                   image_like=True)]

@@ -17,6 +17,12 @@ OPTIMIZER_ARMS = ("SGD foreach", "SGD fused", "AdamW (default)", "AdamW fused")
 
 
 ZENTORCH = "torch.compile (zentorch)"
+EXTENSION_FACT = "vendor_extension/findings"  # what notebook 05 measured of the vendor's extension (`cpuopt doctor`)
+
+
+def extension_lines(lines: list[str]) -> list[str]:
+    """Of notebook 05's findings, those about the vendor's extension (IPEX against its own torch, zentorch)."""
+    return [line for line in lines if "zentorch" in line or "IPEX over its own" in line]
 
 
 def configs(base: RunConfig, facts: dict, image_like: bool, ipex_available: bool,
