@@ -65,8 +65,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@$(PY) -c "import cpuopt_helpers, torch, papermill, nbval" || { echo "cpuopt: installing the environment failed; see the pip output above"; exit 1; }
 	@# AMD's torch.compile backend on an AMD CPU only (validated on EPYC; Intel's counterpart, IPEX, has its own
 	@# runtime): the zentorch release built for this torch; where it does not install, notebook 05 says why
-	@if grep -q AuthenticAMD /proc/cpuinfo 2>/dev/null; then \
-	  v=$$($(PY) -c "import torch; print('.'.join(torch.__version__.split('+')[0].split('.')[:3]))"); \
+	@v=$$($(PY) -c "import torch; print('.'.join(torch.__version__.split('+')[0].split('.')[:3]))"); \
+	if [ -n "$$v" ] && grep -q AuthenticAMD /proc/cpuinfo 2>/dev/null; then \
 	  echo "cpuopt: AMD CPU: installing zentorch $$v.* (AMD's torch.compile backend, measured in notebook 05)"; \
 	  $(PIP_INSTALL) "zentorch==$$v.*" 2>&1 | grep -v "^WARNING: Location" || true; fi
 	@$(PY) -c "import sys, torch; sys.exit(torch.version.cuda is not None)" || echo "cpuopt: note: $$($(PY) -c 'import torch; print(torch.__version__)') is a CUDA build of torch; the workbook needs only the CPU build: see TORCH_INDEX in the Makefile"
