@@ -197,21 +197,35 @@ def build_parser() -> argparse.ArgumentParser:
     lad.add_argument("--preset", default="standard", help="quick | standard | full (default standard, as make run)")
     lad.add_argument("--json", action="store_true", help="print the rungs as JSON")
 
-    prof = sub.add_parser("profile", help="break a oneDNN verbose log down, compare two, project the ceiling")
-    prof.add_argument("log", help="a oneDNN verbose log (any version), e.g. from `cpuopt bench --onednn-verbose`")
+    prof = sub.add_parser("profile", help="break a oneDNN verbose log down, compare two, project the ceiling; "
+                          "--whole-step: project every operator of the step from a torch.profiler trace")
+    prof.add_argument("log", nargs="?", help="a oneDNN verbose log (any version), e.g. from `cpuopt bench "
+                      "--onednn-verbose`; with --whole-step and no --trace: a trace from `cpuopt bench --trace FILE`")
     prof.add_argument("--compare", metavar="LOG2", help="a second log to compare against (the reference first)")
     prof.add_argument("--by", default="kind", help="kind | direction | kind_direction | impl | isa | shape")
     prof.add_argument("--steps", type=int, help="training steps the log covers (per-step figures)")
     prof.add_argument("--project", "--replay", dest="project", action="store_true",
                       help="replay every distinct primitive in isolation and report the efficiency ratio")
     prof.add_argument("--step-ms", type=float, help="measured step time, for the efficiency ratio")
-    prof.add_argument("--threads", type=int, help="threads for the replay (default: physical cores)")
+    prof.add_argument("--threads", type=int, help="threads for the replay (default: physical cores); with "
+                      "--whole-step --workload: the worker's threads")
     prof.add_argument("--trace", metavar="TRACE", help="also read a trace from `cpuopt bench --trace TRACE`")
     prof.add_argument("--csv", metavar="FILE", help="also write the breakdown as verbose_converter's breakdown "
                       "generator does (CSV, one row per distinct primitive, heaviest first)")
     prof.add_argument("--benchdnn", metavar="FILE", nargs="?", const="-",
                       help="benchdnn reproducer lines, one per distinct primitive (verbose_converter's syntax): "
                            "printed alone, or written to FILE beside the usual output")
+    prof.add_argument("--whole-step", action="store_true",
+                      help="whole-step projection from a torch.profiler trace (TRACE, or LOG --trace TRACE to add the "
+                           "log's per-primitive roofline, or --workload W to capture one now): every top-level "
+                           "operator with its time, FLOPs, bytes and ceiling (notebook 00's roofline), the step at "
+                           "every ceiling, coverage and the gap by cause")
+    prof.add_argument("--workload", help="with --whole-step: capture this workload now (a plain run for the "
+                      "unprofiled step, then a traced run, each in a fresh worker)")
+    prof.add_argument("--preset", default="quick", help="with --workload: quick | standard | full (default quick)")
+    prof.add_argument("--roofline", metavar="FILE", help="with --whole-step: the ceilings as JSON (`python -m "
+                      "cpuopt_helpers.roofline` output); default: this machine's stored roofline, measured if none")
+    prof.add_argument("--top", type=int, default=15, help="with --whole-step: operator rows printed (default 15)")
     prof.add_argument("--json", action="store_true", help="print the breakdown as JSON")
 
     wb = sub.add_parser("workbook", help="execute the notebooks with papermill")
@@ -239,7 +253,11 @@ def _doctor(args) -> int:
 
     facts = system.collect_facts()
     facts["ipex_runtime"] = runtimes.ipex_facts()
-    facts["vendor_extension"] = runtimes.vendor_extension(facts.get("cpu_vendor"), facts["ipex_runtime"])
+    from cpuopt_helpers.results import ResultStore
+    from cpuopt_helpers.stages.runtime import EXTENSION_FACT
+
+    facts["vendor_extension"] = runtimes.vendor_extension(facts.get("cpu_vendor"), facts["ipex_runtime"],
+                                                          ResultStore().get_fact(facts["fingerprint"], EXTENSION_FACT))
     print(json.dumps(facts, indent=2) if args.json else system.format_facts(facts))
     return 0
 
@@ -469,6 +487,12 @@ def _profile(args) -> int:
 
     if args.steps is not None and args.steps <= 0:
         raise CpuoptError(f"--steps must be a positive integer, got {args.steps}")
+    if args.whole_step:
+        return _whole_step(args)
+    if args.workload:
+        raise CpuoptError("--workload is for --whole-step (capture and project a step); a log is profiled as it is")
+    if not args.log:
+        raise CpuoptError("name a oneDNN verbose log (`cpuopt bench --onednn-verbose FILE`), or use --whole-step")
     meta = replay.log_meta(args.log)
     args.steps = args.steps or meta.get("steps")
     if args.project and not args.steps:
@@ -544,6 +568,76 @@ def _profile(args) -> int:
             print(f"- {line}")
     if parsed.counts["malformed"]:
         print(f"- {parsed.counts['malformed']} malformed line(s) skipped, e.g. {parsed.malformed_examples[0]}")
+    return 0
+
+
+def _whole_step(args) -> int:
+    """`cpuopt profile --whole-step`: the projection of every operator of a traced step."""
+    from cpuopt_helpers.profiledn import wholestep
+
+    if args.workload and (args.log or args.trace):
+        raise CpuoptError("--whole-step takes a trace (TRACE or LOG --trace TRACE) or --workload W to capture one, "
+                          "not both")
+    if args.compare or args.project:
+        raise CpuoptError("--whole-step does not combine with --compare or --project; run them apart")
+    log_file, trace_file = (args.log, args.trace) if args.trace else (None, args.log)
+    plain_ms, out = None, {}
+    if args.workload:
+        from cpuopt_helpers.config import RunConfig
+        from cpuopt_helpers.profiledn.capture import safe_name
+        from cpuopt_helpers.results import build_dir
+
+        config = RunConfig(workload=args.workload, preset=args.preset, threads=args.threads,
+                           **({"steps": args.steps} if args.steps else {}))
+        folder = build_dir() / "traces"
+        folder.mkdir(parents=True, exist_ok=True)
+        trace_file = str(folder / f"{safe_name(args.workload)}_{args.preset}.trace.json")
+        traced, plain = wholestep.capture(config, trace_file)
+        for run in (plain, traced):
+            if run["status"] != "ok":
+                reason = (run.get("reason") or "no reason given").strip().splitlines() or ["no reason given"]
+                raise CpuoptError(f"the {args.workload} run ended {run['status']}: {reason[-1][:300]}")
+        plain_ms = plain["step_ms"]["median"]
+        out["trace_file"] = trace_file
+    if not trace_file:
+        raise CpuoptError("--whole-step needs a trace (`cpuopt bench --trace FILE`) or --workload W to capture one")
+    ceilings = wholestep.machine_ceilings(args.preset, args.roofline)
+    result = wholestep.whole_step(trace_file, ceilings, args.steps, plain_ms)
+    out.update({k: v for k, v in result.items() if k not in ("rows", "table")})
+    out["operators"] = wholestep.records(result["table"])
+    out["findings"] = wholestep.wholestep_findings(result, args.workload or "")
+    if log_file:
+        from cpuopt_helpers import profiledn
+
+        parsed = profiledn.parse_log(log_file)
+        parsed.require_primitives()
+        prims = wholestep.primitive_roofline(parsed.exec, ceilings, args.steps or result["steps"])
+        out["primitives"] = wholestep.records(prims)
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    import pandas as pd
+
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 40):
+        if "trace_file" in out:
+            print(f"trace: {out['trace_file']}")
+        gemm = ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in ceilings.gemm_gflops.items())
+        print(f"ceilings ({ceilings.source}): GEMM {gemm}; copy {ceilings.copy_gbs:.1f} GB/s")
+        print(f"step {result['step_ms']:.2f} ms traced" + (f" ({plain_ms:.2f} ms unprofiled)" if plain_ms else "")
+              + f", projected {result['projected_ms']:.3f} ms; coverage {result['coverage']:.1%} of the operators' "
+              f"time ({result['step_coverage']:.1%} of the step); between ops {result['between_ops_share']:.1%} "
+              "of the step")
+        print("\ngap by cause (ms per step, share of the step):")
+        print(wholestep.cause_table(result).round(3).to_string())
+        cols = ["phase", "op", "shapes", "bound", "calls", "ms", "share", "intensity", "achieved_gflops",
+                "achieved_gbs", "of_ceiling", "projected_ms"]
+        print(f"\ntop {args.top} of {len(result['table'])} operator rows (per step):")
+        print(result["table"][cols].head(args.top).round(3).to_string(index=False))
+        if log_file:
+            print(f"\noneDNN primitives of {log_file} (per step):")
+            print(prims.head(args.top).round(3).to_string(index=False))
+    for line in out["findings"]:
+        print(f"- {line}")
     return 0
 
 

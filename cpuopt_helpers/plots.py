@@ -288,3 +288,51 @@ def waterfall(tables: dict, finals: dict | None = None):
     fig.suptitle("The optimisation ladder")
     fig.tight_layout()
     return fig
+
+
+def kernel_roofline_figure(tables: dict, ceilings, title: str = "Per-operator roofline of the training step"):
+    """Each workload's operators against the machine's ceilings (profiledn.wholestep).
+
+    Left: operators with FLOPs (GEMM-like) at their arithmetic intensity and achieved GFLOP/s,
+    under the roof min(GEMM peak, intensity x copy bandwidth). Right: operators without FLOPs
+    at their bytes moved and achieved GB/s, under the copy bandwidth. Marker area ~ time per step.
+    """
+    import numpy as np
+
+    sns.set_theme(style="whitegrid", context="notebook")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    colors = sns.color_palette("deep", max(len(tables), 1))
+    peak = max(ceilings.gemm_gflops.values())
+    bw = ceilings.copy_gbs
+    xs, gbs_max = [], [bw]
+    for color, (name, table) in zip(colors, tables.items()):
+        flop_rows = table[(table["gflop"] > 0) & (table["intensity"] > 0)]
+        size = 20 + 400 * table["share"]
+        ax1.scatter(flop_rows["intensity"], flop_rows["achieved_gflops"], s=size[flop_rows.index], color=color,
+                    alpha=0.6, edgecolor="k", linewidth=0.4, label=name)
+        xs += list(flop_rows["intensity"])
+        mem = table[(table["gflop"] <= 0) & (table["mb"] > 0)]
+        ax2.scatter(mem["mb"], mem["achieved_gbs"], s=size[mem.index], color=color, alpha=0.6, edgecolor="k",
+                    linewidth=0.4, label=name)
+        gbs_max += list(mem["achieved_gbs"])
+    lo, hi = (min(xs) / 2, max(xs) * 2) if xs else (0.1, 100.0)
+    grid = np.logspace(np.log10(min(lo, peak / bw / 10)), np.log10(max(hi, peak / bw * 10)), 200)
+    for dtype, gflops in ceilings.gemm_gflops.items():
+        ax1.plot(grid, np.minimum(gflops, grid * bw), color="#333333", linestyle="-" if dtype == "fp32" else "--",
+                 linewidth=1.2, label=f"roof: {dtype} GEMM {gflops:.0f} GFLOP/s, copy {bw:.1f} GB/s")
+    ax1.set_xscale("log")
+    ax1.set_yscale("log")
+    ax1.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    ax1.set_ylabel("achieved GFLOP/s")
+    ax1.set_title("GEMM-like operators")
+    ax1.legend(fontsize=7, loc="lower right")
+    ax2.axhline(bw, color="#333333", linewidth=1.2, label=f"copy bandwidth {bw:.1f} GB/s")
+    ax2.set_xscale("log")
+    ax2.set_yscale("log")
+    ax2.set_xlabel("MB moved per step")
+    ax2.set_ylabel("achieved GB/s")
+    ax2.set_title("Operators without FLOPs (memory-bound)")
+    ax2.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"{title} (marker area: share of the step's operator time)")
+    fig.tight_layout()
+    return fig

@@ -254,13 +254,17 @@ LOSS_SPAN = "cpuopt::loss"  # the loss's forward in a trace (profiledn.trace.los
 
 @contextlib.contextmanager
 def profiler_trace_to(path: str | None, steps: int):
-    """Record the block with torch.profiler; save the Chrome trace and an operator table."""
+    """Record the block with torch.profiler; save the Chrome trace and an operator table.
+
+    With the operators' input shapes and dtypes (and torch's FLOPs where it counts them):
+    what profiledn.wholestep reads to give every operator its work and its ceiling.
+    """
     if path is None:
         yield
         return
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
         yield
     prof.export_chrome_trace(path)
     ops = [{"name": e.key, "count": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3,

@@ -1,0 +1,222 @@
+"""Whole-step projection (profiledn.wholestep): the join, work counts, ceilings, coverage and the gap's causes.
+
+The fixture (tests/fixtures/traces/wholestep_step.trace.json) is two identical steps of a
+hand-made Chrome trace, 1000 µs apart; every expected number below is counted by hand from it.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cpuopt_helpers import cli
+from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.flops import conv_flops
+from cpuopt_helpers.profiledn import wholestep
+
+TRACE = Path(__file__).parent / "fixtures" / "traces" / "wholestep_step.trace.json"
+CEIL = wholestep.Ceilings({"fp32": 100.0}, 10.0, 2, "test")  # 100 GFLOP/s = 1e5 FLOP/µs; 10 GB/s = 1e4 B/µs
+FLOP_US, BYTE_US = 1e5, 1e4
+
+# per step: (row, measured µs, FLOPs, bytes, bound)
+ADDMM = (2 * 64 * 256 * 64, (64 + 64 * 256 + 256 * 64 + 64 * 64) * 4)  # out 64x64
+MM = (2 * 64 * 64 * 256, (64 * 64 + 64 * 256 + 64 * 256) * 4)  # (64,64)x(64,256), out 64x256
+CONV_FLOPS = conv_flops([2, 3, 8, 8], [4, 3, 3, 3], [2, 4, 8, 8])
+CONV_BYTES = (2 * 3 * 8 * 8 + 4 * 3 * 3 * 3 + 2 * 4 * 8 * 8) * 4
+EXPECTED = {
+    "aten::linear": (100, ADDMM[0], ADDMM[1], "compute"),  # aten::t (a view) + aten::addmm, not the linear again
+    "aten::relu": (20, 0, 2 * 64 * 64 * 4, "memory"),  # own estimate = its clamp_min child's: counted once
+    "aten::sum": (30, 0, 64 * 64 * 4, "memory"),  # a reduction: the input read
+    "MmBackward0": (100, MM[0], MM[1], "compute"),  # found through two levels of autograd spans
+    "aten::add_": (40, 0, 3 * 64 * 256 * 4, "memory"),  # in place: self read and written, other read
+    "aten::cat": (10, 0, 0, "unknown"),  # a tensor list: shapes not recorded
+    "aten::view": (5, 0, 0, "no work"),
+    "aten::conv2d": (50, CONV_FLOPS, CONV_BYTES, "memory"),  # so small a conv that bytes bind it
+    "aten::copy_": (1, 0, 2 * 1024 * 1024 * 4, "memory"),  # 8 MB in 1 µs: above the copy ceiling
+}
+
+
+def ideal_us(flops, moved):
+    return max(flops / FLOP_US, moved / BYTE_US)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return wholestep.whole_step(TRACE, CEIL)
+
+
+def test_rows_are_top_level_spans_each_counted_once(result):
+    rows = result["rows"]
+    assert result["steps"] == 2  # from the .ops.json beside the trace
+    assert len(rows) == 2 * len(EXPECTED)  # nested spans (t, addmm, clamp_min, MmBackward0, mm, ...) are no rows
+    per_op = rows[rows["ts_us"] < 1000].set_index("op")
+    for op, (time_us, flops, moved, bound) in EXPECTED.items():
+        row = per_op.loc[op]
+        assert (row["time_us"], row["flops"], row["bytes"], row["bound"]) == (time_us, flops, moved, bound), op
+    assert per_op.loc["aten::sum", "phase"] == "loss"
+    assert per_op.loc["aten::add_", "phase"] == "optimizer"
+    assert per_op.loc["MmBackward0", "phase"] == "backward"
+    assert per_op.loc["aten::linear", "phase"] == "forward"
+
+
+def test_ceiling_time_is_the_larger_of_compute_and_memory(result):
+    per_op = result["rows"][result["rows"]["ts_us"] < 1000].set_index("op")
+    for op, (_, flops, moved, bound) in EXPECTED.items():
+        if bound in ("compute", "memory"):
+            assert per_op.loc[op, "ideal_us"] == pytest.approx(ideal_us(flops, moved)), op
+    assert ADDMM[0] / FLOP_US > ADDMM[1] / BYTE_US  # the fixture's GEMMs really are compute-bound
+    assert CONV_FLOPS / FLOP_US < CONV_BYTES / BYTE_US
+    # a row measured faster than its ceiling keeps its measured time in the projection
+    assert per_op.loc["aten::copy_", "above_ceiling"]
+    assert per_op.loc["aten::copy_", "projected_us"] == 1
+    assert per_op.loc["aten::cat", "projected_us"] == 10  # unknown work keeps its time too
+
+
+def test_coverage_projection_and_gap_split(result):
+    op_us = sum(v[0] for v in EXPECTED.values())
+    wall = 1000 + 496  # first op at 0, last ends at 1000 + 495 + 1
+    assert result["step_ms"] == pytest.approx(wall / 2 / 1e3)
+    assert result["operator_ms"] == pytest.approx(op_us / 1e3)
+    assert result["between_ops_ms"] == pytest.approx((wall / 2 - op_us) / 1e3)
+    assert result["coverage"] == pytest.approx((op_us - 10) / op_us)  # the cat's 10 µs are unknown
+    gap = result["gap_ms"]
+    compute = sum(t - ideal_us(f, b) for t, f, b, bound in EXPECTED.values() if bound == "compute")
+    memory = sum(t - min(t, ideal_us(f, b)) for t, f, b, bound in EXPECTED.values() if bound == "memory")
+    assert gap["compute"] == pytest.approx(compute / 1e3)
+    assert gap["memory"] == pytest.approx(memory / 1e3)
+    assert gap["no work"] == pytest.approx(5 / 1e3)
+    assert gap["between ops"] == pytest.approx(result["between_ops_ms"])
+    # the step is the projection plus every cause of the gap, nothing lost or counted twice
+    assert result["projected_ms"] + sum(gap.values()) == pytest.approx(result["step_ms"])
+    assert result["speedup_bound"] == pytest.approx(result["step_ms"] / result["projected_ms"])
+
+
+def test_operator_table_rates_intensity_and_ceilings(result):
+    table = result["table"]
+    assert table["ms"].sum() == pytest.approx(result["operator_ms"])
+    linear = table[table["op"] == "aten::linear"].iloc[0]
+    assert linear["calls"] == 1 and linear["ceiling"] == 100.0 and linear["ceiling_unit"] == "GFLOP/s"
+    assert linear["achieved_gflops"] == pytest.approx(ADDMM[0] / 100e-6 / 1e9)
+    assert linear["intensity"] == pytest.approx(ADDMM[0] / ADDMM[1])
+    assert linear["of_ceiling"] == pytest.approx(linear["achieved_gflops"] / 100.0)
+    add = table[table["op"] == "aten::add_"].iloc[0]
+    assert add["ceiling"] == 10.0 and add["achieved_gbs"] == pytest.approx(3 * 64 * 256 * 4 / 40e-6 / 1e9)
+    lines = " ".join(wholestep.wholestep_findings(result, "fixture"))
+    assert f"{result['coverage']:.1%}" in lines and "GEMM ceiling" in lines
+
+
+def test_an_op_is_its_own_estimate_or_its_childrens_sum_whichever_is_larger():
+    x = {"Input Dims": [[64, 64]], "Input type": ["float"]}
+    size = 64 * 64 * 4
+    children = [wholestep.Node("aten::bernoulli_", 1, 3, {"Input Dims": [[64, 64], []], "Input type": ["float", "Scalar"]}),
+                wholestep.Node("aten::div_", 4, 2, {"Input Dims": [[64, 64], []], "Input type": ["float", "Scalar"]}),
+                wholestep.Node("aten::mul", 6, 2, {"Input Dims": [[64, 64], [64, 64]], "Input type": ["float", "float"]})]
+    dropout = wholestep.Node("aten::dropout", 0, 10, x, children)
+    assert wholestep.node_work(dropout, CEIL).bytes == size * (1 + 2 + 3)  # mask written; mask in place; x*mask
+    relu = wholestep.Node("aten::relu", 0, 10, x, [wholestep.Node("aten::empty", 1, 1, {})])
+    assert wholestep.node_work(relu, CEIL).bytes == 2 * size  # its own read + write, not the allocation's 0
+
+
+def test_gemm_formulas_by_dtype_and_conv_backward():
+    bf16 = {"Input Dims": [[8, 16], [16, 4]], "Input type": ["c10::BFloat16", "c10::BFloat16"]}
+    flops, moved, dtype = wholestep.kernel_work("aten::mm", bf16)
+    assert (flops, moved, dtype) == (2 * 8 * 16 * 4, (8 * 16 + 16 * 4 + 8 * 4) * 2, "c10::BFloat16")
+    node = wholestep.Node("aten::mm", 0.0, 10.0, bf16)
+    assert wholestep.node_work(node, CEIL).unknown_us == 10.0  # no bf16 ceiling measured: no ceiling, not fp32's
+    with_bf16 = wholestep.Ceilings({"fp32": 100.0, "bf16": 400.0}, 10.0)
+    assert wholestep.node_work(node, with_bf16).unknown_us == 0
+    back = {"Input Dims": [[2, 4, 8, 8], [2, 3, 8, 8], [4, 3, 3, 3]] + [[]] * 8,
+            "Input type": ["float"] * 3 + ["ScalarList"] * 4 + ["Scalar", "ScalarList", "Scalar", "ScalarList"],
+            "Concrete Inputs": ["", "", "", "[4]", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1",
+                                "[False, True, True]"]}
+    flops, moved, _ = wholestep.kernel_work("aten::convolution_backward", back)
+    assert flops == CONV_FLOPS  # the weight gradient only: output_mask says no input gradient
+    assert moved == (512 + 384 + 108) * 4 + 108 * 4 + 4 * 4  # reads + grad weight + grad bias
+    strided = {"Input Dims": [[1, 1, 7, 7], [2, 1, 3, 3]] + [[]] * 7, "Input type": ["float", "float"] + ["x"] * 7,
+               "Concrete Inputs": ["", "", "", "[2, 2]", "[0, 0]", "[1, 1]", "False", "[0, 0]", "1"]}
+    flops, _, _ = wholestep.kernel_work("aten::convolution", strided)
+    assert flops == conv_flops([1, 1, 7, 7], [2, 1, 3, 3], [1, 2, 3, 3])  # (7 - 3) // 2 + 1 = 3
+
+
+def test_ceilings_from_notebook_00s_roofline():
+    c = wholestep.Ceilings.from_roofline({"gemm_gflops_best": 120.0, "copy_gbs_best": 15.0,
+                                          "gemm_gflops_bf16_best": 300.0, "threads": 4})
+    assert (c.gemm_for("fp32"), c.gemm_for("bf16"), c.copy_gbs, c.threads) == (120.0, 300.0, 15.0, 4)
+    with pytest.raises(CpuoptError, match="gemm_gflops_best"):
+        wholestep.Ceilings.from_roofline({"copy_gbs": 1})
+
+
+def test_primitive_roofline_from_a_log():
+    import pandas as pd
+
+    df = pd.DataFrame({"kind": ["convolution", "matmul", "eltwise"], "prop": ["forward_training"] * 3,
+                       "data_type": ["f32"] * 3, "time_ms": [0.01, 0.02, 0.001],
+                       "problem": ["mb2_ic3oc4_ih8oh8kh3sh1ph1_iw8ow8kw3sw1pw1", "4x16:16x8", "2x4x8x8"]})
+    t = wholestep.primitive_roofline(df, CEIL).set_index("kind")
+    assert t.loc["convolution", "gflop"] * 1e9 == pytest.approx(CONV_FLOPS)
+    assert t.loc["convolution", "mb"] * 1e6 == pytest.approx(CONV_BYTES)
+    assert t.loc["matmul", "achieved_gflops"] == pytest.approx(2 * 4 * 16 * 8 / 0.02e-3 / 1e9)
+    assert t.loc["eltwise", "achieved_gbs"] == pytest.approx(2 * 512 * 4 / 1e-6 / 1e9)
+    assert pd.isna(t.loc["eltwise", "gflop"])
+
+
+def test_cli_whole_step_on_a_trace(tmp_path, capsys):
+    roof = tmp_path / "roofline.json"
+    roof.write_text(json.dumps({"gemm_gflops_best": 100.0, "copy_gbs_best": 10.0}))
+    assert cli.main(["profile", str(TRACE), "--whole-step", "--roofline", str(roof), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["coverage"] == pytest.approx((356 - 10) / 356)
+    assert set(out["gap_ms"]) == set(wholestep.CAUSES) and out["operators"] and out["findings"]
+    assert cli.main(["profile", str(TRACE), "--whole-step", "--roofline", str(roof)]) == 0
+    text = capsys.readouterr().out
+    assert "coverage 97.2%" in text and "between ops" in text
+    log = Path(__file__).parent / "fixtures" / "onednn" / "onednn_312_cnn_two_steps.log"
+    assert cli.main(["profile", str(log), "--trace", str(TRACE), "--whole-step", "--roofline", str(roof),
+                     "--json"]) == 0
+    prims = json.loads(capsys.readouterr().out)["primitives"]
+    conv = [p for p in prims if p["kind"] == "convolution"]
+    assert conv and all(p["achieved_gflops"] > 0 and p["intensity"] > 0 for p in conv)
+    assert cli.main(["profile", "--whole-step", "--workload", "cnn", str(TRACE)]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read trace"),
+    ("not json", "cannot read trace"),
+    ({"traceEvents": [{"ph": "M", "name": "process_name"}]}, "holds no operator spans"),
+    ({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 0, "dur": 1, "args": {}}]},
+     "has no input shapes"),
+])
+def test_bad_traces_are_one_line_and_exit_2(tmp_path, capsys, content, message):
+    path = tmp_path / "t.json"
+    if content is not None:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    roof = tmp_path / "roofline.json"
+    roof.write_text(json.dumps({"gemm_gflops_best": 100.0, "copy_gbs_best": 10.0}))
+    assert cli.main(["profile", str(path), "--whole-step", "--roofline", str(roof)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert cli.main(["profile", str(tmp_path), "--whole-step", "--roofline", str(roof)]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    assert cli.main(["profile", "--whole-step", "--roofline", str(roof)]) == 2
+    assert "needs a trace" in capsys.readouterr().err
+    assert cli.main(["profile"]) == 2
+    assert "name a oneDNN verbose log" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["cnn", "transformer", "rnn"])
+def test_a_real_quick_step_is_covered(tmp_path, workload):
+    """A real traced step of each built-in workload: at least 95% of its operators' time projected."""
+    from cpuopt_helpers.config import RunConfig
+
+    trace = tmp_path / f"{workload}.trace.json"
+    traced, _ = wholestep.capture(RunConfig(workload=workload, preset="quick", steps=5), trace, plain=False)
+    assert traced["status"] == "ok", traced.get("reason")
+    result = wholestep.whole_step(trace, CEIL)
+    assert result["steps"] == 5
+    assert result["coverage"] >= 0.95, result["table"][result["table"]["bound"] == "unknown"].head()
+    # the FLOPs read off the trace's shapes agree with torch's FLOP counter in the worker (cpuopt_helpers.flops)
+    assert result["gflop_per_step"] * 1e9 == pytest.approx(traced["flops_per_step"], rel=0.01)
+    assert result["gb_per_step"] > 0
+    assert result["projected_ms"] + sum(result["gap_ms"].values()) == pytest.approx(result["step_ms"])
