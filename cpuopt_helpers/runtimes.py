@@ -126,9 +126,11 @@ def zentorch_status(vendor: str | None = None) -> dict:
 def vendor_extension(vendor: str | None, ipex: dict | None = None, measured: dict | None = None) -> str:
     """The CPU vendor's extension for PyTorch that applies here, its state, and what notebook 05
     last measured of it on this machine (``measured``: its stored findings) (`cpuopt doctor`)."""
-    if measured and measured.get("lines"):
+    mine = [line for line in (measured or {}).get("lines", [])
+            if ("zentorch" in line) == (vendor == "AuthenticAMD")]  # the extension of this CPU's vendor
+    if mine:
         found = (f"; measured here by notebook 05 ({measured.get('preset')} preset, {measured.get('date')}): "
-                 + " ".join(measured["lines"]))
+                 + " ".join(mine))
     else:
         found = "; not measured on this machine yet (notebook 05, `make run`)"
     if vendor == "AuthenticAMD":

@@ -124,14 +124,21 @@ def test_profiling_breaks_down_projects_and_compares(quick_run):
     log = profiledn.parse_log(out / "onednn_logs" / "cnn_quick.log")
     conv = log.exec[log.exec.kind == "convolution"]
     assert set(conv.direction) == {"forward", "backward_data", "backward_weights"}
-    for name in ("02_kinds", "02_directions", "02_projection", "02_compare_cnn"):
+    from cpuopt_helpers import runtimes
+
+    ipex = runtimes.ipex_facts()["available"]
+    figures = ["02_kinds", "02_directions", "02_projection", "02_kernel_roofline", "02_compare_cnn_channels_last",
+               "02_compare_cnn_bf16"] + (["02_compare_cnn_torch_2_8_IPEX"] if ipex else [])
+    for name in figures:
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000
     text = outputs_text(out / "notebooks" / "02_profiling.ipynb")
     assert f"efficiency ratio {prof['efficiency']:.0%}" in text  # the answer quotes the stored numbers
-    assert "cnn, default vs channels_last: measured step" in text
+    assert "cnn, default vs channels_last: measured step" in text and "cnn, fp32 vs bf16: measured step" in text
+    assert ("cnn torch_2.8, torch_2.8 vs torch_2.8_IPEX: measured step" in text) == ipex
+    assert ipex or "cnn: not compared with IPEX" in text
     # verbose-logged and profiler-traced runs per workload (the plain step is 01's baseline run,
-    # reused), plus plain and logged in channels-last
-    assert len(store.load(tag="02_profiling")) == len(PROFILED) * 2 + 2
+    # reused), plus plain and logged in channels-last and in bf16, and both IPEX runtime profiles
+    assert len(store.load(tag="02_profiling")) == len(PROFILED) * 2 + 2 + 2 + (4 if ipex else 0)
     assert "not profiled" not in text
     assert 0 <= prof["trace_outside_onednn"] <= 1 and prof["ops_per_step"] > 10
     assert (out / "onednn_logs" / "cnn_quick.trace.json").exists()

@@ -150,6 +150,13 @@ def test_compare_finds_counts_and_kernels_in_one_run_only():
     lines = profiledn.compare_findings(a, b, labels=("ref", "mine"))
     assert "backward weights convolution runs only in ref (12 calls)." in lines
     assert "reorder: 98 calls vs 103." in lines
+    assert not any(line.startswith("The heaviest implementation changed") for line in profiledn.compare_findings(a, a))
+    ref = a.assign(impl=a["impl"].where(a.kind != "convolution", "ref:any"))  # as bf16 without a fast path runs
+    top = profiledn.breakdown(a, "impl").index[0]
+    changed = [line for line in profiledn.compare_findings(a, ref, labels=("fp32", "bf16"))
+               if line.startswith("The heaviest implementation changed")]
+    assert changed == [f"The heaviest implementation changed: {' '.join(top)} (37% of oneDNN time) in fp32, "
+                       "convolution ref:any (37%) in bf16."]
 
 
 def test_parse_conv_descriptor_with_benchdnn_defaults():
@@ -174,6 +181,38 @@ def test_projection_arithmetic():
     assert "efficiency ratio 45%" in " ".join(replay.projection_findings(proj))
 
 
+CONV = ("onednn_verbose,v1,primitive,exec,cpu,convolution,jit:avx512_core,forward_training,src:f32:a:blocked:abcd::f0 "
+        "wei:f32:a:blocked:Acdb16a::f0 bia:undef::undef::: dst:f32:a:blocked:aBcd16b::f0,attr-scratchpad:user,"
+        "alg:convolution_direct,mb4_ic3oc16_ih32oh16kh7sh2dh0ph3_iw32ow16kw7sw2dw0pw3,{}")
+REORDER = ("onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src:f32::blocked:abcd::f0 "
+           "dst:f32::blocked:Acdb16a::f0,attr-scratchpad:user,,16x3x7x7,{}")
+
+
+def test_the_replayed_primitive_is_read_from_the_replays_own_log_apart_from_what_the_call_adds():
+    row = next(profiledn.distinct_primitives(profiledn.parse_log(CONV.format(9.0) + "\n").exec).itertuples())
+    # the PyTorch call ran a weight reorder before each convolution; the first convolution is creation-slow
+    text = "\n".join(line for t in (50.0, 4.0, 2.0, 3.0) for line in (REORDER.format(0.5), CONV.format(t)))
+    kernel, added_per_call, others = replay.kernel_time(row, text, repeats=3, calls=4)
+    assert kernel == 3.0 and others == 4 and added_per_call == pytest.approx(0.5)
+    assert replay.kernel_time(row, REORDER.format(0.5), repeats=3, calls=1) == (None, pytest.approx(0.5), 1)
+    assert replay.kernel_time(row, "", repeats=3, calls=1) == (None, 0.0, 0)
+
+
+def test_the_projection_reports_replay_against_log_like_for_like():
+    prims = pd.DataFrame({"kind": ["convolution", "reorder"], "calls": [10, 4], "time_ms": [20.0, 4.0],
+                          "mean_ms": [2.0, 1.0]})
+    replays = [{"replayed": True, "replay_ms": 3.0, "kernel_replay_ms": 2.2, "added_ms": 0.6, "note": ""},
+               {"replayed": True, "replay_ms": 0.5, "kernel_replay_ms": None, "added_ms": 0.0,
+                "note": "replayed as a same-size copy"}]
+    proj = replay.projection(prims, replays, steps=2, step_ms=20.0)
+    # the convolution at its own replayed time (2.2 ms, not the call's 3.0), the copy at its wall time
+    assert proj["kernel_ms_per_step"] == pytest.approx((10 * 2.2 + 4 * 0.5) / 2)
+    assert proj["agreement"] == pytest.approx(1.1) and proj["alike"] == 1
+    assert proj["call_replayed_ms_per_step"] == pytest.approx((30 + 2) / 2)
+    assert list(proj["table"]["replay_over_logged"].round(2).fillna(-1)) == [1.1, -1]
+    assert "like for like (1 primitives" in " ".join(replay.projection_findings(proj))
+
+
 @pytest.mark.slow
 def test_replay_runs_every_conv_direction_in_a_pinned_process():
     results = replay.replay_log(str(LOGS / "onednn_312_cnn_two_steps.log"), threads=1, cores=[0], repeats=2)
@@ -181,6 +220,8 @@ def test_replay_runs_every_conv_direction_in_a_pinned_process():
     assert len(results) == len(prims)
     conv = [r for r, k in zip(results, prims.kind) if k == "convolution"]
     assert conv and all(r["replayed"] and r["replay_ms"] > 0 for r in conv)
+    # each convolution is also found in the replay's own log, and takes no longer there than the whole call
+    assert all(r["kernel_replay_ms"] is not None and 0 < r["kernel_replay_ms"] <= r["replay_ms"] * 1.5 for r in conv)
 
 
 def test_cli_profile_json_and_bad_logs(tmp_path, capsys):
@@ -309,3 +350,24 @@ def test_the_loss_backward_is_found_in_a_trace_by_autograd_sequence_numbers(tmp_
     assert 0 < light["loss_backward_share"] < heavy["loss_backward_share"] < 1
     assert heavy["loss_backward_ms"] <= heavy["backward_ms"] and light["loss_forward_ms"] > 0
     assert share(8, 1, span=False) is None
+
+
+def test_the_papers_comparisons_are_planned_or_left_out_with_the_reason():
+    from cpuopt_helpers.config import RunConfig
+    from cpuopt_helpers.profiledn import capture
+
+    cnn = capture.Profile("cnn", RunConfig.for_preset("cnn", "quick"), {}, {}, "cnn.log", parsed=object(), projection=None)
+    asked = {"channels-last": ["cnn"], "IPEX": ["cnn"], "bf16": ["cnn", "rnn"]}
+    built = {"available": True, "torch": "2.8.0", "ipex": "2.8.0"}
+    pairs = capture.variant_pairs([cnn], asked, built, {"accelerated": True, "reason": "avx512_bf16"})
+    planned = {p["variant"]: p for p in pairs if "skip" not in p}
+    assert planned["channels-last"]["base"] is cnn and planned["channels-last"]["other"].channels_last
+    ipex = planned["IPEX"]  # both arms in the IPEX runtime: one oneDNN build
+    assert (ipex["base"].runtime, ipex["base"].ipex, ipex["other"].runtime, ipex["other"].ipex) == ("ipex", False, "ipex", True)
+    assert planned["bf16"]["other"].dtype == "bf16" and planned["bf16"]["note"].startswith("bf16 has a fast path")
+    assert [p["skip"] for p in pairs if "skip" in p] == ["rnn: not compared (bf16): it was not profiled above"]
+    missing = capture.variant_pairs([cnn], asked, {"available": False, "reason": "IPEX=0"}, {"accelerated": False})
+    assert "cnn: not compared with IPEX: IPEX=0" in [p.get("skip") for p in missing]
+    assert "no fast path" in next(p for p in missing if p["variant"] == "bf16")["note"]
+    with pytest.raises(CpuoptError, match="unknown comparison"):
+        capture.variant_pairs([cnn], {"fp16": ["cnn"]}, built, {})

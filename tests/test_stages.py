@@ -218,6 +218,23 @@ def test_runtime_findings_when_stock_torch_beats_every_replacement():
     assert any("fastest with this torch in screening: SGD foreach at 90.0 samples/s, 0.90x" in line for line in lines)
 
 
+def test_a_compile_too_short_to_have_generated_a_kernel_is_said_so():
+    base = RunConfig(threads=2, workload="rnn")
+    configs = {"torch (stock)": base, "torch.compile (default)": base.replace(compile="default", warmup=1)}
+    results = []
+    for i in range(2):
+        results += [result(base, i, 100.0, arm=0), result(configs["torch.compile (default)"], i, 101.0, arm=1)]
+    for r in results:
+        r.update(step_ms={"median": 10.0}, compile_s=0.08 if r["config"]["compile"] else None, compile_warm_s=0.02)
+    lines = runtime.findings(results, configs, settings.named_table(results, configs), "rnn")
+    assert any("took 0.08 s from a cold cache, too short for any kernel" in line for line in lines)
+    assert not any("pays for itself" in line for line in lines)
+    for r in results:
+        r.update(compile_s=30.0 if r["config"]["compile"] else None)
+    lines = runtime.findings(results, configs, settings.named_table(results, configs), "rnn")
+    assert any("compiled in 30 s from a cold cache" in line for line in lines)
+
+
 def test_the_ladders_end_reuses_a_one_rung_comparison_and_not_several(tmp_path):
     from cpuopt_helpers.results import ResultStore
     from cpuopt_helpers.workbook import Session

@@ -39,11 +39,16 @@ def test_its_status_says_what_is_missing_or_why_it_was_not_tried(monkeypatch):
     assert "zentorch: not tried" not in runtimes.vendor_extension("AuthenticAMD")
     assert runtimes.vendor_extension("AuthenticAMD").endswith(
         "zentorch 2.13.0.2 installed, fits this torch; not measured on this machine yet (notebook 05, `make run`)")
-    measured = {"preset": "quick", "date": "2026-12-01", "lines": ["cnn: zentorch over stock eager: 1.2x (1.1-1.3)."]}
+    measured = {"preset": "quick", "date": "2026-12-01", "lines": ["cnn: zentorch over stock eager: 1.2x (1.1-1.3).",
+                                                                   "cnn: IPEX over its own stock torch 2.8: 0.4x."]}
     assert runtimes.vendor_extension("AuthenticAMD", measured=measured).endswith(
         "fits this torch; measured here by notebook 05 (quick preset, 2026-12-01): cnn: zentorch over stock eager: "
         "1.2x (1.1-1.3).")
+    assert runtimes.vendor_extension("GenuineIntel", {"available": True}, measured).endswith(
+        "its runtime is built; measured here by notebook 05 (quick preset, 2026-12-01): cnn: IPEX over its own stock "
+        "torch 2.8: 0.4x.")
     assert runtime.extension_lines(["cnn: IPEX over its own stock torch 2.8: 1.1x.", "cnn: fastest: channels-last",
+                                    "rnn: fastest with this torch in screening: torch.compile (zentorch)",
                                     "rnn: zentorch: its training run failed"]) == [
         "cnn: IPEX over its own stock torch 2.8: 1.1x.", "rnn: zentorch: its training run failed"]
     assert runtimes.vendor_extension("GenuineIntel", {"available": True}).startswith(

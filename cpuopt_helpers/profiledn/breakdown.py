@@ -115,6 +115,11 @@ def compare_findings(a: pd.DataFrame, b: pd.DataFrame, labels: tuple[str, str] =
             lines.append(f"{name}: {ca} calls vs {cb}.")
         if abs(row["share_moved"]) >= SHARE_MOVED:
             lines.append(f"{name}: share of oneDNN time {row[f'share_{la}']:.0%} -> {row[f'share_{lb}']:.0%}.")
+    impl_a, impl_b = breakdown(a, "impl"), breakdown(b, "impl")
+    if len(impl_a) and len(impl_b) and impl_a.index[0] != impl_b.index[0]:
+        name = lambda key: " ".join(key) if isinstance(key, tuple) else key  # noqa: E731  (kind, impl)
+        lines.append(f"The heaviest implementation changed: {name(impl_a.index[0])} ({impl_a['share'].iloc[0]:.0%} "
+                     f"of oneDNN time) in {la}, {name(impl_b.index[0])} ({impl_b['share'].iloc[0]:.0%}) in {lb}.")
     ka = set(map(tuple, distinct_primitives(a)[PRIMITIVE_KEY].values.tolist()))
     kb = set(map(tuple, distinct_primitives(b)[PRIMITIVE_KEY].values.tolist()))
     lines.append(f"Distinct primitives: {len(ka)} in {la}, {len(kb)} in {lb}, {len(ka & kb)} in both.")

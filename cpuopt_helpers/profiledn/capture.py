@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.profiledn.breakdown import breakdown, compare, compare_findings, findings
 from cpuopt_helpers.profiledn.parse import ParsedLog, parse_log
 from cpuopt_helpers.profiledn.replay import project_log, projection_findings
@@ -105,6 +106,7 @@ def profile_table(profiles: list[Profile]) -> pd.DataFrame:
             "logged_onednn_ms_per_step": p.parsed.exec["time_ms"].sum() / p.steps,
             "coverage": p.coverage(),
             "kernel_ms_per_step": proj.get("kernel_ms_per_step"),
+            "replay_over_logged": proj.get("agreement"),
             "efficiency": proj.get("efficiency"),
             "replayed": proj.get("replayed"), "not_replayed": proj.get("not_replayed"),
             **({"trace_outside_onednn": p.trace["outside_onednn_share"], "ops_per_step": p.trace["ops_per_step"],
@@ -144,6 +146,7 @@ class Comparison:
     base: Profile
     other: Profile
     labels: tuple[str, str]
+    note: str = ""  # why this pair is worth reading (e.g. the bf16 gate's reading of the ISA)
 
     @property
     def ok(self) -> bool:
@@ -157,8 +160,77 @@ class Comparison:
         b, o = self.base.plain["step_ms"]["median"], self.other.plain["step_ms"]["median"]
         head = (f"{self.base.label}, {self.labels[0]} vs {self.labels[1]}: measured step {b:.2f} ms vs {o:.2f} ms "
                 f"({b / o:.2f}x in one run each; the optimisation notebooks measure it with repeats).")
-        return [head] + compare_findings(self.base.parsed.exec, self.other.parsed.exec, self.labels,
-                                         (self.base.steps, self.other.steps))
+        return [head] + ([self.note] if self.note else []) + compare_findings(
+            self.base.parsed.exec, self.other.parsed.exec, self.labels, (self.base.steps, self.other.steps))
+
+
+VARIANTS = ("channels-last", "IPEX", "bf16")
+
+
+def variant_pairs(profiles: list[Profile], workloads: dict[str, list[str]], ipex: dict, bf16: dict) -> list[dict]:
+    """The paper's comparisons, planned: for each variant (``VARIANTS``) and each workload named
+    in ``workloads[variant]``, the reference and the variant's config, or why it is left out.
+
+    - channels-last: the profile above against the same config in NHWC;
+    - IPEX: torch 2.8 stock against torch 2.8 + ``ipex.optimize``, both in the IPEX runtime
+      (one oneDNN build, so what differs is IPEX's); where the runtime is built (``ipex``:
+      ``runtimes.ipex_facts()``);
+    - bf16: the profile above (fp32) against bf16 autocast; where the CPU has no bf16 fast
+      path (``bf16``: the gate) it still runs, and the log shows the kernels that serve it.
+    """
+    unknown = set(workloads) - set(VARIANTS)
+    if unknown:
+        raise CpuoptError(f"unknown comparison(s) {', '.join(sorted(unknown))}; use some of {', '.join(VARIANTS)}")
+    done = {p.label: p for p in profiles}
+    pairs = []
+    for variant in VARIANTS:
+        for w in workloads.get(variant, []):
+            base = done.get(w)
+            if base is None or not base.ok:
+                pairs.append({"workload": w, "variant": variant,
+                              "skip": f"{w}: not compared ({variant}): it was not profiled above"})
+                continue
+            config = base.config
+            if variant == "channels-last":
+                pairs.append({"workload": w, "variant": variant, "base": base, "labels": ("default", "channels_last"),
+                              "other": config.replace(channels_last=True), "note": ""})
+            elif variant == "IPEX":
+                if not ipex.get("available"):
+                    pairs.append({"workload": w, "variant": variant, "skip": f"{w}: not compared with IPEX: "
+                                  f"{ipex.get('reason') or 'the IPEX runtime is not built'}"})
+                    continue
+                pairs.append({"workload": w, "variant": variant, "base": config.replace(runtime="ipex"),
+                              "labels": ("torch_2.8", "torch_2.8_IPEX"),
+                              "other": config.replace(runtime="ipex", ipex=True),
+                              "note": f"Both in the IPEX runtime (torch {ipex.get('torch')}, IPEX {ipex.get('ipex')}): "
+                                      "one oneDNN build, so what differs is ipex.optimize's doing."})
+            else:
+                state = ("bf16 has a fast path here" if bf16.get("accelerated") else
+                         "bf16 has no fast path here, so expect reference or emulated kernels")
+                pairs.append({"workload": w, "variant": variant, "base": base, "labels": ("fp32", "bf16"),
+                              "other": config.replace(dtype="bf16"), "note": f"{state}: {bf16.get('reason', '')}"})
+    return pairs
+
+
+def compare_variants(session, pairs: list[dict], log_dir: Path, repeats: int = 10) -> tuple[list[Comparison], list[str]]:
+    """Profile what ``variant_pairs`` planned; the comparisons, and a line for each pair left out or failed."""
+    comparisons, notes = [], []
+    for pair in pairs:
+        if "skip" in pair:
+            notes.append(pair["skip"])
+            continue
+        w, (la, lb) = pair["workload"], pair["labels"]
+        base = pair["base"] if isinstance(pair["base"], Profile) else profile_workload(
+            session, pair["base"], log_dir, label=f"{w} {la}", repeats=repeats)
+        other = profile_workload(session, pair["other"], log_dir, label=f"{w} {lb}", repeats=repeats)
+        comparison = Comparison(base, other, (la, lb), pair["note"])
+        if comparison.ok:
+            comparisons.append(comparison)
+        else:
+            failed = next(p for p in (base, other) if not p.ok)
+            why = (failed.traced.get("reason") or failed.plain.get("reason") or "no log").strip().splitlines()
+            notes.append(f"{w}: {la} vs {lb} not compared: {failed.label} failed: {why[-1][:200] if why else ''}")
+    return comparisons, notes
 
 
 def answer(profiles: list[Profile], comparisons: list[Comparison]) -> list[str]:

@@ -3,7 +3,12 @@
 The paper's ProfileDNN re-runs each primitive with benchdnn; here each one is re-run with
 the PyTorch call that reaches the same oneDNN primitive (same shape, data type, layout and
 direction), in a fresh process pinned to the same cores with the same thread count, and
-the median of several repeats is kept. The efficiency ratio is
+the median of several repeats is kept. A PyTorch call is more than its primitive (dispatch,
+output allocation, reorders of plain tensors into the primitive's layout), so each replay
+is also run with oneDNN's verbose log on, and the primitive's own time is read from that
+log (the same kind, direction, type, layouts and shape as the logged row): like for like
+with the logged time. That time is the replayed time where found; the call's wall time
+otherwise. The efficiency ratio is
 
     (kernel-only time per step) / (measured step time)
 
@@ -23,14 +28,17 @@ and counted at their logged time.
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
 import re
 import statistics
 import sys
+import tempfile
 
 import pandas as pd
 
-from cpuopt_helpers.profiledn.breakdown import distinct_primitives
+from cpuopt_helpers.profiledn.breakdown import PRIMITIVE_KEY, distinct_primitives
 from cpuopt_helpers.profiledn.parse import parse_log
 from cpuopt_helpers.stats import time_calls
 
@@ -120,8 +128,52 @@ def _runner(row) -> tuple[object | None, str]:
     return None, f"{row.kind} is not replayed"
 
 
+def logged_calls(fn, calls: int) -> str:
+    """Call ``fn`` ``calls`` times with oneDNN's verbose log on: the log text it printed (this
+    process's standard output is caught at the file descriptor, where oneDNN writes)."""
+    import ctypes
+
+    import torch
+
+    libc = ctypes.CDLL(None)
+    sys.stdout.flush()
+    libc.fflush(None)
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 1)
+        try:
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                for _ in range(calls):
+                    fn()
+        finally:
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+        caught.seek(0)
+        return caught.read().decode(errors="replace")
+
+
+def kernel_time(row, text: str, repeats: int, calls: int) -> tuple[float | None, float, int]:
+    """From the replay's own log of ``calls`` PyTorch calls: the median time of the replayed
+    primitive itself (the primitive with the logged row's kind, direction, type, layouts and
+    shape, over its last ``repeats`` executions), and the time per call and count of the other
+    primitives the calls ran around it (reorders of inputs and outputs, which the training
+    step may not pay)."""
+    df = parse_log(io.StringIO(text)).exec if text.strip() else pd.DataFrame(columns=PRIMITIVE_KEY + ["time_ms"])
+    if df.empty:
+        return None, 0.0, 0
+    same = (df[PRIMITIVE_KEY].astype(str) == pd.Series({k: str(getattr(row, k)) for k in PRIMITIVE_KEY})).all(axis=1)
+    mine, others = df[same], df[~same]
+    kernel = statistics.median(mine["time_ms"].tail(repeats)) if len(mine) else None
+    return kernel, others["time_ms"].sum() / max(1, calls), len(others)
+
+
 def time_primitives(prims: pd.DataFrame, repeats: int = 10, warmup: int = 2) -> list[dict]:
-    """Inside the pinned process: median time of each replayable primitive."""
+    """Inside the pinned process: each replayable primitive's median wall time per PyTorch call
+    (``replay_ms``), then, in as many calls again with oneDNN's verbose log on, the time of the
+    primitive itself (``kernel_replay_ms``: like for like with the logged time, the first
+    creation and the warm-up calls excluded) and of what else the call ran in oneDNN
+    (``added_ms`` per call)."""
     import torch
 
     out = []
@@ -129,25 +181,49 @@ def time_primitives(prims: pd.DataFrame, repeats: int = 10, warmup: int = 2) -> 
         for row in prims.itertuples():
             fn, note = _runner(row)
             if fn is None:
-                out.append({"replayed": False, "replay_ms": None, "note": note})
+                out.append({"replayed": False, "replay_ms": None, "kernel_replay_ms": None, "added_ms": None,
+                            "note": note})
                 continue
             times = time_calls(fn, repeats, warmup)
-            out.append({"replayed": True, "replay_ms": statistics.median(times) * 1e3, "note": note})
+            kernel, added, _ = kernel_time(row, logged_calls(fn, warmup + repeats), repeats, warmup + repeats)
+            out.append({"replayed": True, "replay_ms": statistics.median(times) * 1e3, "kernel_replay_ms": kernel,
+                        "added_ms": added, "note": note})
     return out
 
 
 def projection(prims: pd.DataFrame, replays: list[dict], steps: int, step_ms: float | None) -> dict:
-    """Sum replayed time x calls (logged time where not replayed) into the efficiency ratio."""
+    """Sum replayed time x calls (logged time where not replayed) into the efficiency ratio.
+
+    A primitive's replayed time is its own time in the replay's log (``kernel_replay_ms``, like
+    for like with the logged time) where the replay found it there, else the PyTorch call's
+    wall time (``replay_ms``, which also holds the call's dispatch and any reorders it adds).
+    ``agreement`` is replayed over logged time, over the primitives replayed like for like."""
     table = pd.concat([prims.reset_index(drop=True), pd.DataFrame(replays)], axis=1)
-    table["kernel_ms"] = table["replay_ms"].where(table["replayed"], table["mean_ms"]) * table["calls"]
+    for column in ("kernel_replay_ms", "added_ms"):
+        if column not in table:  # replays from before the replay read its own log
+            table[column] = None
+    table["kernel_replay_ms"] = pd.to_numeric(table["kernel_replay_ms"], errors="coerce")
+    table["replay_ms"] = pd.to_numeric(table["replay_ms"], errors="coerce")
+    replayed = table["kernel_replay_ms"].fillna(table["replay_ms"])
+    table["kernel_ms"] = replayed.where(table["replayed"], table["mean_ms"]) * table["calls"]
+    table["replay_over_logged"] = table["kernel_replay_ms"] / table["mean_ms"]
     kernel_per_step = table["kernel_ms"].sum() / steps
     logged_per_step = table["time_ms"].sum() / steps
     missing = table[~table["replayed"]]
+    alike = table[table["kernel_replay_ms"].notna()]
+    wall = table[table["replayed"]]
     return {
         "table": table,
         "steps": steps,
         "kernel_ms_per_step": kernel_per_step,
         "logged_ms_per_step": logged_per_step,
+        "alike": len(alike),
+        "alike_logged_ms_per_step": alike["time_ms"].sum() / steps,
+        "alike_replayed_ms_per_step": (alike["kernel_replay_ms"] * alike["calls"]).sum() / steps,
+        "agreement": ((alike["kernel_replay_ms"] * alike["calls"]).sum() / alike["time_ms"].sum()
+                      if len(alike) and alike["time_ms"].sum() else None),
+        "call_replayed_ms_per_step": (wall["replay_ms"] * wall["calls"]).sum() / steps,
+        "call_logged_ms_per_step": wall["time_ms"].sum() / steps,
         "step_ms": step_ms,
         "efficiency": kernel_per_step / step_ms if step_ms else None,
         "projected_step_ms": kernel_per_step,
@@ -188,6 +264,14 @@ def projection_findings(proj: dict, label: str = "") -> list[str]:
     who = f"{label}: " if label else ""
     lines = [f"{who}oneDNN primitives replayed in isolation take {proj['kernel_ms_per_step']:.2f} ms per step "
              f"({proj['replayed']} distinct primitives replayed, {proj['not_replayed']} counted at logged time)."]
+    if proj.get("agreement") is not None:
+        lines.append(
+            f"{who}replay against the log, like for like ({proj['alike']} primitives found in the replay's own log, "
+            f"first creation and warm-up excluded): {proj['alike_replayed_ms_per_step']:.2f} ms per step replayed vs "
+            f"{proj['alike_logged_ms_per_step']:.2f} ms logged ({proj['agreement']:.2f}x). Timed as whole PyTorch "
+            f"calls the replayed primitives take {proj['call_replayed_ms_per_step']:.2f} ms against "
+            f"{proj['call_logged_ms_per_step']:.2f} ms logged: the difference is the call's dispatch and the "
+            "reorders it adds around the primitive, which the projection leaves out.")
     if proj["step_ms"] and proj["efficiency"] > 1:
         lines.append(f"{who}measured step {proj['step_ms']:.2f} ms; efficiency ratio {proj['efficiency']:.0%}: "
                      "replayed one by one, the kernels take longer than the whole step, so the step is kernel-bound "

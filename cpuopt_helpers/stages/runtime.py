@@ -14,15 +14,20 @@ from cpuopt_helpers.stages.settings import normalise, paired
 
 
 OPTIMIZER_ARMS = ("SGD foreach", "SGD fused", "AdamW (default)", "AdamW fused")
+NOTHING_COMPILED_S = 1.0  # a cold compile faster than this generated no kernel (Inductor's C++ alone takes seconds)
 
 
 ZENTORCH = "torch.compile (zentorch)"
 EXTENSION_FACT = "vendor_extension/findings"  # what notebook 05 measured of the vendor's extension (`cpuopt doctor`)
 
 
+EXTENSION_FINDINGS = (": IPEX over its own", ": zentorch over ", ": zentorch's loss", ": zentorch: ")
+
+
 def extension_lines(lines: list[str]) -> list[str]:
-    """Of notebook 05's findings, those about the vendor's extension (IPEX against its own torch, zentorch)."""
-    return [line for line in lines if "zentorch" in line or "IPEX over its own" in line]
+    """Of notebook 05's findings, those about a vendor's extension: IPEX against its own torch,
+    zentorch against stock eager and Inductor, its loss, or why it was not measured."""
+    return [line for line in lines if any(marker in line for marker in EXTENSION_FINDINGS)]
 
 
 def configs(base: RunConfig, facts: dict, image_like: bool, ipex_available: bool,
@@ -92,6 +97,12 @@ def findings(results: list[dict], configs: dict, table: pd.DataFrame, workload: 
         steps = breakeven_steps(row.compile_s, eager.iloc[0]["step_ms"], row.step_ms)
         warm = f", {row.compile_warm_s:.0f} s again with a warm cache" if row.compile_warm_s == row.compile_warm_s \
             and row.compile_warm_s is not None else ""
+        if row.compile_s < NOTHING_COMPILED_S:
+            lines.append(f"{workload}: {row.name} took {row.compile_s:.2f} s from a cold cache, too short for any "
+                         "kernel to have been generated: the step ran (almost) all eagerly (torch.compile leaves "
+                         "nn.LSTM/GRU to eager unless torch._dynamo.config.allow_rnn is set), so its ratio is "
+                         "eager's against eager's.")
+            continue
         lines.append(f"{workload}: {row.name} compiled in {row.compile_s:.0f} s from a cold cache{warm}; "
                      + (f"it pays for itself after {steps:,.0f} steps." if steps else
                         "its steps are not faster, so it never pays for itself."))
