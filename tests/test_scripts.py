@@ -193,6 +193,13 @@ def test_script_runs_are_stored_and_read_back_like_worker_runs(tmp_path):
     df = store.load()
     assert df.loc[0, "workload"] == "script" and df.loc[0, "metric"] == scripts.WALL_TIME and df.loc[0, "samples_per_s"] == 50
     assert df.loc[0, "step_ms"] is None and df.loc[0, "label"].endswith(EXAMPLE)
+    from cpuopt_helpers import report
+
+    rows = report.results_rows(store)  # the report's results table shows it beside worker runs
+    assert len(rows) == 1 and rows[0]["step_ms"] != rows[0]["step_ms"]  # NaN: a script has no step time
+    assert {k: v for k, v in rows[0].items() if k != "step_ms"} == {
+        "notebook": "cli-tune-script", "configuration": result["label"], "runs": 1, "ok": 1, "samples_per_s": 50.0,
+        "min": 50.0, "max": 50.0}
 
 
 def script_writing_a_file(tmp_path):
