@@ -266,7 +266,8 @@ def waterfall(tables: dict, finals: dict | None = None):
                 ax.bar(i, new, color="#4C72B0")
             else:
                 ax.bar(i, new - level, bottom=level, color="#55A868" if new >= level else "#C44E52")
-                if row.vs_previous_low is not None and row.vs_previous_low == row.vs_previous_low:
+                if getattr(row, "confirmed", True) and row.vs_previous_low is not None \
+                        and row.vs_previous_low == row.vs_previous_low:  # an unconfirmed rung adds nothing
                     ax.errorbar(i, new, yerr=[[new - level * row.vs_previous_low], [level * row.vs_previous_high - new]],
                                 color="black", capsize=3, lw=1)
             level = new

@@ -103,3 +103,12 @@ def test_a_bf16_setting_whose_loss_drifts_is_not_handed_on():
     assert drift > settings.LOSS_TOLERANCE
     chosen, sentence, _ = settings.choose(table, "drift", lambda a, b: {"verdict": "faster"})
     assert chosen["dtype"] == "fp32" and f"loss drifted {drift:.0%}" in sentence
+
+
+def test_the_bf16_stage_compares_against_the_layout_handed_on():
+    facts = {"physical_cores": 2, "bf16": {"accelerated": True}}
+    for handed_on in (False, True):
+        base = RunConfig.for_preset("cnn", "standard", threads=2, channels_last=handed_on)
+        configs = precision.configs(base, facts, channels_last=True)
+        assert (configs[0].channels_last, configs[0].dtype) == (handed_on, "fp32")  # the reference: the rung before
+        assert {(c.channels_last, c.dtype) for c in configs} == {(a, b) for a in (False, True) for b in ("fp32", "bf16")}

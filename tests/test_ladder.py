@@ -187,3 +187,22 @@ def test_the_end_to_end_verdict_is_found_below_rungs_that_kept_the_configuration
     end = {"ratio": 1.5, "ci_low": 1.4, "ci_high": 1.7, "n": 10, "verdict": "faster", "label": "95% CI"}
     rows = [{"end_to_end": None}, {"end_to_end": end}, {"end_to_end": None}]  # bf16 confirmed, the fixes kept
     assert ladder.top_end_to_end(rows) is end and ladder.top_end_to_end(rows[:1]) is None
+
+
+def test_the_ladder_figure_draws_no_interval_for_a_rung_its_comparison_did_not_confirm():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+
+    from cpuopt_helpers import plots
+
+    # as make run on the AMD EPYC left it: bf16 confirmed 1.63x against another reference than the
+    # rung before, so the chain stays at 1.08x and the figure once raised on a negative error bar
+    table = pd.DataFrame({"step": ["baseline", "runtime", "bf16"], "cumulative_speedup": [1.0, 1.08, 1.08],
+                          "vs_previous_low": [None, 1.03, 1.56], "vs_previous_high": [None, 1.14, 1.70],
+                          "confirmed": [None, True, False]})
+    fig = plots.waterfall({"cnn": table})
+    from matplotlib.container import ErrorbarContainer
+
+    assert sum(isinstance(c, ErrorbarContainer) for c in fig.axes[0].containers) == 1  # the runtime rung's only
