@@ -161,7 +161,7 @@ def run_script(config: RunConfig, command: list[str], reading: Reading, facts: d
             return dict(result, status="failed", reason=f"{f'copy {i} of {len(outputs)}: ' if copies else ''}{how}\n{tail}")
     how = readings[0][1] + (f", summed over {len(outputs)} copies" if copies else "")
     return dict(result, status="ok", samples_per_s=sum(v for v, _ in readings), metric=how, reason="",
-                instances=[{"index": i, "samples_per_s": v} for i, (v, _) in enumerate(readings)])
+                copies=[{"index": i, "samples_per_s": v} for i, (v, _) in enumerate(readings)])
 
 
 def stored_runner(command: list[str], reading: Reading, facts: dict, store, tag: str = "cli-tune-script"):

@@ -222,7 +222,7 @@ def test_copies_of_a_script_run_in_their_own_folders_and_their_throughputs_add_u
     two = scripts.script_config(command, 2, instances=2, threads=1)
     r = scripts.run_script(two, command, reading)
     assert r["status"] == "ok", r["reason"]
-    assert r["samples_per_s"] == 21 and [i["samples_per_s"] for i in r["instances"]] == [10, 11]
+    assert r["samples_per_s"] == 21 and [i["samples_per_s"] for i in r["copies"]] == [10, 11]
     assert r["metric"].endswith("summed over 2 copies")
     (tmp_path / "runs").mkdir()
     assert cli.main(["launch", "--ninstances", "2", "--ncores-per-instance", "1", "--instance-dirs",
