@@ -592,8 +592,8 @@ def _whole_step(args) -> int:
         folder = build_dir() / "traces"
         folder.mkdir(parents=True, exist_ok=True)
         trace_file = str(folder / f"{safe_name(args.workload)}_{args.preset}.trace.json")
-        traced, plain = wholestep.capture(config, trace_file)
-        for run in (plain, traced):
+        traced, timed, plain = wholestep.capture(config, trace_file)
+        for run in (plain, traced, timed):
             if run["status"] != "ok":
                 reason = (run.get("reason") or "no reason given").strip().splitlines() or ["no reason given"]
                 raise CpuoptError(f"the {args.workload} run ended {run['status']}: {reason[-1][:300]}")
@@ -624,6 +624,8 @@ def _whole_step(args) -> int:
         gemm = ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in ceilings.gemm_gflops.items())
         print(f"ceilings ({ceilings.source}): GEMM {gemm}; copy {ceilings.copy_gbs:.1f} GB/s")
         print(f"step {result['step_ms']:.2f} ms traced" + (f" ({plain_ms:.2f} ms unprofiled)" if plain_ms else "")
+              + (f"; times from a light trace (with shapes {result['shaped_step_ms']:.2f} ms)"
+                 if result["timing"] == "light trace" else "")
               + f", projected {result['projected_ms']:.3f} ms; coverage {result['coverage']:.1%} of the operators' "
               f"time ({result['step_coverage']:.1%} of the step); between ops {result['between_ops_share']:.1%} "
               "of the step")

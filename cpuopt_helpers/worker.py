@@ -257,14 +257,17 @@ def profiler_trace_to(path: str | None, steps: int):
     """Record the block with torch.profiler; save the Chrome trace and an operator table.
 
     With the operators' input shapes and dtypes (and torch's FLOPs where it counts them):
-    what profiledn.wholestep reads to give every operator its work and its ceiling.
+    what profiledn.wholestep reads to give every operator its work and its ceiling. Recording
+    shapes slows each call, so wholestep takes the times from a second, light trace without them.
     """
     if path is None:
         yield
         return
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+    # CPUOPT_TRACE_SHAPES=0: a light trace for times only (profiledn.wholestep.TIMING_ENV)
+    shapes = os.environ.get("CPUOPT_TRACE_SHAPES", "1") != "0"
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=shapes, with_flops=shapes) as prof:
         yield
     prof.export_chrome_trace(path)
     ops = [{"name": e.key, "count": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3,

@@ -136,9 +136,10 @@ def test_profiling_breaks_down_projects_and_compares(quick_run):
     assert "cnn, default vs channels_last: measured step" in text and "cnn, fp32 vs bf16: measured step" in text
     assert ("cnn torch_2.8, torch_2.8 vs torch_2.8_IPEX: measured step" in text) == ipex
     assert ipex or "cnn: not compared with IPEX" in text
-    # verbose-logged and profiler-traced runs per workload (the plain step is 01's baseline run,
-    # reused), plus plain and logged in channels-last and in bf16, and both IPEX runtime profiles
-    assert len(store.load(tag="02_profiling")) == len(PROFILED) * 2 + 2 + 2 + (4 if ipex else 0)
+    # verbose-logged, profiler-traced and light-traced runs per workload (the plain step is 01's
+    # baseline run, reused), plus plain and logged in channels-last and in bf16, and both IPEX runtime profiles
+    assert len(store.load(tag="02_profiling")) == len(PROFILED) * 3 + 2 + 2 + (4 if ipex else 0)
+    assert "(Times from a trace without shapes" in text  # the whole step's times come from the light trace
     assert "not profiled" not in text
     assert 0 <= prof["trace_outside_onednn"] <= 1 and prof["ops_per_step"] > 10
     assert (out / "onednn_logs" / "cnn_quick.trace.json").exists()

@@ -91,6 +91,30 @@ def test_coverage_projection_and_gap_split(result):
     assert result["speedup_bound"] == pytest.approx(result["step_ms"] / result["projected_ms"])
 
 
+def test_times_come_from_the_light_trace_when_its_operators_match(tmp_path, caplog):
+    data = json.loads(TRACE.read_text())
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    halved = [{**e, "dur": e["dur"] / 2} if e.get("cat") == "cpu_op" else e for e in events]
+    light = tmp_path / "light.json"
+    light.write_text(json.dumps({"traceEvents": halved}))
+    shaped = wholestep.whole_step(TRACE, CEIL, timing=None)
+    timed = wholestep.whole_step(TRACE, CEIL, timing=light)
+    assert (shaped["timing"], timed["timing"]) == ("shaped trace", "light trace")
+    assert timed["operator_ms"] == pytest.approx(shaped["operator_ms"] / 2)
+    assert timed["shaped_step_ms"] == pytest.approx(shaped["step_ms"])
+    rows = timed["rows"].set_index(["op", "ts_us"])
+    assert list(timed["rows"]["flops"]) == list(shaped["rows"]["flops"])  # the work is the shaped trace's
+    assert timed["rows"].loc[timed["rows"]["op"] == "aten::cat", "projected_us"].iloc[0] == 5  # unknown: light time
+    assert len(rows) == len(shaped["rows"])
+    # a light trace of other operators is not joined: the shaped trace's times stay, with a warning
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"traceEvents": [e for e in halved if e.get("name") != "aten::view"]}))
+    with caplog.at_level("WARNING"):
+        kept = wholestep.whole_step(TRACE, CEIL, timing=other)
+    assert kept["timing"] == "shaped trace" and kept["operator_ms"] == pytest.approx(shaped["operator_ms"])
+    assert "differ" in caplog.text
+
+
 def test_operator_table_rates_intensity_and_ceilings(result):
     table = result["table"]
     assert table["ms"].sum() == pytest.approx(result["operator_ms"])
@@ -205,15 +229,19 @@ def test_bad_traces_are_one_line_and_exit_2(tmp_path, capsys, content, message):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workload", ["cnn", "transformer", "rnn"])
+@pytest.mark.parametrize("workload", ["cnn", "transformer", "rnn", "retinanet"])
 def test_a_real_quick_step_is_covered(tmp_path, workload):
     """A real traced step of each built-in workload: at least 95% of its operators' time projected."""
     from cpuopt_helpers.config import RunConfig
 
     trace = tmp_path / f"{workload}.trace.json"
-    traced, _ = wholestep.capture(RunConfig(workload=workload, preset="quick", steps=5), trace, plain=False)
+    traced, timed, _ = wholestep.capture(RunConfig(workload=workload, preset="quick", steps=5), trace, plain=False)
     assert traced["status"] == "ok", traced.get("reason")
+    assert timed["status"] == "ok", timed.get("reason")
+    light = wholestep.load_events(wholestep.timing_path(trace))
+    assert not any("Input Dims" in (e.get("args") or {}) for e in light)  # the light trace records no shapes
     result = wholestep.whole_step(trace, CEIL)
+    assert result["timing"] == "light trace"  # its operators matched the shaped trace's one to one
     assert result["steps"] == 5
     assert result["coverage"] >= 0.95, result["table"][result["table"]["bound"] == "unknown"].head()
     # the FLOPs read off the trace's shapes agree with torch's FLOP counter in the worker (cpuopt_helpers.flops)

@@ -13,6 +13,7 @@ from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.profiledn.breakdown import breakdown, compare, compare_findings, findings
 from cpuopt_helpers.profiledn.parse import ParsedLog, parse_log
 from cpuopt_helpers.profiledn.replay import project_log, projection_findings
+from cpuopt_helpers.profiledn import wholestep
 from cpuopt_helpers.profiledn.trace import summarize_trace, trace_findings
 
 
@@ -63,7 +64,7 @@ def profile_workload(session, config: RunConfig, log_dir: Path, label: str | Non
     ``plain``: a run of this configuration already measured (notebook 01's baseline), reused
     for the step time instead of measuring it again. The replay runs on the plain run's
     cores with its thread count. With ``trace=True`` a third run records its timed steps
-    with torch.profiler. A failed run gives a Profile with ``parsed=None``; its RunResult
+    with torch.profiler, and a fourth again without shapes (``wholestep.timing_path``). A failed run gives a Profile with ``parsed=None``; its RunResult
     says why.
     """
     label = label or config.workload
@@ -89,6 +90,8 @@ def profile_workload(session, config: RunConfig, log_dir: Path, label: str | Non
         session.store.save_result(traced_run, tag=tag)
         if traced_run["status"] == "ok":
             summary = summarize_trace(path)
+            # the same steps traced without shapes: the times whole-step projection uses
+            session.store.save_result(session.run(wholestep.timing_config(config, path)), tag=tag)
     return Profile(label, config, plain, traced, log, parsed, projection, summary)
 
 

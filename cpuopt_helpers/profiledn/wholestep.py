@@ -12,11 +12,12 @@ work and the ceiling that applies, the roofline of notebook 00 (``roofline.measu
 | ceiling              | GEMM-like: ``max(FLOPs / GEMM GFLOP/s of the dtype that ran, bytes / copy GB/s)`` (fp32 or bf16 ceiling); others: ``bytes / copy GB/s``. Copy GB/s counts read + write, as bytes do |
 | projection           | the step if each row ran at its ceiling (a row measured faster than its ceiling, e.g. data that fits in cache beating the DRAM copy rate, keeps its measured time) and time between ops vanished; rows whose work is unknown keep their measured time |
 | gap, split by cause  | ``compute`` (rows whose ceiling is the GEMM rate, below peak), ``memory`` (rows bound by bandwidth, below it), ``no work`` (views, allocations, scalar bookkeeping: pure overhead), ``unknown`` (work not counted), ``between ops`` (the step's wall time outside every top-level span: Python, the autograd engine between nodes, the loop) |
+| times                | from a second, light trace of the same steps recorded without shapes (``timing_path``, written by ``capture``): recording shapes slows every call (the operators' time by a sixth to a third on a 2-core AMD EPYC), the light trace runs close to the unprofiled step. Its top-level spans are joined to the shaped trace's one by one (same operators in the same order, else the shaped trace's own times are kept, with a warning) |
 | coverage             | share of the operators' time (the step less the time between ops) in rows whose work is known and has a ceiling; the time between ops is reported beside it and does not count either way (``step_coverage``: the same time over the whole step, between ops included) |
 
 Rows are per call; ``operator_table`` groups them by operator, phase and input shapes per step.
-The trace's step times run with the profiler on (record_shapes adds a few µs a call); the
-unprofiled step (``plain_step_ms``), when given, is reported beside it, not mixed into shares.
+The step times still run with the profiler on; the unprofiled step (``plain_step_ms``), when
+given, is reported beside them, not mixed into shares.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ REDUCTIONS = {
     "prod", "logsumexp", "count_nonzero", "dot", "vdot", "is_nonzero", "equal", "allclose", "_foreach_norm",
 }
 CAUSES = ["compute", "memory", "no work", "unknown", "between ops"]
+TIMING_ENV = {"CPUOPT_TRACE_SHAPES": "0"}  # the worker records a light trace: times without shapes
+
+
+def timing_path(trace: str | Path) -> Path:
+    """Where the light trace of a shaped trace's steps goes (times only; ``capture`` writes it)."""
+    return Path(f"{trace}.timing.json")
 
 
 @dataclass(frozen=True)
@@ -311,14 +318,34 @@ def _phase(node: Node, notes: list[tuple[str, float, float]]) -> str:
     return "forward"
 
 
-def operator_rows(events: list[dict], ceilings: Ceilings) -> pd.DataFrame:
-    """One row per top-level operator span: measured time, work, ceiling time, bound and cause."""
+def timed_spans(tops: list[Node], timing_events: list[dict] | None) -> list[Node] | None:
+    """The light trace's top-level spans, one per span of the shaped trace; None when they differ."""
+    if not timing_events:
+        return None
+    timed, _ = build_forest(timing_events)
+    if [n.name for n in timed] != [n.name for n in tops]:
+        log.warning("the light trace's operators differ from the shaped trace's (%d against %d spans): "
+                    "keeping the shaped trace's times", len(timed), len(tops))
+        return None
+    return timed
+
+
+def operator_rows(events: list[dict], ceilings: Ceilings, timing_events: list[dict] | None = None) -> pd.DataFrame:
+    """One row per top-level operator span: measured time, work, ceiling time, bound and cause.
+
+    Work comes from ``events`` (a trace with shapes); times from ``timing_events`` (a light trace
+    of the same steps) where its spans match one to one, else from ``events``.
+    """
     tops, notes = build_forest(events)
+    timed = timed_spans(tops, timing_events)
     rows = []
-    for node in tops:
+    for i, node in enumerate(tops):
         w = node_work(node, ceilings)
+        ts, dur = (timed[i].ts, timed[i].dur) if timed else (node.ts, node.dur)
+        if w.unknown_us and node.dur > 0:  # unknown work keeps its measured time: the light one
+            w.unknown_us *= dur / node.dur
         ideal_us = (w.compute_s + w.memory_s) * 1e6
-        known_us = node.dur - w.unknown_us
+        known_us = dur - w.unknown_us
         if known_us <= 0:
             bound = "unknown"
         elif w.compute_s >= w.memory_s and w.compute_s > 0:
@@ -329,13 +356,16 @@ def operator_rows(events: list[dict], ceilings: Ceilings) -> pd.DataFrame:
             bound = "no work"
         rows.append({
             "op": node.name.removeprefix(BACKWARD_PREFIX), "phase": _phase(node, notes), "shapes": w.shapes,
-            "dtype": w.dtype, "ts_us": node.ts, "time_us": node.dur, "flops": w.flops, "bytes": w.bytes,
+            "dtype": w.dtype, "ts_us": ts, "time_us": dur, "flops": w.flops, "bytes": w.bytes,
             "bound": bound, "ideal_us": ideal_us, "unknown_us": w.unknown_us,
             # at most the measured time: a row measured faster than its ceiling keeps its time
             "projected_us": min(ideal_us, max(known_us, 0.0)) + w.unknown_us,
             "above_ceiling": bool(known_us > 0 and ideal_us > known_us),
         })
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    out.attrs["timing"] = "light trace" if timed else "shaped trace"
+    out.attrs["shaped_wall_us"] = (max(n.end for n in tops) - min(n.ts for n in tops)) if tops else 0.0
+    return out
 
 
 def trace_steps(path: str | Path, events: list[dict]) -> int:
@@ -383,14 +413,19 @@ def project(rows: pd.DataFrame, steps: int, ceilings: Ceilings, wall_us: float,
 
 
 def whole_step(trace: str | Path, ceilings: Ceilings, steps: int | None = None,
-               plain_step_ms: float | None = None) -> dict:
+               plain_step_ms: float | None = None, timing: str | Path | None = "auto") -> dict:
     """Read a trace of timed steps and project the whole step (see the module docstring).
 
-    Returns the projection's figures (``project``) with ``rows`` (one per top-level span) and
-    ``table`` (``operator_table``: grouped per step).
+    ``timing``: the light trace the times come from; "auto" takes ``timing_path(trace)`` where it
+    exists, None uses the shaped trace's own times. Returns the projection's figures
+    (``project``) with ``rows`` (one per top-level span) and ``table`` (``operator_table``: grouped
+    per step); ``timing`` says where the times came from, ``shaped_step_ms`` is the step under
+    the shaped trace.
     """
     events = load_events(trace)
-    rows = operator_rows(events, ceilings)
+    if timing == "auto":
+        timing = timing_path(trace) if timing_path(trace).exists() else None
+    rows = operator_rows(events, ceilings, load_events(timing) if timing else None)
     if rows.empty:
         raise CpuoptError(f"trace {trace} holds no operator spans; record the timed steps with `cpuopt bench --trace FILE`")
     has_shapes = any("Input Dims" in (e.get("args") or {}) for e in events if e.get("cat") == "cpu_op")
@@ -400,6 +435,8 @@ def whole_step(trace: str | Path, ceilings: Ceilings, steps: int | None = None,
     steps = steps or trace_steps(trace, events)
     wall_us = float((rows["ts_us"] + rows["time_us"]).max() - rows["ts_us"].min())
     out = project(rows, steps, ceilings, wall_us, plain_step_ms)
+    out["timing"] = rows.attrs["timing"]
+    out["shaped_step_ms"] = rows.attrs["shaped_wall_us"] / 1e3 / steps
     out["rows"] = rows
     out["table"] = operator_table(rows, steps, ceilings)
     out["operator_rows"] = len(out["table"])
@@ -446,7 +483,7 @@ def cause_table(result: dict) -> pd.DataFrame:
 
 def summary_row(result: dict) -> dict:
     """One line of a per-workload table: step, projection, coverage and the gap's causes."""
-    row = {k: result[k] for k in ("step_ms", "plain_step_ms", "operator_ms", "projected_ms", "speedup_bound",
+    row = {k: result[k] for k in ("step_ms", "plain_step_ms", "shaped_step_ms", "operator_ms", "projected_ms", "speedup_bound",
                                   "coverage", "step_coverage", "between_ops_share", "gflop_per_step", "gb_per_step")}
     row.update({f"gap_{k.replace(' ', '_')}_ms": v for k, v in result["gap_ms"].items()})
     return row
@@ -463,6 +500,9 @@ def wholestep_findings(result: dict, label: str = "") -> list[str]:
              f"{result['step_coverage']:.1%} of the whole step is projected."]
     if result["plain_step_ms"]:
         lines[0] += f" Unprofiled, the step took {result['plain_step_ms']:.2f} ms."
+    if result.get("timing") == "light trace":
+        lines[0] += (f" (Times from a trace without shapes; recording shapes stretched the step to "
+                     f"{result['shaped_step_ms']:.2f} ms.)")
     lines.append(f"{who}at every ceiling the step would take {result['projected_ms']:.2f} ms "
                  f"({result['speedup_bound']:.1f}x faster)" if result["speedup_bound"] else f"{who}no projection")
     if total_gap > 0:
@@ -575,12 +615,19 @@ def machine_ceilings(preset: str = "quick", roofline_file: str | None = None) ->
     return Ceilings.from_roofline(value, f"measured now, roofline/{preset}")
 
 
-def capture(config, trace: str | Path, plain: bool = True) -> tuple[dict, dict | None]:
-    """Run a configuration with its timed steps traced (and, with ``plain``, once without the
-    profiler, for the unprofiled step time); each in a fresh worker. Returns (traced, plain) RunResults."""
+def timing_config(config, trace: str | Path):
+    """The run that records the light trace (times only) beside a shaped trace."""
+    return config.replace(trace=str(timing_path(trace)), env={**dict(config.env), **TIMING_ENV})
+
+
+def capture(config, trace: str | Path, plain: bool = True) -> tuple[dict, dict, dict | None]:
+    """Run a configuration with its timed steps traced with shapes, again with a light trace
+    (``timing_path``) and, with ``plain``, once without the profiler, for the unprofiled step
+    time; each in a fresh worker. Returns the (traced, timed, plain) RunResults."""
     from cpuopt_helpers import launch, system
 
     facts = system.collect_facts()
     plain_result = launch.run(config, facts) if plain else None
     traced = launch.run(config.replace(trace=str(trace)), facts)
-    return traced, plain_result
+    timed = launch.run(timing_config(config, trace), facts)
+    return traced, timed, plain_result
