@@ -113,8 +113,9 @@ lab: setup
 overhead: setup
 	$(PY) benchmarks/overhead.py
 
+# VERBOSE_CONVERTER=DIR (oneDNN's scripts/verbose_converter) times its breakdown against ours
 parse-speed: setup
-	$(PY) benchmarks/parse_speed.py
+	$(PY) benchmarks/parse_speed.py $(if $(VERBOSE_CONVERTER),--verbose-converter '$(VERBOSE_CONVERTER)')
 
 focal-loss: setup
 	$(PY) -m cpuopt_helpers.kernels.benchmark focal

@@ -121,6 +121,24 @@ def test_program_output_glued_to_a_line_and_garbage_never_crash():
     assert p.exec.iloc[0].time_ms == 0.5
 
 
+def test_a_repeated_line_is_parsed_once_and_reads_the_same_as_a_fresh_parse():
+    line = ("onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src:f32::blocked:abcd::f0 "
+            "dst:f32::blocked:acdb::f0,,,2x3x4x5,{}\n")
+    text = line.format("0.5") + line.format("1.5") + line.format("oops") + "other\n" + line.format("2")
+    p = profiledn.parse_log(text)
+    assert p.counts["exec"] == 3 and p.counts["malformed"] == 1 and p.counts["other"] == 1
+    assert list(p.exec.time_ms) == [0.5, 1.5, 2.0] and list(p.exec.line) == [1, 2, 5]
+    alone = profiledn.parse_log(line.format("2"))  # the same line in a log of its own
+    assert p.exec.drop(columns=["line", "time_ms"]).iloc[2].equals(alone.exec.drop(columns=["line", "time_ms"]).iloc[0])
+    # a template read after a line changes what the same line means: it is parsed again
+    swapped = ("onednn_verbose,v1,info,template:operation,engine,primitive,implementation,prop_kind,"
+               "memory_descriptors,attributes,auxiliary,problem_desc,exec_time\n")
+    reordered = line.replace("reorder,jit:uni", "jit:uni,reorder")
+    q = profiledn.parse_log(reordered.format("1") + swapped.replace("primitive,implementation", "implementation,primitive")
+                            + reordered.format("1"))
+    assert list(q.exec.kind) == ["jit:uni", "reorder"] and list(q.exec.impl) == ["reorder", "jit:uni"]
+
+
 def test_missing_file_is_a_clear_error():
     with pytest.raises(CpuoptError, match="does not exist"):
         profiledn.parse_log("/nonexistent/onednn.log")

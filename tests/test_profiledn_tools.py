@@ -145,3 +145,25 @@ def test_cli_benchdnn_csv_and_json_fields(tmp_path, capsys):
     assert out["exec_lines"] == 4 and out["total_ms"] == pytest.approx(0.25 + 1.5 + 0.2 + 0.375)
     assert out["benchdnn"] == [f"--reorder {HEAD} --sdt=f32 --ddt=f32 --stag=abcd --dtag=acdb 32x64x28x28"]
     assert out["benchdnn_skipped"] == {"graph:matmul_post_ops": 1, "graph:convolution_post_ops": 1}
+
+
+def test_the_parse_speed_benchmark_times_the_command_and_a_converter(tmp_path):
+    """`make parse-speed` on a small log: the command end to end, parse_log alone, and a converter's breakdown."""
+    import subprocess
+    import sys
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "parse_speed.py"
+    fake = tmp_path / "converter"
+    fake.mkdir()
+    (fake / "verbose_converter.py").write_text("import sys\nassert '-g' in sys.argv and 'breakdown' in sys.argv\n")
+    done = subprocess.run([sys.executable, str(bench), "--lines", "2000", "--rounds", "1",
+                           "--verbose-converter", str(fake)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["exec_rows"] == 2000
+    assert set(out["median_s"]) == {"cpuopt profile --json", "parse_log alone", "verbose_converter breakdown",
+                                    "verbose_converter breakdown -e exec"}
+    assert len(out["ratio_over_cpuopt"]["verbose_converter breakdown"]) == 1
+    missing = subprocess.run([sys.executable, str(bench), "--verbose-converter", str(tmp_path)],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no verbose_converter.py" in missing.stderr

@@ -117,8 +117,14 @@ class _Parser:
     def __init__(self):
         self.template: list[str] | None = None
         self.graph_template: list[str] | None = None
-        self.records: list[tuple] = []
-        self.cache: dict[tuple, tuple | None] = {}
+        # an executed line is its distinct fields (``unique``, index ``uids``), its number, timestamp and time
+        self.unique: list[tuple] = []
+        self.uids: list[int] = []
+        self.numbers: list[int] = []
+        self.timestamps: list[float | None] = []
+        self.times: list[float] = []
+        self.cache: dict[tuple, int] = {}  # parsed fields -> index in unique (-1: malformed)
+        self.fast: dict[str, int] = {}  # a raw line but its time -> index in unique: parsed once
         self.creates = {c: [] for c in ("line", "operation", "kind", "impl", "prop", "problem", "time_ms")}
         self.info: dict = {}
         self.counts = {"exec": 0, "create": 0, "info": 0, "other": 0, "malformed": 0, "lines": 0}
@@ -140,6 +146,7 @@ class _Parser:
             else:
                 self.template = names
             self.cache.clear()
+            self.fast.clear()
         elif "isa:" in text:
             self.info["isa"] = text.split("isa:", 1)[1]
         elif "nthr:" in text:
@@ -151,6 +158,20 @@ class _Parser:
 
     def feed(self, number: int, line: str) -> None:
         self.counts["lines"] += 1
+        head, _, tail = line.rpartition(",")
+        uid = self.fast.get(head)
+        if uid is not None:  # the same line as before but for its time: nothing to parse again
+            try:
+                time = float(tail)
+            except ValueError:
+                pass
+            else:
+                self.counts["exec"] += 1
+                self.uids.append(uid)
+                self.numbers.append(number)
+                self.timestamps.append(None)
+                self.times.append(time)
+                return
         line = line.rstrip("\r\n")
         if not line.startswith(MARKERS):
             at = min((line.find(m) for m in MARKERS if m in line), default=-1)
@@ -188,19 +209,42 @@ class _Parser:
             return
         if op != "exec" or not rest or not _is_number(rest[-1]):
             return self.malformed(number, line)  # also a truncated last line
-        self.exec_line(number, timestamp, api, rest, line)
+        uid = self.exec_line(number, timestamp, api, rest, line)
+        if uid >= 0 and timestamp is None:
+            self.fast[head] = uid
 
-    def exec_line(self, number: int, timestamp, api: str, rest: list[str], line: str) -> None:
-        """An executed primitive; identical lines (but for the time) are parsed once."""
+    def exec_line(self, number: int, timestamp, api: str, rest: list[str], line: str) -> int:
+        """An executed primitive; identical lines (but for the time) are parsed once. Returns the
+        index of its fields in ``unique``, -1 when malformed."""
         key = (api, ",".join(rest[:-1]), line[:1])
-        fields = self.cache.get(key)
-        if fields is None:
+        uid = self.cache.get(key)
+        if uid is None:
             fields = self.graph_fields(rest) if api == "graph" else self.primitive_fields(rest, line)
-            self.cache[key] = fields
-        if not fields:
-            return self.malformed(number, line)
+            uid = -1
+            if fields:
+                uid = len(self.unique)
+                self.unique.append((api, *fields))
+            self.cache[key] = uid
+        if uid < 0:
+            self.malformed(number, line)
+            return uid
         self.counts["exec"] += 1
-        self.records.append((number, timestamp, api, *fields, float(rest[-1])))
+        self.uids.append(uid)
+        self.numbers.append(number)
+        self.timestamps.append(timestamp)
+        self.times.append(float(rest[-1]))
+        return uid
+
+    def exec_frame(self) -> pd.DataFrame:
+        """The executed lines as a table: the distinct fields taken by index, numbers and times added."""
+        import numpy as np
+
+        frame = pd.DataFrame.from_records(self.unique, columns=COLUMNS[2:-1]).take(
+            np.asarray(self.uids, dtype=np.int64)).reset_index(drop=True)
+        frame.insert(0, "line", np.asarray(self.numbers, dtype=np.int64))
+        frame.insert(1, "timestamp", np.asarray(self.timestamps, dtype=float))
+        frame["time_ms"] = np.asarray(self.times, dtype=float)
+        return frame
 
     def graph_fields(self, rest: list[str]) -> tuple | None:
         """Graph API: engine, partition_id, partition_kind, op_names, ..., backend, exec_time."""
@@ -271,8 +315,6 @@ def parse_log(source) -> ParsedLog:
     finally:
         if hasattr(lines, "close"):
             lines.close()
-    exec_df = pd.DataFrame.from_records(parser.records, columns=COLUMNS)
-    exec_df["time_ms"] = exec_df["time_ms"].astype(float)
-    exec_df["timestamp"] = pd.to_numeric(exec_df["timestamp"], errors="coerce")
+    exec_df = parser.exec_frame()
     info = dict(parser.info, template=parser.template)
     return ParsedLog(exec_df, pd.DataFrame(parser.creates), info, parser.counts, parser.examples, name)
