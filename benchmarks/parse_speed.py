@@ -53,7 +53,7 @@ def seconds(command: list[str], cwd: Path) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--verbose-converter", metavar="DIR", help="oneDNN's scripts/verbose_converter folder")
-    ap.add_argument("--rounds", type=int, default=3, help="paired rounds (default 3)")
+    ap.add_argument("--rounds", type=lambda v: max(1, int(v)), default=3, help="paired rounds (default 3)")
     ap.add_argument("--lines", type=int, default=LINES)
     args = ap.parse_args()
     converter = Path(args.verbose_converter) if args.verbose_converter else None

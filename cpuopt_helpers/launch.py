@@ -641,6 +641,7 @@ def flops_cache_file(config: RunConfig) -> str | None:
     from cpuopt_helpers.results import build_dir
 
     fields = {k: v for k, v in config.to_dict().items() if k not in PLACEMENT_FIELDS}
+    fields["env"] = {k: v for k, v in fields["env"].items() if k != "CPUOPT_TRACE_SHAPES"}  # how a trace records
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:

@@ -94,18 +94,18 @@ def test_coverage_projection_and_gap_split(result):
 def test_times_come_from_the_light_trace_when_its_operators_match(tmp_path, caplog):
     data = json.loads(TRACE.read_text())
     events = data["traceEvents"] if isinstance(data, dict) else data
-    halved = [{**e, "dur": e["dur"] / 2} if e.get("cat") == "cpu_op" else e for e in events]
+    halved = [{**e, "ts": e["ts"] / 2, "dur": e["dur"] / 2} if e.get("cat") == "cpu_op" else e for e in events]
     light = tmp_path / "light.json"
     light.write_text(json.dumps({"traceEvents": halved}))
     shaped = wholestep.whole_step(TRACE, CEIL, timing=None)
     timed = wholestep.whole_step(TRACE, CEIL, timing=light)
     assert (shaped["timing"], timed["timing"]) == ("shaped trace", "light trace")
     assert timed["operator_ms"] == pytest.approx(shaped["operator_ms"] / 2)
+    assert timed["step_ms"] == pytest.approx(shaped["step_ms"] / 2)  # the light trace's clock, not the shaped one's
+    assert list(timed["rows"]["phase"]) == list(shaped["rows"]["phase"])  # phases from the shaped trace's notes
     assert timed["shaped_step_ms"] == pytest.approx(shaped["step_ms"])
-    rows = timed["rows"].set_index(["op", "ts_us"])
     assert list(timed["rows"]["flops"]) == list(shaped["rows"]["flops"])  # the work is the shaped trace's
     assert timed["rows"].loc[timed["rows"]["op"] == "aten::cat", "projected_us"].iloc[0] == 5  # unknown: light time
-    assert len(rows) == len(shaped["rows"])
     # a light trace of other operators is not joined: the shaped trace's times stay, with a warning
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"traceEvents": [e for e in halved if e.get("name") != "aten::view"]}))
@@ -113,6 +113,17 @@ def test_times_come_from_the_light_trace_when_its_operators_match(tmp_path, capl
         kept = wholestep.whole_step(TRACE, CEIL, timing=other)
     assert kept["timing"] == "shaped trace" and kept["operator_ms"] == pytest.approx(shaped["operator_ms"])
     assert "differ" in caplog.text
+    # "auto" takes the light trace written beside the trace after it, never a stale one
+    import os
+    import shutil
+
+    trace = tmp_path / "step.trace.json"
+    shutil.copy(TRACE, trace)
+    shutil.copy(light, wholestep.timing_path(trace))
+    assert wholestep.whole_step(trace, CEIL, steps=2)["timing"] == "light trace"
+    later = wholestep.timing_path(trace).stat().st_mtime + 10
+    os.utime(trace, (later, later))  # the trace recorded again since
+    assert wholestep.whole_step(trace, CEIL, steps=2)["timing"] == "shaped trace"
 
 
 def test_operator_table_rates_intensity_and_ceilings(result):

@@ -64,8 +64,8 @@ def profile_workload(session, config: RunConfig, log_dir: Path, label: str | Non
     ``plain``: a run of this configuration already measured (notebook 01's baseline), reused
     for the step time instead of measuring it again. The replay runs on the plain run's
     cores with its thread count. With ``trace=True`` a third run records its timed steps
-    with torch.profiler, and a fourth again without shapes (``wholestep.timing_path``). A failed run gives a Profile with ``parsed=None``; its RunResult
-    says why.
+    with torch.profiler, and a fourth again without shapes (``wholestep.timing_path``). A
+    failed run gives a Profile with ``parsed=None``; its RunResult says why.
     """
     label = label or config.workload
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterable
 
+import numpy as np
 import pandas as pd
 
 from cpuopt_helpers.errors import CpuoptError
@@ -237,8 +238,6 @@ class _Parser:
 
     def exec_frame(self) -> pd.DataFrame:
         """The executed lines as a table: the distinct fields taken by index, numbers and times added."""
-        import numpy as np
-
         frame = pd.DataFrame.from_records(self.unique, columns=COLUMNS[2:-1]).take(
             np.asarray(self.uids, dtype=np.int64)).reset_index(drop=True)
         frame.insert(0, "line", np.asarray(self.numbers, dtype=np.int64))

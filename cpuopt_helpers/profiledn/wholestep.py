@@ -12,7 +12,7 @@ work and the ceiling that applies, the roofline of notebook 00 (``roofline.measu
 | ceiling              | GEMM-like: ``max(FLOPs / GEMM GFLOP/s of the dtype that ran, bytes / copy GB/s)`` (fp32 or bf16 ceiling); others: ``bytes / copy GB/s``. Copy GB/s counts read + write, as bytes do |
 | projection           | the step if each row ran at its ceiling (a row measured faster than its ceiling, e.g. data that fits in cache beating the DRAM copy rate, keeps its measured time) and time between ops vanished; rows whose work is unknown keep their measured time |
 | gap, split by cause  | ``compute`` (rows whose ceiling is the GEMM rate, below peak), ``memory`` (rows bound by bandwidth, below it), ``no work`` (views, allocations, scalar bookkeeping: pure overhead), ``unknown`` (work not counted), ``between ops`` (the step's wall time outside every top-level span: Python, the autograd engine between nodes, the loop) |
-| times                | from a second, light trace of the same steps recorded without shapes (``timing_path``, written by ``capture``): recording shapes slows every call (the operators' time by a sixth to a third on a 2-core AMD EPYC), the light trace runs close to the unprofiled step. Its top-level spans are joined to the shaped trace's one by one (same operators in the same order, else the shaped trace's own times are kept, with a warning) |
+| times                | from a second, light trace of the same steps recorded without shapes (``timing_path``, written by ``capture``): recording shapes slows every call, so the light trace runs closer to the unprofiled step (still above it: the profiler records every call). Its top-level spans are joined to the shaped trace's one by one (same operators in the same order, else the shaped trace's own times are kept, with a warning) |
 | coverage             | share of the operators' time (the step less the time between ops) in rows whose work is known and has a ceiling; the time between ops is reported beside it and does not count either way (``step_coverage``: the same time over the whole step, between ops included) |
 
 Rows are per call; ``operator_table`` groups them by operator, phase and input shapes per step.
@@ -417,14 +417,15 @@ def whole_step(trace: str | Path, ceilings: Ceilings, steps: int | None = None,
     """Read a trace of timed steps and project the whole step (see the module docstring).
 
     ``timing``: the light trace the times come from; "auto" takes ``timing_path(trace)`` where it
-    exists, None uses the shaped trace's own times. Returns the projection's figures
+    exists and is not older than the trace, None uses the shaped trace's own times. Returns the projection's figures
     (``project``) with ``rows`` (one per top-level span) and ``table`` (``operator_table``: grouped
     per step); ``timing`` says where the times came from, ``shaped_step_ms`` is the step under
     the shaped trace.
     """
     events = load_events(trace)
-    if timing == "auto":
-        timing = timing_path(trace) if timing_path(trace).exists() else None
+    if timing == "auto":  # the light trace written after this one (not a stale one from an earlier capture)
+        light = timing_path(trace)
+        timing = light if light.exists() and light.stat().st_mtime >= Path(trace).stat().st_mtime else None
     rows = operator_rows(events, ceilings, load_events(timing) if timing else None)
     if rows.empty:
         raise CpuoptError(f"trace {trace} holds no operator spans; record the timed steps with `cpuopt bench --trace FILE`")
