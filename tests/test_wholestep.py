@@ -259,3 +259,19 @@ def test_a_real_quick_step_is_covered(tmp_path, workload):
     assert result["gflop_per_step"] * 1e9 == pytest.approx(traced["flops_per_step"], rel=0.01)
     assert result["gb_per_step"] > 0
     assert result["projected_ms"] + sum(result["gap_ms"].values()) == pytest.approx(result["step_ms"])
+
+
+def test_a_row_that_moves_no_data_but_holds_unknown_work_is_counted_once():
+    """The unknown part keeps its time in the projection; only the rest is the 'no work' gap."""
+    lists = {"Input Dims": [[]], "Input type": ["TensorList"]}
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::cat", "ts": 0, "dur": 10, "tid": 1, "args": lists},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::view", "ts": 1, "dur": 1, "tid": 1, "args": {}},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::stack", "ts": 3, "dur": 4, "tid": 1, "args": lists}]
+    light = [{**e, "dur": e["dur"] / 2, "ts": e["ts"] / 2} for e in events]
+    for timing in (None, light):
+        rows = wholestep.operator_rows(events, CEIL, timing)
+        scale = 0.5 if timing else 1.0
+        assert rows.loc[0, "bound"] == "no work" and rows.loc[0, "unknown_us"] == 4 * scale
+        result = wholestep.project(rows, 1, CEIL, 10 * scale)
+        assert result["gap_ms"]["no work"] * 1e3 == 6 * scale
+        assert result["projected_ms"] + sum(result["gap_ms"].values()) == pytest.approx(result["step_ms"])

@@ -342,10 +342,11 @@ def operator_rows(events: list[dict], ceilings: Ceilings, timing_events: list[di
     for i, node in enumerate(tops):
         w = node_work(node, ceilings)
         ts, dur = (timed[i].ts, timed[i].dur) if timed else (node.ts, node.dur)
-        if w.unknown_us and node.dur > 0:  # unknown work keeps its measured time: the light one
-            w.unknown_us *= dur / node.dur
-        ideal_us = (w.compute_s + w.memory_s) * 1e6
+        # the known and unknown parts of the span in the light trace's time, in the same proportion
+        share = min(max(w.unknown_us / node.dur, 0.0), 1.0) if node.dur > 0 else 1.0
+        w.unknown_us = 0.0 if share == 0 else dur if share == 1 else dur * share
         known_us = dur - w.unknown_us
+        ideal_us = (w.compute_s + w.memory_s) * 1e6
         if known_us <= 0:
             bound = "unknown"
         elif w.compute_s >= w.memory_s and w.compute_s > 0:
@@ -387,7 +388,7 @@ def project(rows: pd.DataFrame, steps: int, ceilings: Ceilings, wall_us: float,
     covered_us = float(known[rows["bound"] != "unknown"].sum())
     gap = (rows["time_us"] - rows["projected_us"]).clip(lower=0)
     causes = {c: float(gap[rows["bound"] == c].sum()) / 1e3 / steps for c in ("compute", "memory")}
-    causes["no work"] = float(rows.loc[rows["bound"] == "no work", "time_us"].sum()) / 1e3 / steps
+    causes["no work"] = float(gap[rows["bound"] == "no work"].sum()) / 1e3 / steps  # all but unknown children
     causes["unknown"] = 0.0  # unknown work keeps its measured time in the projection: no gap to claim
     causes["between ops"] = between_us / 1e3 / steps
     step_ms = wall_us / 1e3 / steps
