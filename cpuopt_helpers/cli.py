@@ -221,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "operator with its time, FLOPs, bytes and ceiling (notebook 00's roofline), the step at "
                            "every ceiling, coverage and the gap by cause")
     prof.add_argument("--workload", help="with --whole-step: capture this workload now (a plain run for the "
-                      "unprofiled step, then a traced run, each in a fresh worker)")
+                      "unprofiled step, a run traced with input shapes for the work, and one traced without them "
+                      "for the times; each in a fresh worker)")
     prof.add_argument("--preset", default="quick", help="with --workload: quick | standard | full (default quick)")
     prof.add_argument("--roofline", metavar="FILE", help="with --whole-step: the ceilings as JSON (`python -m "
                       "cpuopt_helpers.roofline` output); default: this machine's stored roofline, measured if none")
