@@ -86,6 +86,11 @@ def test_coverage_projection_and_gap_split(result):
     assert gap["memory"] == pytest.approx(memory / 1e3)
     assert gap["no work"] == pytest.approx(5 / 1e3)
     assert gap["between ops"] == pytest.approx(result["between_ops_ms"])
+    # each stretch between operators belongs to the phase of the operator after it (by hand: forward 10, 40, 5,
+    # 10, 5 a step and 504 µs once from one step to the next; loss 20, backward 30, optimizer 20 a step)
+    assert result["between_ops_by_phase_ms"] == pytest.approx(
+        {"forward": (70 + 504 / 2) / 1e3, "loss": 0.02, "backward": 0.03, "optimizer": 0.02})
+    assert sum(result["between_ops_by_phase_ms"].values()) == pytest.approx(result["between_ops_ms"])
     # the step is the projection plus every cause of the gap, nothing lost or counted twice
     assert result["projected_ms"] + sum(gap.values()) == pytest.approx(result["step_ms"])
     assert result["speedup_bound"] == pytest.approx(result["step_ms"] / result["projected_ms"])
@@ -138,6 +143,7 @@ def test_operator_table_rates_intensity_and_ceilings(result):
     assert add["ceiling"] == 10.0 and add["achieved_gbs"] == pytest.approx(3 * 64 * 256 * 4 / 40e-6 / 1e9)
     lines = " ".join(wholestep.wholestep_findings(result, "fixture"))
     assert f"{result['coverage']:.1%}" in lines and "GEMM ceiling" in lines
+    assert "between operators, forward 82%, backward 8%, loss 5%, optimizer 5%: most of it leads to forward" in lines
 
 
 def test_an_op_is_its_own_estimate_or_its_childrens_sum_whichever_is_larger():

@@ -13,6 +13,7 @@ work and the ceiling that applies, the roofline of notebook 00 (``roofline.measu
 | projection           | the step if each row ran at its ceiling (a row measured faster than its ceiling, e.g. data that fits in cache beating the DRAM copy rate, keeps its measured time) and time between ops vanished; rows whose work is unknown keep their measured time |
 | gap, split by cause  | ``compute`` (rows whose ceiling is the GEMM rate, below peak), ``memory`` (rows bound by bandwidth, below it), ``no work`` (views, allocations, scalar bookkeeping: pure overhead), ``unknown`` (work not counted), ``between ops`` (the step's wall time outside every top-level span: Python, the autograd engine between nodes, the loop) |
 | times                | from a second, light trace of the same steps recorded without shapes (``timing_path``, written by ``capture``): recording shapes slows every call, so the light trace runs closer to the unprofiled step (still above it: the profiler records every call). Its top-level spans are joined to the shaped trace's one by one (same operators in the same order, else the shaped trace's own times are kept, with a warning) |
+| between ops by phase | each stretch of the step outside every top-level span goes to the phase (forward, loss, backward, optimizer) of the operator it leads to: where the framework's own time is spent |
 | coverage             | share of the operators' time (the step less the time between ops) in rows whose work is known and has a ceiling; the time between ops is reported beside it and does not count either way (``step_coverage``: the same time over the whole step, between ops included) |
 
 Rows are per call; ``operator_table`` groups them by operator, phase and input shapes per step.
@@ -60,6 +61,7 @@ REDUCTIONS = {
     "prod", "logsumexp", "count_nonzero", "dot", "vdot", "is_nonzero", "equal", "allclose", "_foreach_norm",
 }
 CAUSES = ["compute", "memory", "no work", "unknown", "between ops"]
+PHASES = ["forward", "loss", "backward", "optimizer"]
 TIMING_ENV = {"CPUOPT_TRACE_SHAPES": "0"}  # the worker records a light trace: times without shapes
 
 
@@ -393,11 +395,16 @@ def project(rows: pd.DataFrame, steps: int, ceilings: Ceilings, wall_us: float,
     causes["between ops"] = between_us / 1e3 / steps
     step_ms = wall_us / 1e3 / steps
     projected_ms = float(rows["projected_us"].sum()) / 1e3 / steps
+    # each stretch between operators goes to the phase of the operator it leads to
+    order = rows.sort_values("ts_us")
+    ends = (order["ts_us"] + order["time_us"]).cummax().shift()
+    waits = (order["ts_us"] - ends).clip(lower=0).fillna(0.0).groupby(order["phase"]).sum()
+    between_by_phase = {p: float(waits[p]) / 1e3 / steps for p in PHASES if p in waits.index}
     flops, moved = float(rows["flops"].sum()), float(rows["bytes"].sum())
     return {
         "steps": steps, "step_ms": step_ms, "plain_step_ms": plain_step_ms,
         "operator_ms": op_us / 1e3 / steps, "between_ops_ms": between_us / 1e3 / steps,
-        "between_ops_share": between_us / wall_us if wall_us else 0.0,
+        "between_ops_share": between_us / wall_us if wall_us else 0.0, "between_ops_by_phase_ms": between_by_phase,
         "coverage": covered_us / op_us if op_us else 0.0,
         "step_coverage": covered_us / wall_us if wall_us else 0.0,  # the same time over the whole step
         "unknown_ms": float(rows["unknown_us"].sum()) / 1e3 / steps,
@@ -488,6 +495,7 @@ def summary_row(result: dict) -> dict:
     row = {k: result[k] for k in ("step_ms", "plain_step_ms", "shaped_step_ms", "operator_ms", "projected_ms", "speedup_bound",
                                   "coverage", "step_coverage", "between_ops_share", "gflop_per_step", "gb_per_step")}
     row.update({f"gap_{k.replace(' ', '_')}_ms": v for k, v in result["gap_ms"].items()})
+    row.update({f"between_{p}_ms": v for p, v in result["between_ops_by_phase_ms"].items()})
     return row
 
 
@@ -512,6 +520,13 @@ def wholestep_findings(result: dict, label: str = "") -> list[str]:
         lines[-1] += (f"; of the {total_gap:.2f} ms gap, " + ", ".join(
             f"{k} {v / total_gap:.0%}" for k, v in sorted(gap.items(), key=lambda kv: -kv[1]) if v > 0)
             + f": most of the room is in {_CAUSE_WORDS[biggest]}.")
+    waits = result.get("between_ops_by_phase_ms") or {}
+    if sum(waits.values()) > 0:
+        total = sum(waits.values())
+        most = max(waits, key=waits.get)
+        lines.append(f"{who}of the {total:.2f} ms a step between operators, " + ", ".join(
+            f"{p} {v / total:.0%}" for p, v in sorted(waits.items(), key=lambda kv: -kv[1]) if v > 0)
+            + f": most of it leads to {_PHASE_WORDS[most]}.")
     table = result["table"]
     gemm = table[table["bound"] == "compute"]
     if len(gemm):
@@ -526,6 +541,11 @@ def wholestep_findings(result: dict, label: str = "") -> list[str]:
     return lines
 
 
+_PHASE_WORDS = {"forward": "forward operators (Python and module calls, and the loop from one step to the next)",
+                "loss": "the loss's operators",
+                "backward": "backward operators (the autograd engine between nodes)",
+                "optimizer": "the optimizer's operators (a per-parameter loop: foreach or fused optimizers shorten it, "
+                             "notebook 05)"}
 _CAUSE_WORDS = {"compute": "GEMM-like kernels running below the GEMM peak",
                 "memory": "memory-bound operators running below the copy bandwidth (many are too small to reach it)",
                 "no work": "operators that move no data (views, allocations: framework overhead)",
