@@ -544,8 +544,7 @@ def wholestep_findings(result: dict, label: str = "") -> list[str]:
 _PHASE_WORDS = {"forward": "forward operators (Python and module calls, and the loop from one step to the next)",
                 "loss": "the loss's operators",
                 "backward": "backward operators (the autograd engine between nodes)",
-                "optimizer": "the optimizer's operators (a per-parameter loop: foreach or fused optimizers shorten it, "
-                             "notebook 05)"}
+                "optimizer": "the optimizer's operators (notebook 05 measures its foreach and fused implementations)"}
 _CAUSE_WORDS = {"compute": "GEMM-like kernels running below the GEMM peak",
                 "memory": "memory-bound operators running below the copy bandwidth (many are too small to reach it)",
                 "no work": "operators that move no data (views, allocations: framework overhead)",
