@@ -337,3 +337,38 @@ def kernel_roofline_figure(tables: dict, ceilings, title: str = "Per-operator ro
     fig.suptitle(f"{title} (marker area: share of the step's operator time)")
     fig.tight_layout()
     return fig
+
+
+STEP_PARTS = [("at every ceiling", "#4c9a5b"), ("compute gap", "#d1495b"), ("memory gap", "#edae49"),
+              ("no work", "#8d8d8d")]
+BETWEEN_COLORS = {"forward": "#00798c", "loss": "#66a5ad", "backward": "#30638e", "optimizer": "#a3c4dc"}
+
+
+def step_composition_figure(results: dict, title: str = "Where the step goes (whole-step projection)"):
+    """One bar per workload, 100% of its traced step: the time at every ceiling, the gap by cause,
+    and the time between operators by the phase it leads to (profiledn.wholestep results)."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    fig, ax = plt.subplots(figsize=(10, max(2.6, 1.0 + 0.55 * len(results))))
+    labels = list(results)
+    seen = set()
+    for y, name in enumerate(labels):
+        r = results[name]
+        parts = [r["projected_ms"], r["gap_ms"]["compute"], r["gap_ms"]["memory"], r["gap_ms"]["no work"]]
+        segments = [(label, color, ms) for (label, color), ms in zip(STEP_PARTS, parts)]
+        segments += [(f"between ops: {p}", BETWEEN_COLORS[p], ms) for p, ms in r["between_ops_by_phase_ms"].items()]
+        left = 0.0
+        for label, color, ms in segments:
+            share = ms / r["step_ms"] if r["step_ms"] else 0.0
+            ax.barh(y, share, left=left, color=color, edgecolor="white", label=None if label in seen else label)
+            seen.add(label)
+            left += share
+        ax.text(1.01, y, f"{r['step_ms']:.2f} ms", va="center", fontsize=8)
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlim(0, 1)
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:.0%}"))
+    ax.set_xlabel("share of the traced step")
+    ax.invert_yaxis()
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.1, 1.0))
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig

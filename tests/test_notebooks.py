@@ -127,7 +127,8 @@ def test_profiling_breaks_down_projects_and_compares(quick_run):
     from cpuopt_helpers import runtimes
 
     ipex = runtimes.ipex_facts()["available"]
-    figures = ["02_kinds", "02_directions", "02_projection", "02_kernel_roofline", "02_compare_cnn_channels_last",
+    figures = ["02_kinds", "02_directions", "02_projection", "02_kernel_roofline", "02_step_composition",
+               "02_compare_cnn_channels_last",
                "02_compare_cnn_bf16"] + (["02_compare_cnn_torch_2_8_IPEX"] if ipex else [])
     for name in figures:
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000

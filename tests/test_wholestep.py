@@ -281,3 +281,17 @@ def test_a_row_that_moves_no_data_but_holds_unknown_work_is_counted_once():
         result = wholestep.project(rows, 1, CEIL, 10 * scale)
         assert result["gap_ms"]["no work"] * 1e3 == 6 * scale
         assert result["projected_ms"] + sum(result["gap_ms"].values()) == pytest.approx(result["step_ms"])
+
+
+def test_the_step_composition_figure_fills_each_bar_with_the_step(result):
+    from cpuopt_helpers import plots
+
+    fig = plots.step_composition_figure({"fixture": result, "again": result})
+    bars = [p for p in fig.axes[0].patches]
+    per_bar = {}
+    for bar in bars:
+        per_bar[round(bar.get_y(), 3)] = per_bar.get(round(bar.get_y(), 3), 0.0) + bar.get_width()
+    assert len(per_bar) == 2 and all(v == pytest.approx(1.0) for v in per_bar.values())  # 100% of the step each
+    assert len(bars) == 2 * (4 + len(result["between_ops_by_phase_ms"]))
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert labels[0] == "at every ceiling" and "between ops: optimizer" in labels and len(labels) == len(set(labels))
