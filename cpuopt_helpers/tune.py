@@ -269,12 +269,11 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | 
     bar.close()
     rounds = confirmation["rounds"]
     if challenger is run_cpu:  # nothing beat the defaults in the search
-        vs_run_cpu = compare.sequential_ratio([r[1] for r in rounds], [r[0] for r in rounds])
+        cpu = [r[1] for r in rounds]
         vs_default, recommended = None, default
         note = "no candidate beat PyTorch's defaults in the search: the defaults are recommended"
     else:
         cpu = [run_cpu_speeds.get(i) for i in range(len(rounds))]
-        vs_run_cpu = compare.sequential_ratio(cpu, [r[1] for r in rounds])
         vs_default = confirmation
         recommended = best if confirmation["verdict"] == "faster" else default
         note = "" if recommended is best else (
@@ -286,16 +285,16 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | 
 
     machine = launch.Machine.this()
     command = shlex.join(script) if script else None
-    speeds = {"recommended": [r[1] for r in rounds] if recommended is best else [r[0] for r in rounds],
-              "default": [r[0] for r in rounds],
-              "run_cpu": [r[1] for r in rounds] if challenger is run_cpu else list(run_cpu_speeds.values())}
+    # run_cpu's defaults ran in every round: both comparisons with them are reported whatever won
+    won = recommended is not default  # the search winner, confirmed against the defaults
+    speeds = {"recommended": [r[1] for r in rounds] if won else [r[0] for r in rounds],
+              "default": [r[0] for r in rounds], "run_cpu": cpu}
     return {"workload": workload, "preset": preset, "budget_min": budget_min,
             "recommended": recommended.to_dict(), "recommended_label": label(recommended),
             "changes": changes(recommended, default), "search_winner": label(best),
             "speedup_vs_default": brief(vs_default), "search_winner_vs_default": brief(vs_default),
-            "speedup_vs_run_cpu": brief(vs_run_cpu) if recommended is best or challenger is run_cpu else None,
-            "run_cpu_vs_default": brief(compare.sequential_ratio(speeds["default"], speeds["run_cpu"]))
-            if challenger is run_cpu else None,
+            "speedup_vs_run_cpu": brief(compare.sequential_ratio(speeds["run_cpu"], speeds["recommended"])),
+            "run_cpu_vs_default": brief(compare.sequential_ratio(speeds["default"], speeds["run_cpu"])),
             "rounds": confirmation["rounds"], "order": confirmation["order"], "stopped": confirmation["stopped"],
             "samples_per_s": {k: statistics.median([v for v in vs if v]) if any(vs) else None
                               for k, vs in speeds.items()},

@@ -49,8 +49,29 @@ def test_nothing_that_pays_recommends_the_defaults():
     # what is shown instead was measured: run_cpu's defaults against PyTorch's (0.9x in this fake machine)
     assert t["run_cpu_vs_default"]["ratio"] == pytest.approx(0.9) and t["run_cpu_vs_default"]["n"] >= 5
     assert "speedup over PyTorch's defaults: none: the defaults are recommended" in tune.format_tune(t)
+    assert t["speedup_vs_run_cpu"]["ratio"] == pytest.approx(1 / 0.9)
+    assert t["samples_per_s"]["recommended"] == t["samples_per_s"]["default"] == pytest.approx(100)
     assert t["recommended"] == settings.normalise(RunConfig.for_preset("cnn", "quick"), FACTS["physical_cores"]
                                                      ).to_dict()
+
+
+def test_a_search_winner_that_does_not_confirm_still_reports_run_cpu():
+    runner, runs = fake_runner({}, noise=0.01), {"lucky": 0}
+
+    def lucky_in_the_search(config):  # channels_last measures 1.5x on its first three runs only
+        r = runner(config)
+        if config.channels_last and config.launcher != "run_cpu" and runs["lucky"] < 3:
+            runs["lucky"] += 1
+            r = dict(r, samples_per_s=r["samples_per_s"] * 1.5)
+        return r
+    t = tune.tune("cnn", budget_min=60, facts=FACTS, runner=lucky_in_the_search, progress=False)
+    assert "channels_last=True" in t["search_winner"] and t["changes"] == {}
+    assert t["speedup_vs_default"]["verdict"] != "faster" and "the defaults are recommended" in t["note"]
+    # run_cpu's defaults ran in every final round (0.9x here): both comparisons with them are reported
+    assert t["run_cpu_vs_default"]["ratio"] == pytest.approx(0.9, rel=0.03)
+    assert t["speedup_vs_run_cpu"]["ratio"] == pytest.approx(1 / 0.9, rel=0.03)
+    assert t["run_cpu_vs_default"]["n"] == t["speedup_vs_run_cpu"]["n"] == len(t["rounds"])
+    assert t["samples_per_s"]["recommended"] == t["samples_per_s"]["default"]
 
 
 def test_a_small_budget_still_ends_with_the_final_comparison():
