@@ -2,6 +2,7 @@
 constraints.txt, environment.yml and the Makefile installing those, the two commands, CI."""
 
 import ast
+import json
 import os
 import re
 import shutil
@@ -272,6 +273,8 @@ def test_notebooks_in_git_carry_no_outputs():
     import nbformat
 
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        ids = [c.get("id") for c in json.loads(path.read_text())["cells"]]  # as stored: nbformat fills missing ids
+        assert None not in ids and len(set(ids)) == len(ids), f"{path.name}: a cell without a unique id"
         nb = nbformat.read(path, as_version=4)
         assert nb.metadata["kernelspec"]["name"] == "cpuopt", path.name
         params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
