@@ -1,0 +1,125 @@
+"""A whole ladder climbed without a worker: stages 01 and 03-07 through a Session whose runs are
+made up (deterministic throughputs per configuration, seeded noise), for the golden-ladder test.
+
+What it records (rung configurations, their order, the verdicts behind them) must not change
+when the deciding layer is restructured: ``tests/fixtures/golden_ladder.json`` was written by
+this climb before the refactor of issue 31 (``CPUOPT_RECORD_GOLDEN=1 pytest
+tests/test_golden_ladder.py`` writes it again, only when behaviour is meant to change).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+
+import pandas as pd
+
+from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.results import ResultStore
+from cpuopt_helpers.workbook import Session
+
+# what each change multiplies samples/s by: some pay, some cost, some do nothing
+FACTORS = {("omp_runtime", "intel"): 1.25, ("kmp_blocktime", 0): 1.02, ("affinity", "none"): 0.9,
+           ("allocator", "jemalloc"): 1.15, ("allocator", "tcmalloc"): 1.12, ("channels_last", True): 1.2,
+           ("optimizer_impl", "fused"): 1.01, ("optimizer_impl", "foreach"): 0.98, ("dtype", "bf16"): 1.6,
+           ("mode", "ddp"): 1.01, ("loader_workers", 1): 0.97, ("loader_workers", 2): 0.96}
+NOISE = 0.03  # log-normal sd of one run
+
+
+class FakeSession(Session):
+    """A Session whose ``run`` makes a result up instead of starting a worker."""
+
+    calls: dict
+
+    def run(self, config: RunConfig) -> dict:
+        from cpuopt_helpers.config import validate
+
+        config = validate(config, self.facts["logical_cores"], self.facts["physical_cores"], check_workload=False)
+        key = config.config_hash()
+        self.calls[key] = self.calls.get(key, 0) + 1
+        noise = random.Random(f"{key}/{self.calls[key]}").gauss(0, NOISE)
+        speed = 100.0 * config.threads * config.instances / self.facts["physical_cores"]
+        for (field, value), factor in FACTORS.items():
+            if getattr(config, field) == value:
+                speed *= factor
+        if config.oversubscribe:
+            speed *= 0.5
+        if dict(config.env).get("OMP_PROC_BIND"):
+            speed *= 1.03
+        speed *= math.exp(noise)
+        return {"status": "ok", "reason": "", "config": config.to_dict(), "config_hash": key,
+                "label": config.label(), "samples_per_s": speed, "step_ms": {"median": 1000 / speed},
+                "peak_rss_mb": 100.0 * config.instances, "losses": [1.0, 0.9], "created_at": "2026-12-01T00:00:00",
+                "params_in_sync": True, "system": self.machine, "phase_ms": {}, "startup_s": 1.0}
+
+
+def facts() -> dict:
+    """A 2-core machine with both allocators, Intel's OpenMP and a bf16 fast path."""
+    return {"fingerprint": "golden", "physical_cores": 2, "logical_cores": 2, "sockets": 1,
+            "numa_nodes": {"0": [0, 1]}, "openmp": {"gnu": "bundled", "intel": "/lib/libiomp5.so"},
+            "allocators": {"jemalloc": "/lib/libjemalloc.so.2", "tcmalloc": "/lib/libtcmalloc_minimal.so.4"},
+            "bf16": {"accelerated": True, "path": "AMX", "reason": "made up"}, "cpu_vendor": "GenuineIntel"}
+
+
+def record(session: Session, stage: str, chosen, comparison, sentence: str) -> dict:
+    return {"stage": stage, "sentence": sentence, "chosen": RunConfig.from_dict(chosen).config_hash() if chosen is not None else None,
+            "verdict": (comparison or {}).get("verdict"), "n": (comparison or {}).get("n")}
+
+
+def climb(tmp_path, workload: str = "cnn") -> dict:
+    """01 and 03-07 as their notebooks run them, on ``workload`` at the quick preset."""
+    from cpuopt_helpers import ladder
+    from cpuopt_helpers.stages import allocator, baseline, multi_instance, precision, runtime, settings, threading
+
+    session = FakeSession(facts=facts(), store=ResultStore(tmp_path / "golden.sqlite"))
+    session.calls = {}
+    preset, decisions = "quick", []
+    base = baseline.configs([workload], preset)[0]
+    session.hand_on(base, "baseline")
+
+    def settle(stage_rung, tag, table, chooser):
+        confirm = session.confirmer(tag, 5, 14, None, True)
+        chosen, sentence, comparison = chooser(table, confirm)
+        decisions.append(record(session, stage_rung, chosen, comparison, sentence))
+        if chosen is not None:
+            session.hand_on(RunConfig.from_dict(chosen), stage_rung, {}, comparison)
+
+    progress = dict(progress=False)
+    import cpuopt_helpers.results as results_module
+
+    def sweep(configs, tag):
+        return results_module.run_sweep(configs, session.store, session.run, rounds=2, tag=tag,
+                                        machine=session.machine, **progress)
+
+    b = settings.normalise(session.best_config(workload, preset, before="threading"), 2)
+    res = sweep(threading.configs(b, session.facts, True), "03")
+    settle("threading", "03/confirm", settings.compare_configs(res, b.to_dict(), workload),
+           lambda t, c: settings.choose(t, workload, c))
+
+    configs, _ = allocator.configs(session.best_config(workload, preset, before="allocator"), session.facts)
+    res = sweep(configs, "04")
+    settle("allocator", "04/confirm", settings.compare_configs(res, configs[0].to_dict(), workload),
+           lambda t, c: settings.choose(t, workload, c))
+
+    plan = runtime.configs(session.best_config(workload, preset, before="runtime"), session.facts, True, False, ())
+    res = sweep(list(plan.values()), "05")
+    settle("runtime", "05/confirm", settings.named_table(res, plan), lambda t, c: runtime.choose(t, plan, c))
+
+    plan6 = precision.configs(session.best_config(workload, preset, before="bf16"), session.facts, True)
+    res = sweep(plan6, "06")
+    accuracy = pd.DataFrame({"final_accuracy": [0.95, 0.948]}, index=pd.Index(["fp32", "bf16"], name="mode"))
+    settle("bf16", "06/confirm", settings.compare_configs(res, plan6[0].to_dict(), workload),
+           lambda t, c: precision.choose(t, accuracy, session.facts["bf16"], workload, c))
+
+    plan7 = multi_instance.configs(session.best_config(workload, preset, before="multi-instance"), session.facts)
+    res = sweep(plan7, "07")
+    settle("multi-instance", "07/confirm", multi_instance.layout_table(res, workload),
+           lambda t, c: multi_instance.choose(t, c, workload))
+
+    rows = ladder.rungs(session.store, session.machine, workload, preset, 2)
+    rungs = [{"step": r["step"], "config_hash": RunConfig.from_dict(r["config"]).config_hash(),
+              "config": {k: v for k, v in r["config"].items() if k != "timeout_s"},
+              "verdict": (r["vs_previous"] or {}).get("verdict"), "confirmed": r["confirmed"]} for r in rows]
+    digest = hashlib.sha1(repr(sorted(session.calls.items())).encode()).hexdigest()[:12]
+    return {"decisions": decisions, "rungs": rungs, "runs": sum(session.calls.values()), "calls_digest": digest}
