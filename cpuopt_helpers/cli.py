@@ -316,7 +316,7 @@ def _ladder(args) -> int:
         raise CpuoptError(f"no ladder for {args.workload or 'any workload'} on the {args.preset} preset on this machine "
                           f"in {store.path}; run the notebooks first (make run, or --preset quick after make test)")
     if args.json:
-        print(json.dumps({w: [dict(r, command=ladder.command(r["config"])) for r in rows] for w, rows in found.items()},
+        print(json.dumps({w: [dict(r.to_dict(), command=ladder.command(r.config)) for r in rows] for w, rows in found.items()},
                          indent=2))
     else:
         print("\n".join(line for w, rows in found.items() for line in ladder.format_rungs(w, rows)))

@@ -14,8 +14,9 @@ from __future__ import annotations
 import shlex
 
 from cpuopt_helpers import compare
-from cpuopt_helpers.stages import settings
 from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.decisions import Comparison, Rung
+from cpuopt_helpers.stages import settings
 
 DEFAULTS_LABEL = "PyTorch's defaults"
 
@@ -25,37 +26,39 @@ def as_run(config: dict, physical_cores: int) -> RunConfig:
     return settings.normalise(RunConfig.from_dict(config), physical_cores)
 
 
-def rungs(store, machine: str, workload: str, preset: str, physical_cores: int) -> list[dict]:
+def rungs(store, machine: str, workload: str, preset: str, physical_cores: int) -> list[Rung]:
     """The ordered rungs of one workload's ladder (empty when nothing was handed on).
 
-    A rung's change counts towards ``vs_baseline`` through its comparison only where that
-    comparison confirmed it (``faster``) between exactly the rung before and this one, as
-    run (checked through the comparison's stored sweep when the store has it); a change
-    without such a comparison (``confirmed`` False: say, a later rung left from before its
-    stage was re-run) leaves the chain without an interval rather than borrowing one.
+    A rung that sets what the rung below set is ``kept`` (the stage kept the configuration:
+    what it tried and rejected is no step). A rung's change counts towards ``vs_baseline``
+    through its comparison only where that comparison confirmed it (``faster``) between
+    exactly the rung before and this one, as run (checked through the comparison's stored
+    sweep when the store has it); a change without such a comparison (``confirmed`` False:
+    say, a later rung left from before its stage was re-run) leaves the chain without an
+    interval rather than borrowing one.
     """
-    from cpuopt_helpers.stages.settings import setting_label
-
     ladder = store.get_fact(machine, f"ladder/{workload}/{preset}", [])
     arms = {s["id"]: s["arms"] for s in store.sweeps(kind="ab", machine=machine)}
     out, changed, previous = [], [], None
     for rung in ladder:
         config = as_run(rung["config"], physical_cores).to_dict()
-        change = DEFAULTS_LABEL if previous is None else setting_label(config, previous)
-        comparison = (rung.get("evidence") or {}).get("comparison") or None
+        evidence = rung.get("evidence") or {}
+        comparison = Comparison.from_dict(evidence.get("comparison"))
+        kept = previous is not None and settings.setting_hash(config) == settings.setting_hash(previous)
         confirmed = None
-        if change == "baseline":  # the stage kept the configuration: what it tried and rejected is no step
-            change, comparison = "kept", None
+        if kept:
+            comparison = None
         elif previous is not None:
-            pair = arms.get((comparison or {}).get("sweep"))
+            pair = arms.get(comparison.sweep if comparison else None)
             same = pair is None or [as_run(a, physical_cores).config_hash() for a in pair] == [
                 RunConfig.from_dict(previous).config_hash(), RunConfig.from_dict(config).config_hash()]
-            confirmed = bool(comparison and comparison.get("verdict") == "faster" and same)
-            changed.append(comparison if confirmed else {"ratio": 1.0, "n": 0, "ci_low": None, "ci_high": None})
+            confirmed = bool(comparison and comparison.faster and same)
+            changed.append(comparison.to_dict() if confirmed else {"ratio": 1.0, "n": 0, "ci_low": None, "ci_high": None})
         chained = compare.chain(list(changed))
-        out.append({"step": rung["step"], "change": change, "config": config, "vs_previous": comparison,
-                    "confirmed": confirmed, "vs_baseline": dict(chained, median=chained["ratio"]),
-                    "end_to_end": (rung.get("evidence") or {}).get("end_to_end")})
+        change = DEFAULTS_LABEL if previous is None else "kept" if kept else settings.setting_label(config, previous)
+        out.append(Rung(step=rung["step"], change=change, config=config, vs_previous=comparison, confirmed=confirmed,
+                        vs_baseline=dict(chained, median=chained["ratio"]), kept=kept, first=previous is None,
+                        end_to_end=Comparison.from_dict(evidence.get("end_to_end"))))
         previous = config
     return out
 
@@ -92,24 +95,24 @@ def command(config: dict) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
-def top_end_to_end(rows: list[dict]) -> dict | None:
+def top_end_to_end(rows: list[Rung]) -> Comparison | None:
     """The climb's end-to-end comparison, kept on its last changing rung (rungs after it kept it)."""
-    return next((r["end_to_end"] for r in reversed(rows) if r["end_to_end"]), None)
+    return next((r.end_to_end for r in reversed(rows) if r.end_to_end), None)
 
 
-def format_rungs(workload: str, rows: list[dict]) -> list[str]:
+def format_rungs(workload: str, rows: list[Rung]) -> list[str]:
     """The ladder as lines of text: each rung, its change, and its ratios."""
     lines = [f"{workload}:"]
     for r in rows:
-        head = f"  {r['step']:<17} {r['change']}"
-        if r["vs_previous"]:
-            head += f"; vs the rung before {compare.describe(r['vs_previous'])}"
-        if r["change"] not in ("kept", DEFAULTS_LABEL):
-            head += f"; vs the baseline {compare.describe(r['vs_baseline'])}"
+        head = f"  {r.step:<17} {r.change}"
+        if r.vs_previous:
+            head += f"; vs the rung before {r.vs_previous.describe()}"
+        if not (r.kept or r.first):
+            head += f"; vs the baseline {compare.describe(r.vs_baseline)}"
         lines.append(head)
     end = top_end_to_end(rows)
     if end:
-        lines.append(f"  the top against PyTorch's defaults, in fresh paired rounds: {compare.describe(end)}")
+        lines.append(f"  the top against PyTorch's defaults, in fresh paired rounds: {end.describe()}")
     if rows:
-        lines.append(f"  train with: {command(rows[-1]['config'])}")
+        lines.append(f"  train with: {command(rows[-1].config)}")
     return lines

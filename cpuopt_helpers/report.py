@@ -78,10 +78,10 @@ def answer_rows(store: ResultStore, facts: dict) -> list[list[str]]:
         rungs = ladder.rungs(store, machine, workload, preset, facts.get("physical_cores") or 1)
         if not rungs:
             continue
-        changes = [r["change"] for r in rungs[1:] if r["change"] != "kept"]
+        changes = [r.change for r in rungs[1:] if not r.kept]
         best = "; ".join(changes) if changes else "PyTorch's defaults (nothing was confirmed faster)"
-        speedup = compare.describe(rungs[-1]["vs_baseline"]) if changes else "1.00x"
-        rows.append([workload, preset, best, speedup, ladder.command(rungs[-1]["config"])])
+        speedup = compare.describe(rungs[-1].vs_baseline) if changes else "1.00x"
+        rows.append([workload, preset, best, speedup, ladder.command(rungs[-1].config)])
     return rows
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from cpuopt_helpers import compare, launch, system
 from cpuopt_helpers.config import PRESETS, RunConfig
+from cpuopt_helpers.decisions import Choice, Comparison, Finding
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.results import ResultStore, build_dir, run_comparison, run_sweep
 from cpuopt_helpers.stages import LADDER_STAGES, stage_index
@@ -91,17 +92,40 @@ class Session:
         ``ladder`` names the ladder (default: the workload; notebook 08 keeps RetinaNet's
         601-class ladder apart).
         """
-        if step.split(":")[0] not in LADDER_STAGES:
+        if stage_index(step) == len(LADDER_STAGES):
             raise CpuoptError(f"unknown ladder stage {step!r}; use one of {', '.join(LADDER_STAGES)}")
         name = f"ladder/{ladder or config.workload}/{config.preset}"
         ladder = self.store.get_fact(self.machine, name, [])
-        kept = {k: comparison[k] for k in ("ratio", "ci_low", "ci_high", "n", "verdict", "label", "sweep", "margin",
-                                        "min_rounds")
-                if k in comparison} if comparison else None
+        kept = comparison.to_dict() if isinstance(comparison, Comparison) else \
+            Comparison.from_dict(comparison).to_dict() if comparison else None
         ladder = [s for s in ladder if s["step"] != step] + [
             {"step": step, "config": config.to_dict(), "evidence": dict(evidence or {}, comparison=kept)}]
         ladder.sort(key=lambda s: stage_index(s["step"]))
         self.store.put_fact(self.machine, name, ladder)
+
+    def settle(self, stage: str, decide, min_rounds: int = compare.MIN_ROUNDS, max_rounds: int = compare.MAX_ROUNDS,
+               budget_min: float | None = None, resume: bool = True) -> Choice:
+        """How a measuring notebook ends, for one workload: ``decide(confirm) -> Choice`` (the
+        stage's ``choose`` with the notebook's confirmation rounds), its finding stored, and the
+        configuration it chose handed on as the stage's rung."""
+        from cpuopt_helpers.stages import stage as find_stage
+
+        s = find_stage(stage)
+        choice = decide(self.confirmer(f"{s.tag}/confirm", min_rounds, max_rounds, budget_min, resume))
+        self.record(choice.finding, choice.config.preset if choice.config is not None else "")
+        if choice.config is not None:
+            self.hand_on(choice.config, s.rung, {"workload": choice.finding.workload, "sentence": choice.sentence,
+                                                 "finding": choice.finding.to_dict()}, choice.comparison)
+        return choice
+
+    def record(self, finding: Finding, preset: str) -> None:
+        """Store a stage's finding for its workload (the latest replaces the one before)."""
+        self.store.put_fact(self.machine, f"findings/{finding.stage}/{finding.workload}/{preset}", finding.to_dict())
+
+    def findings(self, prefix: str = "") -> list[Finding]:
+        """The stored findings whose stage starts with ``prefix``, as records."""
+        names = self.store.fact_names(self.machine, f"findings/{prefix}")
+        return [Finding.from_dict(self.store.get_fact(self.machine, n)) for n in names]
 
     def reset_ladder(self, ladder: str, preset: str) -> None:
         """Forget a ladder's rungs (a climb that starts again from PyTorch's defaults)."""
@@ -469,10 +493,10 @@ def _ladder_lines(store: ResultStore, facts: dict, workloads, preset: str) -> li
         rungs = ladder.rungs(store, facts["fingerprint"], w, preset, facts["physical_cores"])
         if not rungs:
             continue
-        steps = " -> ".join(f"{r['step']}: {r['change']}" for r in rungs[1:])
-        chained, end = rungs[-1]["vs_baseline"], ladder.top_end_to_end(rungs)
-        over = (f"{compare.describe(end)} (the top against the defaults in fresh paired rounds)" if end else
-                compare.describe(chained) if any(r["change"] != "kept" for r in rungs[1:])
+        steps = " -> ".join(f"{r.step}: {r.change}" for r in rungs[1:])
+        chained, end = rungs[-1].vs_baseline, ladder.top_end_to_end(rungs)
+        over = (f"{end.describe()} (the top against the defaults in fresh paired rounds)" if end else
+                compare.describe(chained) if any(not r.kept for r in rungs[1:])
                 else "1.00x: every stage kept PyTorch's defaults")
         lines.append(f"| {w} | baseline -> {steps} | {over} |" if steps else f"| {w} | baseline (nothing handed on) | |")
     return lines if len(lines) > 5 else []
@@ -522,8 +546,8 @@ def _launcher_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
         table = settings.compare_configs(runs, default, w)
         for _, row in table.iterrows():
             comparison = row.get("comparison") if isinstance(row.get("comparison"), dict) else None
-            name = ("PyTorch's defaults" if row["setting"] == "baseline" else
-                    "run_cpu's defaults" if "launcher=run_cpu" in row["setting"] else f"best: {row['setting']}")
+            name = ("PyTorch's defaults" if row["is_baseline"] else
+                    "run_cpu's defaults" if row["config"]["launcher"] == "run_cpu" else f"best: {row['setting']}")
             lines.append(f"| {w} | {name} | {compare.describe(comparison) if comparison else '1.00x'} |")
             if name.startswith("best") and comparison and comparison["verdict"] in ("slower", "no different",
                                                                                    "equivalent"):

@@ -62,9 +62,11 @@ def facts() -> dict:
             "bf16": {"accelerated": True, "path": "AMX", "reason": "made up"}, "cpu_vendor": "GenuineIntel"}
 
 
-def record(session: Session, stage: str, chosen, comparison, sentence: str) -> dict:
-    return {"stage": stage, "sentence": sentence, "chosen": RunConfig.from_dict(chosen).config_hash() if chosen is not None else None,
-            "verdict": (comparison or {}).get("verdict"), "n": (comparison or {}).get("n")}
+def record(session: Session, stage: str, choice) -> dict:
+    comparison = choice.comparison
+    return {"stage": stage, "sentence": choice.sentence,
+            "chosen": choice.config.config_hash() if choice.config is not None else None,
+            "verdict": comparison.verdict if comparison else None, "n": comparison.n if comparison else None}
 
 
 def climb(tmp_path, workload: str = "cnn") -> dict:
@@ -79,11 +81,8 @@ def climb(tmp_path, workload: str = "cnn") -> dict:
     session.hand_on(base, "baseline")
 
     def settle(stage_rung, tag, table, chooser):
-        confirm = session.confirmer(tag, 5, 14, None, True)
-        chosen, sentence, comparison = chooser(table, confirm)
-        decisions.append(record(session, stage_rung, chosen, comparison, sentence))
-        if chosen is not None:
-            session.hand_on(RunConfig.from_dict(chosen), stage_rung, {}, comparison)
+        choice = session.settle(stage_rung, lambda confirm: chooser(table, confirm), 5, 14, None, True)
+        decisions.append(record(session, stage_rung, choice))
 
     progress = dict(progress=False)
     import cpuopt_helpers.results as results_module
@@ -118,8 +117,8 @@ def climb(tmp_path, workload: str = "cnn") -> dict:
            lambda t, c: multi_instance.choose(t, c, workload))
 
     rows = ladder.rungs(session.store, session.machine, workload, preset, 2)
-    rungs = [{"step": r["step"], "config_hash": RunConfig.from_dict(r["config"]).config_hash(),
-              "config": {k: v for k, v in r["config"].items() if k != "timeout_s"},
-              "verdict": (r["vs_previous"] or {}).get("verdict"), "confirmed": r["confirmed"]} for r in rows]
+    rungs = [{"step": r.step, "config_hash": RunConfig.from_dict(r.config).config_hash(),
+              "config": {k: v for k, v in r.config.items() if k != "timeout_s"},
+              "verdict": r.vs_previous.verdict if r.vs_previous else None, "confirmed": r.confirmed} for r in rows]
     digest = hashlib.sha1(repr(sorted(session.calls.items())).encode()).hexdigest()[:12]
     return {"decisions": decisions, "rungs": rungs, "runs": sum(session.calls.values()), "calls_digest": digest}

@@ -72,20 +72,25 @@ def test_precision_choice_needs_a_fast_path_accuracy_and_a_confirmed_win():
     from cpuopt_helpers.config import RunConfig
 
     fp32, bf16 = RunConfig(threads=2), RunConfig(threads=2, dtype="bf16")
-    table = pd.DataFrame([{"setting": "baseline", "ratio": 1.0, "runs": 2, "config": fp32.to_dict()},
-                          {"setting": "dtype=bf16", "ratio": 1.5, "runs": 2, "config": bf16.to_dict()}])
+    table = pd.DataFrame([{"setting": "baseline", "ratio": 1.0, "runs": 2, "config": fp32.to_dict(),
+                           "config_hash": fp32.config_hash(), "is_baseline": True},
+                          {"setting": "dtype=bf16", "ratio": 1.5, "runs": 2, "config": bf16.to_dict(),
+                           "config_hash": bf16.config_hash(), "is_baseline": False}])
     acc = pd.DataFrame({"final_accuracy": [0.95, 0.948]}, index=["fp32", "bf16"])
     fast = {"accelerated": True, "path": "amx", "reason": "x"}
 
     def confirm(verdict):
         return lambda a, b: {"ratio": 1.5, "ci_low": 1.3, "ci_high": 1.7, "n": 5, "verdict": verdict, "margin": 0.05,
                              "min_rounds": 5, "label": "95% CI"}
-    chosen, sentence, _ = precision.choose(table, acc, fast, "cnn", confirm("faster"))
-    assert chosen["dtype"] == "bf16" and "handed on" in sentence
-    assert precision.choose(table, acc, dict(fast, accelerated=False), "cnn", confirm("faster"))[0] is None
+    choice = precision.choose(table, acc, fast, "cnn", confirm("faster"))
+    assert choice.config.dtype == "bf16" and choice.changed and choice.sentence.endswith("handed on.")
+    slow = precision.choose(table, acc, dict(fast, accelerated=False, reason="no AMX"), "cnn", confirm("faster"))
+    assert slow.config is None and (slow.finding.kind, slow.finding.values["reason"]) == ("no bf16 fast path", "no AMX")
     worse = pd.DataFrame({"final_accuracy": [0.95, 0.90]}, index=["fp32", "bf16"])
-    assert precision.choose(table, worse, fast, "cnn", confirm("faster"))[0] is None
-    assert precision.choose(table, acc, fast, "cnn", confirm("no different"))[0] is None
+    lost = precision.choose(table, worse, fast, "cnn", confirm("faster"))
+    assert lost.config is None and lost.finding.values["drop"] == pytest.approx(0.05)
+    kept = precision.choose(table, acc, fast, "cnn", confirm("no different"))
+    assert kept.config is None and kept.comparison.verdict == "no different"
 
 
 @pytest.mark.slow
@@ -101,8 +106,8 @@ def test_a_bf16_setting_whose_loss_drifts_is_not_handed_on():
     table = settings.compare_configs(runs, fp32.to_dict(), fp32.workload)
     drift = table.set_index("setting").loc["dtype=bf16", "loss_drift"]
     assert drift > settings.LOSS_TOLERANCE
-    chosen, sentence, _ = settings.choose(table, "drift", lambda a, b: {"verdict": "faster"})
-    assert chosen["dtype"] == "fp32" and f"loss drifted {drift:.0%}" in sentence
+    choice = settings.choose(table, "drift", lambda a, b: {"verdict": "faster"})
+    assert choice.config.dtype == "fp32" and choice.finding.values["excluded"] == [["dtype=bf16", pytest.approx(drift)]]
 
 
 def test_the_bf16_stage_compares_against_the_layout_handed_on():

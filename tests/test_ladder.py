@@ -33,11 +33,12 @@ def test_rungs_in_stage_order_with_ratios_chained_to_the_baseline(tmp_path):
     session = Session(facts={"fingerprint": "m", "physical_cores": 2}, store=ResultStore(tmp_path / "r.sqlite"))
     climb(session)
     rows = ladder.rungs(session.store, "m", "cnn", "quick", 2)
-    assert [r["step"] for r in rows] == ["baseline", "threading", "allocator", "runtime"]
-    assert [r["change"] for r in rows] == ["PyTorch's defaults", "threads=1", "kept", "allocator=jemalloc width=2"]
-    assert rows[0]["config"]["threads"] == 2  # as run: the thread count spelled out
-    assert rows[2]["vs_previous"] is None and rows[2]["vs_baseline"]["median"] == pytest.approx(1.2)
-    end = rows[-1]["vs_baseline"]
+    assert [r.step for r in rows] == ["baseline", "threading", "allocator", "runtime"]
+    assert [r.change for r in rows] == ["PyTorch's defaults", "threads=1", "kept", "allocator=jemalloc width=2"]
+    assert [r.kept for r in rows] == [False, False, True, False] and rows[0].first
+    assert rows[0].config["threads"] == 2  # as run: the thread count spelled out
+    assert rows[2].vs_previous is None and rows[2].vs_baseline["median"] == pytest.approx(1.2)
+    end = rows[-1].vs_baseline
     assert end["median"] == pytest.approx(1.32) and end["steps"] == 2 and end["n"] == 12
     # log half-widths in quadrature: sqrt(h1^2 + h2^2), centred on the two rungs' log centres
     h1, h2 = (math.log(1.3) - math.log(1.1)) / 2, (math.log(1.21) - math.log(1.0)) / 2
@@ -88,10 +89,10 @@ def test_a_change_its_comparison_did_not_confirm_gets_no_borrowed_interval(tmp_p
     store.add_sweep("stale", "m", "04", "ab", [base.to_dict(), jem.to_dict()], {})
     session.hand_on(jem, "allocator", comparison=dict(comparison(1.1, 1.05, 1.15), sweep="stale"))
     rows = ladder.rungs(store, "m", "cnn", "quick", 2)
-    assert rows[1]["confirmed"] is True and rows[2]["confirmed"] is False
-    assert math.isnan(rows[2]["vs_baseline"]["ci_low"]) and rows[2]["vs_baseline"]["verdict"] == "too few rounds"
+    assert rows[1].confirmed is True and rows[2].confirmed is False
+    assert math.isnan(rows[2].vs_baseline["ci_low"]) and rows[2].vs_baseline["verdict"] == "too few rounds"
     session.hand_on(jem, "runtime", comparison=comparison(1.1, 1.0, 1.2, verdict="no different"))  # kept
-    assert ladder.rungs(store, "m", "cnn", "quick", 2)[-1]["change"] == "kept"
+    assert ladder.rungs(store, "m", "cnn", "quick", 2)[-1].kept
 
 
 class FakeClimb:
@@ -164,9 +165,9 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     assert len(fake.confirmed) == 8  # every rung confirmed, whatever one screening round said; then the end
     assert fake.confirmed[-1] == (base, top, 10) and end["ratio"] == pytest.approx(1.3 * 1.2 * 1.5 * 1.5 * 1.1 * 1.1)
     rows = ladder.rungs(session.store, "m", "retinanet", "quick", 2)
-    assert [r["step"] for r in rows] == ["baseline", *case_study.CLIMB_RUNGS]  # the stale rung replaced
-    assert [r["change"] for r in rows][1:3] == ["kept", "omp_runtime=intel"]
-    assert rows[-1]["end_to_end"]["n"] == 10 and rows[-1]["vs_baseline"]["ratio"] == pytest.approx(end["ratio"])
+    assert [r.step for r in rows] == ["baseline", *case_study.CLIMB_RUNGS]  # the stale rung replaced
+    assert [r.change for r in rows][1:3] == ["kept", "omp_runtime=intel"] and rows[1].kept
+    assert rows[-1].end_to_end.n == 10 and rows[-1].vs_baseline["ratio"] == pytest.approx(end["ratio"])
     lines = case_study.climb_findings(result)
     assert "4.25x" in lines[-1] and "is reached" in lines[-1]
     # no bf16 fast path: the rung is skipped with the gate's reason, and the 601-class ladder stays apart
@@ -184,9 +185,11 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
 
 
 def test_the_end_to_end_verdict_is_found_below_rungs_that_kept_the_configuration():
-    end = {"ratio": 1.5, "ci_low": 1.4, "ci_high": 1.7, "n": 10, "verdict": "faster", "label": "95% CI"}
-    rows = [{"end_to_end": None}, {"end_to_end": end}, {"end_to_end": None}]  # bf16 confirmed, the fixes kept
-    assert ladder.top_end_to_end(rows) is end and ladder.top_end_to_end(rows[:1]) is None
+    from cpuopt_helpers.decisions import Comparison, Rung
+
+    end = Comparison(ratio=1.5, ci_low=1.4, ci_high=1.7, n=10, verdict="faster")
+    rows = [Rung(step, step, {}, None, None, {}, e) for step, e in (("runtime", None), ("bf16", end), ("fixes", None))]
+    assert ladder.top_end_to_end(rows) is end and ladder.top_end_to_end(rows[:1]) is None  # bf16 confirmed, the fixes kept
 
 
 def test_the_ladder_figure_draws_no_interval_for_a_rung_its_comparison_did_not_confirm():

@@ -76,15 +76,17 @@ def test_a_setting_whose_loss_drifts_is_no_candidate_and_memory_growth_is_said()
     assert by.loc["allocator=jemalloc", "loss_drift"] < 0.10 and by.loc["allocator=jemalloc", "rss_ratio"] == 1.3
     assert math.isnan(by.loc["loader_workers=1", "loss_drift"])
     asked = []
-    chosen, sentence, _ = settings.choose(table, "cnn", lambda a, b: asked.append(b) or {"verdict": "faster", "ratio": 1.3, "n": 5,
-                                                                                      "ci_low": 1.1, "ci_high": 1.5})
+    choice = settings.choose(table, "cnn", lambda a, b: asked.append(b) or {"verdict": "faster", "ratio": 1.3, "n": 5,
+                                                                             "ci_low": 1.1, "ci_high": 1.5})
     assert [c.loader_workers for c in asked] == [1]  # the fastest that kept the loss (or could not be judged)
-    assert "dtype=bf16 is no candidate: its loss drifted" in sentence and "more than 10%" in sentence
+    assert choice.finding.values["excluded"] == [["dtype=bf16", pytest.approx((1.85 - 1.275) / 1.275)]]
+    assert "dtype=bf16 is no candidate: its loss drifted 45% from the baseline's (more than 10%" in choice.sentence
     results = [r for r in results if r["config"]["loader_workers"] == 0]
-    chosen, sentence, _ = settings.choose(settings.compare_configs(results, base.to_dict(), "cnn"), "cnn",
-                                          lambda a, b: asked.append(b) or {"verdict": "faster", "ratio": 1.2, "n": 5,
-                                                                           "ci_low": 1.1, "ci_high": 1.3})
-    assert chosen["allocator"] == "jemalloc" and "30% more peak memory" in sentence
+    choice = settings.choose(settings.compare_configs(results, base.to_dict(), "cnn"), "cnn",
+                             lambda a, b: asked.append(b) or {"verdict": "faster", "ratio": 1.2, "n": 5,
+                                                              "ci_low": 1.1, "ci_high": 1.3})
+    assert choice.config.allocator == "jemalloc" and choice.finding.values["rss_growth"] == pytest.approx(0.3)
+    assert "30% more peak memory" in choice.sentence
 
 
 def test_a_setting_whose_loss_turns_nan_is_no_candidate():
@@ -98,9 +100,10 @@ def test_a_setting_whose_loss_turns_nan_is_no_candidate():
                     result(nan, i, 20.0, arm=1, losses=[2.0, float("nan"), float("nan")])]
     table = settings.compare_configs(results, base.to_dict(), "cnn")
     assert math.isinf(table.set_index("setting").loc["dtype=bf16 channels_last=True", "loss_drift"])
-    chosen, sentence, comparison = settings.choose(table, "cnn", lambda a, b: pytest.fail("nothing to confirm"))
-    assert chosen["dtype"] == "fp32" and comparison is None
-    assert "dtype=bf16 channels_last=True is no candidate: its loss was not finite" in sentence
+    choice = settings.choose(table, "cnn", lambda a, b: pytest.fail("nothing to confirm"))
+    assert choice.config.dtype == "fp32" and choice.comparison is None and choice.finding.kind == "all drifted"
+    assert choice.finding.values["excluded"] == [["dtype=bf16 channels_last=True", None]]
+    assert "dtype=bf16 channels_last=True is no candidate: its loss was not finite" in choice.sentence
     assert settings.loss_drift(float("nan"), float("nan")) is None  # a NaN baseline judges nothing
 
 
@@ -109,7 +112,7 @@ def test_runs_without_recorded_losses_are_not_judged():
     results = [result(base, 0, 10.0, arm=0), result(base.replace(dtype="bf16"), 0, 12.0, arm=1)]
     table = settings.compare_configs(results, base.to_dict(), "cnn")
     assert table["loss_drift"].isna().all()
-    assert "no candidate" not in settings.choose(table, "cnn")[1]
+    assert settings.choose(table, "cnn").finding.values["excluded"] == []
 
 
 def screened():
@@ -156,18 +159,26 @@ def test_choose_confirms_the_screening_winner_in_fresh_rounds():
             return {"ratio": 1.2, "ci_low": 1.1, "ci_high": 1.3, "n": 6, "verdict": verdict, "margin": 0.05,
                     "min_rounds": 5, "label": "95% repeated-confidence interval (per-look 98.7%)"}
         return run
-    chosen, sentence, comparison = settings.choose(table, "cnn", confirm("faster"))
-    assert chosen["allocator"] == "jemalloc" and "handed on" in sentence and comparison["n"] == 6
+    choice = settings.choose(table, "cnn", confirm("faster"))
+    assert choice.config.allocator == "jemalloc" and choice.changed and choice.comparison.n == 6
+    assert (choice.finding.kind, choice.finding.values["setting"]) == ("confirmed", "allocator=jemalloc")
+    assert choice.sentence.endswith(": faster: handed on.")
     assert calls[0][0].allocator == "default" and calls[0][1].allocator == "jemalloc"
-    chosen, sentence, _ = settings.choose(table, "cnn", confirm("no different"))
-    assert chosen["allocator"] == "default" and "baseline is kept" in sentence
-    chosen, sentence, comparison = settings.choose(table, "cnn")  # no confirmation: nothing is handed on
-    assert chosen["allocator"] == "default" and comparison is None and "not confirmed" in sentence
+    choice = settings.choose(table, "cnn", confirm("no different"))
+    assert choice.config.allocator == "default" and not choice.changed and choice.comparison.verdict == "no different"
+    assert choice.sentence.endswith("; the baseline is kept.")
+    choice = settings.choose(table, "cnn")  # no confirmation: nothing is handed on
+    assert choice.config.allocator == "default" and choice.comparison is None and choice.finding.kind == "not confirmed"
     slow_only = settings.compare_configs([r for r in results if r["arm"] != 1], base.to_dict())
     calls.clear()
-    slow_only.loc[slow_only.setting != "baseline", "ratio"] = 0.9
-    chosen, sentence, _ = settings.choose(slow_only, "cnn", confirm("faster"))
-    assert calls == [] and chosen["allocator"] == "default"  # nothing beat the baseline: nothing to confirm
+    slow_only.loc[~slow_only.is_baseline, "ratio"] = 0.9
+    choice = settings.choose(slow_only, "cnn", confirm("faster"))
+    assert calls == [] and choice.config.allocator == "default" and choice.finding.kind == "not beaten"
+    # the incumbent is found by its configuration, never by its label
+    relabelled = table.assign(setting=["the incumbent"] + list(table.setting[1:]))
+    assert settings.choose(relabelled, "cnn", confirm("faster")).config.allocator == "jemalloc"
+    assert settings.choose(table, "cnn", confirm("faster"), incumbent=base.replace(allocator="tcmalloc")).finding.values[
+        "setting"] == "allocator=jemalloc"
 
 
 def test_scaling_table_and_findings():
@@ -326,15 +337,17 @@ def test_layout_choice_confirms_ddp_and_says_what_memory_it_holds():
         return {"ratio": 1.2, "ci_low": 1.1, "ci_high": 1.3, "n": 5, "verdict": "faster", "margin": 0.02,
                 "min_rounds": 5, "label": "95% CI"}
 
-    chosen, sentence, _ = multi_instance.choose(table, confirm, "cnn")
-    assert seen == [(1, 2, "ddp")] and chosen["mode"] == "ddp" and chosen["instances"] == 2
-    assert sentence.startswith("cnn: DDP 2 ranks x 1 threads (peak memory 400 MB over its ranks, 100% more")
-    assert sentence.endswith("handed on.")
+    choice = multi_instance.choose(table, confirm, "cnn")
+    assert seen == [(1, 2, "ddp")] and choice.config.mode == "ddp" and choice.config.instances == 2
+    assert choice.finding.values["rss_growth"] == 1.0 and choice.changed
+    assert choice.sentence.startswith("cnn: DDP 2 ranks x 1 threads (peak memory 400 MB over its ranks, 100% more")
+    assert choice.sentence.endswith("handed on.")
     slower = {**speeds, (1, 2, "ddp"): 14.0}
     results = [dict(r, samples_per_s=slower[(r["config"]["threads"], r["config"]["instances"], r["config"]["mode"])])
                for r in results]
-    chosen, sentence, comparison = multi_instance.choose(multi_instance.layout_table(results, "cnn"), confirm, "cnn")
-    assert chosen["instances"] == 1 and chosen["threads"] == 2 and comparison is None and "is kept" in sentence
+    choice = multi_instance.choose(multi_instance.layout_table(results, "cnn"), confirm, "cnn")
+    assert (choice.config.instances, choice.config.threads, choice.comparison) == (1, 2, None)
+    assert choice.finding.kind == "ddp not screened faster" and choice.sentence.endswith("is kept.")
 
 
 def test_focal_kernel_against_its_physical_limit():

@@ -47,10 +47,18 @@ def test_its_status_says_what_is_missing_or_why_it_was_not_tried(monkeypatch):
     assert runtimes.vendor_extension("GenuineIntel", {"available": True}, measured).endswith(
         "its runtime is built; measured here by notebook 05 (quick preset, 2026-12-01): cnn: IPEX over its own stock "
         "torch 2.8: 0.4x.")
-    assert runtime.extension_lines(["cnn: IPEX over its own stock torch 2.8: 1.1x.", "cnn: fastest: channels-last",
-                                    "rnn: fastest with this torch in screening: torch.compile (zentorch)",
-                                    "rnn: zentorch: its training run failed"]) == [
-        "cnn: IPEX over its own stock torch 2.8: 1.1x.", "rnn: zentorch: its training run failed"]
+    import pandas as pd
+
+    from cpuopt_helpers.config import RunConfig
+
+    stock = RunConfig(threads=2)  # the vendor's extension's findings come from the plan, not from matching sentences
+    plan = {"torch (stock)": stock, "torch 2.8 (stock)": stock.replace(runtime="ipex"),
+            "torch 2.8 + IPEX": stock.replace(runtime="ipex", ipex=True)}
+    runs = [{"status": "ok", "config_hash": c.config_hash(), "sweep": "s", "round": 0, "samples_per_s": sps}
+            for c, sps in zip(plan.values(), (10.0, 8.0, 4.0))]
+    assert runtime.extension_findings(runs, plan, pd.DataFrame(), "cnn", {"reason": "not an AMD CPU"}) == [
+        "cnn: IPEX over its own stock torch 2.8: 0.50x (1 round, fewer than the 5 a verdict needs): too few rounds.",
+        "cnn: zentorch: not an AMD CPU."]
     assert runtimes.vendor_extension("GenuineIntel", {"available": True}).startswith(
         "Intel CPU: Intel Extension for PyTorch (IPEX), archived")
     with pytest.raises(CpuoptError, match="built for torch 2.14.0"):

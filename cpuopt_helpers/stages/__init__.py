@@ -24,6 +24,7 @@ class Stage:
     notebook: str  # its notebook's number
     rung: str | None  # the ladder rung it hands on (None: it measures, hands nothing on)
     question: str
+    tag: str  # what its notebook's runs are stored under (the notebook's file name)
 
     @property
     def module(self) -> ModuleType:
@@ -31,15 +32,16 @@ class Stage:
 
 
 STAGES = (
-    Stage("baseline", "01", "baseline", "How fast does each workload train with PyTorch's defaults?"),
-    Stage("profiling", "02", None, "Where does the step's time go, and how fast could its kernels run?"),
-    Stage("threading", "03", "threading", "Which threads, affinity and OpenMP settings pay?"),
-    Stage("allocator", "04", "allocator", "Does jemalloc or tcmalloc pay, at what memory cost?"),
-    Stage("runtime", "05", "runtime", "IPEX, torch.compile, channels-last or fused optimizers?"),
-    Stage("precision", "06", "bf16", "Does bf16 autocast pay here, and does training still converge?"),
-    Stage("multi_instance", "07", "multi-instance", "How many ranks of how many threads?"),
-    Stage("case_study", "08", "case-study fixes", "Which of the paper's RetinaNet fixes pay?"),
-    Stage("summary", "09", None, "From PyTorch's defaults to the last rung: how much, and what does it save?"),
+    Stage("baseline", "01", "baseline", "How fast does each workload train with PyTorch's defaults?", "01_baseline"),
+    Stage("profiling", "02", None, "Where does the step's time go, and how fast could its kernels run?", "02_profiling"),
+    Stage("threading", "03", "threading", "Which threads, affinity and OpenMP settings pay?", "03_threading"),
+    Stage("allocator", "04", "allocator", "Does jemalloc or tcmalloc pay, at what memory cost?", "04_allocator"),
+    Stage("runtime", "05", "runtime", "IPEX, torch.compile, channels-last or fused optimizers?", "05_ipex"),
+    Stage("precision", "06", "bf16", "Does bf16 autocast pay here, and does training still converge?", "06_bf16"),
+    Stage("multi_instance", "07", "multi-instance", "How many ranks of how many threads?", "07_multi_instance"),
+    Stage("case_study", "08", "case-study fixes", "Which of the paper's RetinaNet fixes pay?", "08_case_study"),
+    Stage("summary", "09", None, "From PyTorch's defaults to the last rung: how much, and what does it save?",
+          "09_summary"),
 )
 
 

@@ -46,12 +46,12 @@ def launcher_configs(best: RunConfig, facts: dict) -> list[RunConfig]:
 
 def memory_findings(table: pd.DataFrame, workload: str) -> list[str]:
     """Peak resident memory of each setting against the baseline's."""
-    base = table[table["setting"] == "baseline"]
+    base = table[table["is_baseline"]] if "is_baseline" in table else table.iloc[0:0]
     if base.empty:
         return []
     rss = base.iloc[0]["peak_rss_mb"]
     parts = [f"{r.setting} {r.peak_rss_mb:.0f} MB ({r.peak_rss_mb / rss - 1:+.0%})"
-             for r in table.itertuples() if r.setting != "baseline"]
+             for r in table.itertuples() if not r.is_baseline]
     return [f"{workload}: peak RSS {rss:.0f} MB with glibc; " + "; ".join(parts) + "."] if parts else []
 
 
@@ -70,18 +70,18 @@ def launcher_findings(table: pd.DataFrame, workload: str) -> list[str]:
     for _, r in table.iterrows():
         if not isinstance(r.get("comparison"), dict):
             continue
-        who = "run_cpu's defaults" if "launcher=run_cpu" in r["setting"] else f"the best setting ({r['setting']})"
+        who = "run_cpu's defaults" if r["config"]["launcher"] == "run_cpu" else f"the best setting ({r['setting']})"
         lines.append(f"{workload}: {who} over PyTorch's defaults: {compare.describe(r['comparison'])}.")
     if not lines:
         lines.append(f"{workload}: the best setting is PyTorch's defaults; compared with run_cpu only.")
     return lines
 
 
-def findings(chosen: dict, missing: dict) -> list[str]:
+def findings(chosen: dict[str, RunConfig | None], missing: dict) -> list[str]:
     """One sentence across workloads: which allocator is handed on where, and what was not measured."""
     wins = {}
     for w, config in chosen.items():
-        wins.setdefault(config["allocator"] if config else "none", []).append(w)
+        wins.setdefault(config.allocator if config else "none", []).append(w)
     lines = [f"{alloc} is handed on for {', '.join(ws)}." for alloc, ws in wins.items()]
     if missing:
         lines.append("Not measured (not installed): " + ", ".join(missing) + ".")

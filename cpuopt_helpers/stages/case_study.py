@@ -257,14 +257,14 @@ def climb(session, base: RunConfig, ladder: str, image_like: bool, tag: str, min
             arms = {"baseline": current} | candidates
             results = session.sweep(list(arms.values()), rounds=screen_rounds, tag=f"{tag}/screen", resume=resume)
             table = settings.named_table(results, arms)
-            chosen, sentence, comparison = settings.choose(table.assign(setting=table["name"]), rung, confirm,
-                                                           screen_gate=False)
-            faster = comparison is not None and comparison.get("verdict") == "faster"
+            choice = settings.choose(table.assign(setting=table["name"]), rung, confirm, screen_gate=False,
+                                     incumbent_name="the rung below", stage=rung)
+            comparison = choice.comparison.to_dict() if choice.comparison else None
+            sentence, faster = choice.sentence, choice.changed
             if rung == "runtime: torch.compile":
                 sentence, faster = compile_sentence(table, comparison, train_steps)
             if faster:
-                current = RunConfig.from_dict(chosen)
-        sentence = sentence.replace("the baseline", "the rung below")  # choose() calls the rung below its baseline
+                current = choice.config
         session.hand_on(current, rung, {"workload": base.workload, "sentence": sentence},
                         comparison if faster else None, ladder=ladder)
         climbed.append({"rung": rung, "sentence": sentence, "config": current, "comparison": comparison,
@@ -424,3 +424,27 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
         out.append({"fix": name, "paper": PAPER[name], "here": c["ratio"] if c and c.get("n") else None,
                     "here, worded": compare.describe(c) if c else "not measured", "why": why})
     return pd.DataFrame(out)
+
+
+def settle_fixes(session, arms: dict, tables: dict, climbs: dict, preset: str, min_rounds: int, max_rounds: int,
+                 budget_min: float | None, resume: bool = True) -> list[str]:
+    """Notebook 08's hand-on, per workload: the fastest of the fixes it declares, confirmed against
+    its baseline (``Session.settle``). RetinaNet's ladder starts here (no earlier notebook
+    measures it) unless a climb above made it. Returns the sentences, in order."""
+    lines = []
+    for workload, arm in arms.items():
+        if workload in climbs:
+            lines.append(f"{workload}: its ladder is the climb above.")
+            continue
+        if workload == "retinanet":  # a climb's ladder, from an earlier run, is replaced
+            session.reset_ladder(workload, preset)
+            session.hand_on(arm["baseline"], "baseline", {"workload": workload})
+        if workload not in tables:
+            lines.append(f"{workload}: it declares none of the fixes; nothing to hand on.")
+            continue
+        table = tables[workload].assign(setting=tables[workload]["name"])
+        choice = session.settle("case_study", lambda confirm: settings.choose(
+            table, f"{workload} case study", confirm, candidates=table[table["name"].isin(list(arm))],
+            stage="case-study fixes"), min_rounds, max_rounds, budget_min, resume)
+        lines.append(choice.sentence)
+    return lines

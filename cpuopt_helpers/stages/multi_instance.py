@@ -10,6 +10,7 @@ import pandas as pd
 
 from cpuopt_helpers import compare, launch, stats, system
 from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.decisions import Choice, Finding, as_comparison
 from cpuopt_helpers.stages.settings import MEMORY_WARNING, normalise, paired, unique
 
 
@@ -162,30 +163,33 @@ def layout_findings(table: pd.DataFrame, results: list[dict], workload: str) -> 
     return lines
 
 
-def choose(table: pd.DataFrame, confirm=None, workload: str = "layout") -> tuple[dict | None, str, dict | None]:
+def choose(table: pd.DataFrame, confirm=None, workload: str = "layout") -> Choice:
     """The layout to hand on: the fastest DDP job (one model trained by several ranks) if a
     fresh comparison against one rank on all cores says faster, else one rank on all cores.
-    The sentence gives the memory the DDP job holds where it exceeds one rank's by more than
+    The finding gives the memory the DDP job holds where it exceeds one rank's by more than
     MEMORY_WARNING."""
+    def decided(config, kind, comparison=None, **values) -> Choice:
+        comparison = as_comparison(comparison)
+        finding = Finding(workload, "multi-instance", kind, dict(values, what=workload), comparison)
+        return Choice(RunConfig.from_dict(config) if config is not None else None, comparison, finding)
+
     if table.empty:
-        return None, f"{workload}: no layout produced a result.", None
+        return decided(None, "no layout")
     single = table[table["ranks"] == 1].sort_values("threads").iloc[-1]
     ddp = table[(table["mode"] == "ddp") & table["in_sync"]].sort_values("samples_per_s", ascending=False)
     if ddp.empty:
-        return single["config"], f"{workload}: no DDP layout fits here; one rank on all cores is kept.", None
+        return decided(single["config"], "no ddp layout")
     best = ddp.iloc[0]
-    where = f"DDP {int(best.ranks)} ranks x {int(best.threads)} threads"
+    values = {"ranks": int(best.ranks), "threads": int(best.threads), "single_threads": int(single.threads),
+              "ddp_sps": float(best.samples_per_s), "single_sps": float(single.samples_per_s),
+              "total_rss_mb": None, "rss_growth": None}
     if single["total_rss_mb"] and best["total_rss_mb"] > MEMORY_WARNING * single["total_rss_mb"]:
-        where += (f" (peak memory {best.total_rss_mb:.0f} MB over its ranks, "
-                  f"{best.total_rss_mb / single.total_rss_mb - 1:.0%} more than one rank's)")
+        values.update(total_rss_mb=float(best.total_rss_mb), rss_growth=float(best.total_rss_mb / single.total_rss_mb - 1))
     if best["samples_per_s"] <= single["samples_per_s"] or confirm is None:
-        return single["config"], (f"{workload}: {where} screened at {best.samples_per_s:.1f} samples/s against one rank's "
-                                  f"{single.samples_per_s:.1f}; one rank on all cores is kept."), None
+        return decided(single["config"], "ddp not screened faster", **values)
     result = confirm(RunConfig.from_dict(single["config"]), RunConfig.from_dict(best["config"]))
-    sentence = f"{workload}: {where} over one rank x {int(single.threads)} threads, in fresh rounds: {compare.describe(result)}"
-    if result["verdict"] == "faster":
-        return best["config"], sentence + ": handed on.", result
-    return single["config"], sentence + "; one rank on all cores is kept.", result
+    return decided(best["config"] if result["verdict"] == "faster" else single["config"], "ddp confirmed", result,
+                   **values)
 
 
 def epochs_to_target(history: list[dict], target: float) -> int | None:

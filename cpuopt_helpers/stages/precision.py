@@ -8,6 +8,7 @@ import pandas as pd
 
 from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.decisions import Choice, Finding
 from cpuopt_helpers.stages import settings
 from cpuopt_helpers.stages.settings import normalise, unique
 
@@ -40,7 +41,7 @@ def findings(tables: dict, accuracy: pd.DataFrame, gate: dict) -> list[str]:
              f"({gate['reason']})."]
     for w, t in tables.items():
         for _, r in t.iterrows():
-            if "dtype=bf16" in r["setting"] and isinstance(r.get("comparison"), dict):
+            if r["config"]["dtype"] == "bf16" and isinstance(r.get("comparison"), dict):
                 lines.append(f"{w}: {r['setting']} over fp32: {compare.describe(r['comparison'])}.")
     if "fp32" in accuracy.index:
         base = accuracy.loc["fp32", "final_accuracy"]
@@ -52,20 +53,25 @@ def findings(tables: dict, accuracy: pd.DataFrame, gate: dict) -> list[str]:
 
 
 def choose(table: pd.DataFrame, accuracy: pd.DataFrame, gate: dict, what: str, confirm=None,
-                     tolerance: float = 0.01) -> tuple[dict | None, str, dict | None]:
-    """The bf16 configuration to hand on (or None to keep fp32), why, and the comparison.
+           tolerance: float = 0.01) -> Choice:
+    """The bf16 configuration to hand on (``config`` None keeps fp32), why, and the comparison.
 
     bf16 is a candidate only with a fast path and within `tolerance` of fp32's accuracy on
     the digits; then the fastest bf16 setting screened (with or without channels-last) is
     confirmed against fp32 like every other choice.
     """
+    def kept(kind: str, **values) -> Choice:
+        return Choice(None, None, Finding(what, "bf16", kind, dict(values, what=what)))
+
     if not gate["accelerated"]:
-        return None, f"{what}: fp32 kept: this CPU has no bf16 fast path ({gate['reason']}).", None
+        return kept("no bf16 fast path", reason=gate["reason"])
     if not {"fp32", "bf16"} <= set(accuracy.index):
-        return None, f"{what}: fp32 kept: the digits accuracy check did not run.", None
+        return kept("no accuracy check")
     drop = accuracy.loc["fp32", "final_accuracy"] - accuracy.loc["bf16", "final_accuracy"]
     if drop > tolerance:
-        return None, f"{what}: fp32 kept: bf16 lost {drop:.1%} accuracy on the digits (tolerance {tolerance:.0%}).", None
-    bf16 = table[table["setting"].str.contains("dtype=bf16")] if len(table) else table
-    chosen, sentence, result = settings.choose(table, what, confirm, candidates=bf16)
-    return (chosen if chosen is not None and chosen.get("dtype") == "bf16" else None), sentence, result
+        return kept("bf16 lost accuracy", drop=float(drop), tolerance=tolerance)
+    bf16 = table[table["config"].map(lambda c: c["dtype"] == "bf16")] if len(table) else table
+    choice = settings.choose(table, what, confirm, candidates=bf16, stage="bf16")
+    if choice.config is not None and choice.config.dtype == "bf16":
+        return choice
+    return Choice(None, choice.comparison, choice.finding)

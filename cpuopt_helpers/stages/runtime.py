@@ -8,6 +8,7 @@ import pandas as pd
 
 from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.decisions import Choice
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import settings
 from cpuopt_helpers.stages.settings import normalise, paired
@@ -21,13 +22,20 @@ ZENTORCH = "torch.compile (zentorch)"
 EXTENSION_FACT = "vendor_extension/findings"  # what notebook 05 measured of the vendor's extension (`cpuopt doctor`)
 
 
-EXTENSION_FINDINGS = (": IPEX over its own", ": zentorch over ", ": zentorch's loss", ": zentorch: ")
+def extension_findings(results: list[dict], configs: dict, table: pd.DataFrame, workload: str,
+                       zentorch: dict) -> list[str]:
+    """What notebook 05 measured of a vendor's extension, for `cpuopt doctor`: IPEX against its
+    own torch, and zentorch against stock eager and Inductor, its loss, or why it was not measured."""
+    return ipex_own_findings(results, configs, workload) + zentorch_findings(results, configs, table, workload, zentorch)
 
 
-def extension_lines(lines: list[str]) -> list[str]:
-    """Of notebook 05's findings, those about a vendor's extension: IPEX against its own torch,
-    zentorch against stock eager and Inductor, its loss, or why it was not measured."""
-    return [line for line in lines if any(marker in line for marker in EXTENSION_FINDINGS)]
+def ipex_own_findings(results: list[dict], configs: dict, workload: str) -> list[str]:
+    """IPEX against the stock torch 2.8 it runs in (empty where the IPEX runtime was not measured)."""
+    if "torch 2.8 + IPEX" not in configs:
+        return []
+    h = {n: c.config_hash() for n, c in configs.items()}
+    return [f"{workload}: IPEX over its own stock torch 2.8: "
+            f"{compare.describe(paired(results, h['torch 2.8 (stock)'], h['torch 2.8 + IPEX']))}."]
 
 
 def configs(base: RunConfig, facts: dict, image_like: bool, ipex_available: bool,
@@ -72,14 +80,12 @@ def findings(results: list[dict], configs: dict, table: pd.DataFrame, workload: 
     if table.empty:
         return [f"{workload}: no configuration produced a result."]
     h = {n: c.config_hash() for n, c in configs.items()}
-    lines = []
+    lines = ipex_own_findings(results, configs, workload)
     if "torch 2.8 + IPEX" in h:
-        lines.append(f"{workload}: IPEX over its own stock torch 2.8: "
-                     f"{compare.describe(paired(results, h['torch 2.8 (stock)'], h['torch 2.8 + IPEX']))}.")
         lines.append(f"{workload}: stock torch (this venv) over torch 2.8 + IPEX: "
                      f"{compare.describe(paired(results, h['torch 2.8 + IPEX'], h['torch (stock)']))}.")
     upstream = table[~table["name"].isin(["torch 2.8 (stock)", "torch 2.8 + IPEX", "AdamW (default)",
-                                          "AdamW fused"]) & (table["setting"] != "baseline")].dropna(subset=["ratio"])
+                                          "AdamW fused"]) & ~table["is_baseline"]].dropna(subset=["ratio"])
     best = upstream.sort_values("ratio", ascending=False).iloc[0] if len(upstream) else None
     if best is not None:
         lines.append(f"{workload}: fastest with this torch in screening: {best['name']} at "
@@ -135,7 +141,7 @@ def zentorch_findings(results: list[dict], configs: dict, table: pd.DataFrame, w
     return lines
 
 
-def choose(table: pd.DataFrame, configs: dict, confirm=None) -> tuple[dict | None, str, dict | None]:
+def choose(table: pd.DataFrame, configs: dict, confirm=None) -> Choice:
     """Notebook 05's hand-on: the fastest eager setting of this torch (no IPEX runtime, no compile).
 
     IPEX is archived and runs only in its own torch 2.8 runtime; torch.compile costs its
@@ -144,4 +150,4 @@ def choose(table: pd.DataFrame, configs: dict, confirm=None) -> tuple[dict | Non
     above 1 over the whole interval).
     """
     eager = [n for n, c in configs.items() if c.runtime == "main" and not c.compile and c.optimizer == "sgd"]
-    return settings.choose(table, "runtime", confirm, candidates=table[table["name"].isin(eager)])
+    return settings.choose(table, "runtime", confirm, candidates=table[table["name"].isin(eager)], stage="runtime")

@@ -10,6 +10,7 @@ import pandas as pd
 
 from cpuopt_helpers import compare, stats
 from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.decisions import Choice, Finding, as_comparison
 
 
 def unique(configs: list[RunConfig]) -> list[RunConfig]:
@@ -71,6 +72,14 @@ def failures(results: list[dict]) -> list[str]:
 WHERE_ONLY = {"TORCHINDUCTOR_CACHE_DIR"}  # env that says where, not how: never a setting's name
 
 
+def setting_hash(config: dict) -> str:
+    """The hash of what a configuration sets: where its logs, traces and caches go left out, so
+    two runs of one setting compare equal (the baseline is found by this, never by its label)."""
+    c = dict(config, onednn_verbose=None, trace=None, timeout_s=RunConfig.timeout_s,
+             env={k: v for k, v in dict(config.get("env") or {}).items() if k not in WHERE_ONLY})
+    return RunConfig.from_dict(c).config_hash()
+
+
 def setting_label(config: dict, baseline: dict) -> str:
     """What a configuration changes against the baseline, e.g. 'omp_runtime=intel kmp_blocktime=0'."""
     skip = {"timeout_s", "onednn_verbose", "trace", "options", "env"}
@@ -124,8 +133,9 @@ def compare_configs(results: list[dict], baseline: dict, workload: str | None = 
     for r in results:
         if r["status"] == "ok" and (workload is None or r["config"]["workload"] == workload):
             groups.setdefault((r.get("sweep"), r.get("arm", 0)), []).append(r)
+    wanted = setting_hash(baseline)
     base_key = next((k for k, rs in sorted(groups.items(), key=lambda kv: kv[0][1])
-                     if setting_label(rs[0]["config"], baseline) == "baseline"), None)
+                     if setting_hash(rs[0]["config"]) == wanted), None)
     base_by_round = {(r.get("sweep"), r["round"]): r["samples_per_s"] for r in groups.get(base_key, [])}
     steps = common_steps([r for rs in groups.values() for r in rs])
     base_loss = mean_loss(groups.get(base_key, []), steps)
@@ -150,59 +160,69 @@ def compare_configs(results: list[dict], baseline: dict, workload: str | None = 
                        verdict=ratio["verdict"], comparison=ratio)
         elif key == base_key:
             row.update(ratio=1.0)
-        if row["setting"] == "baseline" and key != base_key:
+        if key != base_key and setting_hash(runs[0]["config"]) == wanted:
             row["setting"] = "baseline (repeat arm)"
+        row["is_baseline"] = key == base_key
         rows.append(row)
     table = pd.DataFrame(rows)
     return table.sort_values("samples_per_s", ascending=False).reset_index(drop=True) if len(table) else table
 
 
 def choose(table: pd.DataFrame, what: str, confirm=None, candidates: pd.DataFrame | None = None,
-           screen_gate: bool = True) -> tuple[dict | None, str, dict | None]:
-    """The configuration to hand on, the sentence that says why, and the comparison behind it.
+           screen_gate: bool = True, incumbent: RunConfig | None = None, incumbent_name: str = "the baseline",
+           stage: str = "") -> Choice:
+    """The configuration to hand on, the comparison behind it and why (a ``decisions.Choice``).
 
-    Screening ranks the settings (highest paired ratio to the baseline); picking the best
-    of several is a selection, so the winner is confirmed against the baseline in fresh,
-    adaptive rounds (``confirm(baseline_config, winner_config) -> compare result``, e.g.
-    ``Session.confirm``) and handed on only on the verdict ``faster``; with ``screen_gate``
-    False the best is confirmed even where one screening round put it below the baseline (a
-    ladder of one candidate a rung, where a single noisy round would otherwise decide). A setting whose loss
-    drifted from the baseline's beyond LOSS_TOLERANCE is no candidate; the sentence names it,
-    and the winner's peak memory where it grew by more than MEMORY_WARNING.
+    The incumbent is the table's baseline row (found by configuration, ``compare_configs``), or
+    the row of ``incumbent`` where given. Screening ranks the other settings (highest paired
+    ratio to it); picking the best of several is a selection, so the winner is confirmed
+    against the incumbent in fresh, adaptive rounds (``confirm(incumbent, winner) -> compare
+    result``, e.g. ``Session.confirm``) and handed on only on the verdict ``faster``; with
+    ``screen_gate`` False the best is confirmed even where one screening round put it below the
+    incumbent (a ladder of one candidate a rung, where a single noisy round would otherwise
+    decide). A setting whose loss drifted from the incumbent's beyond LOSS_TOLERANCE is no
+    candidate; the finding names it, and the winner's peak memory where it grew by more than
+    MEMORY_WARNING. ``incumbent_name`` is how the sentences call the incumbent.
     """
+    values = {"what": what, "incumbent": incumbent_name, "tolerance": LOSS_TOLERANCE}
+    workload = str(table["config"].iloc[0]["workload"]) if len(table) and "config" in table else what
+
+    def decided(config, kind, comparison=None, **more) -> Choice:
+        comparison = as_comparison(comparison)
+        finding = Finding(workload, stage, kind, dict(values, **more), comparison)
+        return Choice(RunConfig.from_dict(config) if config is not None else None, comparison, finding)
+
     if table.empty:
-        return None, f"{what}: no setting produced a result.", None
-    base = table[table["setting"] == "baseline"]
-    pool = table if candidates is None else candidates
-    others = pool[pool["setting"] != "baseline"].dropna(subset=["ratio"]) if "ratio" in pool else pool.iloc[0:0]
+        return decided(None, "no result")
+    if incumbent is not None:
+        base = table[table["config_hash"].map(lambda h: h == incumbent.config_hash())]
+    else:
+        base = table[table["is_baseline"]] if "is_baseline" in table else table.iloc[0:0]
+    pool = table if candidates is None else candidates  # rows of the table: the incumbent's index is theirs
+    others = pool[pool.index != (base.index[0] if len(base) else None)]
+    others = others.dropna(subset=["ratio"]) if "ratio" in others else others.iloc[0:0]
     if base.empty:
-        return None, f"{what}: the baseline produced no result; nothing is handed on.", None
+        return decided(None, "no baseline")
     base = base.iloc[0]
     if others.empty:
-        return base["config"], f"{what}: no other setting produced a result; the baseline is kept.", None
+        return decided(base["config"], "no other")
     drift = pd.to_numeric(others.get("loss_drift", pd.Series(index=others.index, dtype=float)), errors="coerce")
     drifted = drift > LOSS_TOLERANCE  # not recorded (NaN): not judged
-    excluded = "".join(f" {r['setting']} is no candidate: " + (
-        f"its loss drifted {d:.0%} from the baseline's (more than {LOSS_TOLERANCE:.0%}, with the same seed and data)."
-        if math.isfinite(d) else "its loss was not finite (NaN or infinite) where the baseline's was.")
-        for (_, r), d in zip(others[drifted].iterrows(), drift[drifted]))
+    values["excluded"] = [[r["setting"], float(d) if math.isfinite(d) else None]
+                          for (_, r), d in zip(others[drifted].iterrows(), drift[drifted])]
     others = others[~drifted]
     if others.empty:
-        return base["config"], f"{what}: the baseline is kept.{excluded}", None
+        return decided(base["config"], "all drifted")
     best = others.sort_values("ratio", ascending=False).iloc[0]
     grew = best.get("rss_ratio") is not None and best["rss_ratio"] > MEMORY_WARNING
-    screened = (f"{best['setting']} screened best at {best['ratio']:.2f}x the baseline over {best['runs']} round(s)"
-                + (f", with {best['rss_ratio'] - 1:.0%} more peak memory" if grew else ""))
+    values.update(setting=best["setting"], ratio=float(best["ratio"]), runs=int(best["runs"]),
+                  rss_growth=float(best["rss_ratio"] - 1) if grew else None, config_hash=best["config_hash"])
     if best["ratio"] <= 1.0 and screen_gate:
-        return (base["config"], f"{what}: no setting beat the baseline in screening ({screened}); the baseline is "
-                f"kept.{excluded}", None)
+        return decided(base["config"], "not beaten")
     if confirm is None:
-        return base["config"], f"{what}: {screened}, not confirmed; the baseline is kept.{excluded}", None
+        return decided(base["config"], "not confirmed")
     result = confirm(RunConfig.from_dict(base["config"]), RunConfig.from_dict(best["config"]))
-    sentence = f"{what}: {screened}; confirmed in fresh rounds: {compare.describe(result)}"
-    if result["verdict"] == "faster":
-        return best["config"], f"{sentence}: handed on.{excluded}", result
-    return base["config"], f"{sentence}; the baseline is kept.{excluded}", result
+    return decided(best["config"] if result["verdict"] == "faster" else base["config"], "confirmed", result)
 
 
 def paired(results: list[dict], a: str, b: str) -> dict | None:

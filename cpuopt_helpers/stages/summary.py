@@ -33,26 +33,27 @@ def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict
         return pd.DataFrame()
     runs: dict[str, list[dict]] = {}
     for r in store.results(machine=machine):  # a ladder's name may be more than its workload's ("retinanet, 601 classes")
-        if r["status"] == "ok" and r["config"]["workload"] == rungs[0]["config"]["workload"]:
+        if r["status"] == "ok" and r["config"]["workload"] == rungs[0].config["workload"]:
             runs.setdefault(RunConfig.from_dict(r["config"]).config_hash(), []).append(r)  # today's hash
     rows = []
     for rung in rungs:
-        config = RunConfig.from_dict(rung["config"])
+        config = RunConfig.from_dict(rung.config)
         measured = runs.get(config.config_hash(), [])
         sps = stats.summarize([r["samples_per_s"] for r in measured])["median"] if measured else None
         gflops = stats.summarize([r["achieved_gflops"] for r in measured if r.get("achieved_gflops")])["median"] \
             if any(r.get("achieved_gflops") for r in measured) else None
-        evidence, chained = rung["vs_previous"] or {}, rung["vs_baseline"]
+        evidence = rung.vs_previous.to_dict() if rung.vs_previous else {}
+        chained = rung.vs_baseline
         ceiling = ceiling_gflops(roofline or {}, config.dtype) if roofline else None
-        rows.append({"step": rung["step"], "change": rung["change"],
+        rows.append({"step": rung.step, "change": rung.change, "kept": rung.kept,
                      "samples_per_s": sps, "runs": len(measured), "achieved_gflops": gflops,
                      "vs_previous": evidence.get("ratio"), "vs_previous_low": evidence.get("ci_low"),
                      "vs_previous_high": evidence.get("ci_high"), "verdict": evidence.get("verdict"),
                      "cumulative_speedup": chained["ratio"], "cumulative_low": chained["ci_low"],
                      "cumulative_high": chained["ci_high"],
                      "peak_share": gflops / ceiling if gflops and ceiling else None,
-                     "ceiling": f"{config.dtype} GEMM", "config": rung["config"], "comparison": rung["vs_previous"],
-                     "confirmed": rung["confirmed"]})
+                     "ceiling": f"{config.dtype} GEMM", "config": rung.config, "comparison": evidence or None,
+                     "confirmed": rung.confirmed})
     table = pd.DataFrame(rows)
     table["usd_per_1000_samples"] = price_per_hour / 3600 * 1000 / table["samples_per_s"]
     return table
@@ -64,7 +65,7 @@ def one_rung_final(table: pd.DataFrame) -> dict | None:
     reused rather than run again (None where several rungs changed something)."""
     if len(table) < 2:
         return None
-    changed = table.iloc[1:][table["change"].iloc[1:] != "kept"]
+    changed = table.iloc[1:][~table["kept"].iloc[1:].astype(bool)]
     if len(changed) != 1 or changed.iloc[0]["config"] != table.iloc[-1]["config"]:
         return None
     comparison = changed.iloc[0]["comparison"]

@@ -71,6 +71,6 @@ def settings_findings(table: pd.DataFrame, workload: str) -> list[str]:
     rounds below the minimum give ratios to rank by, not verdicts)."""
     if table.empty or "ratio" not in table:
         return [f"{workload}: no comparison with the baseline was possible."]
-    others = table[table["setting"] != "baseline"].dropna(subset=["ratio"])
+    others = table[~table["is_baseline"]].dropna(subset=["ratio"])
     return [f"{workload}: {r['setting']}: {compare.describe(r['comparison'])}." for _, r in others.iterrows()
             if isinstance(r.get("comparison"), dict)]

@@ -1,0 +1,136 @@
+"""The workbook's decisions as typed records: a comparison, an arm, a finding, a choice, a rung.
+
+Stages return these instead of (config dict, sentence, comparison dict) tuples; the results
+store keeps them as JSON (``to_dict``) and gives them back as such (``from_dict``); sentences
+are rendered from findings in one place (``cpuopt_helpers.wording``), so a test checks a
+record, never a substring of a sentence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from cpuopt_helpers import compare
+from cpuopt_helpers.config import RunConfig
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The comparison rule's result (``compare.paired_ratio`` and friends): b over a."""
+
+    ratio: float
+    ci_low: float = math.nan
+    ci_high: float = math.nan
+    n: int = 0
+    verdict: str = "too few rounds"
+    label: str = f"{compare.CONFIDENCE:.0%} CI"
+    margin: float = compare.MARGIN
+    min_rounds: int = compare.MIN_ROUNDS
+    sweep: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Comparison | None":
+        """The fields this type keeps, from the rule's dict (None stays None)."""
+        if not d:
+            return None
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known and v is not None})
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @property
+    def faster(self) -> bool:
+        return self.verdict == "faster"
+
+    def describe(self) -> str:
+        return compare.describe(self.to_dict())
+
+
+def as_comparison(value) -> Comparison | None:
+    """A Comparison from a Comparison, the rule's dict, or None."""
+    return value if isinstance(value, Comparison) or value is None else Comparison.from_dict(value)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration measured under a name (a screening candidate, an A/B's side)."""
+
+    name: str
+    config: RunConfig
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a stage found, as a record: ``kind`` names its sentence in ``wording.TEMPLATES``,
+    ``values`` fill it in, ``comparison`` is the rule's result behind it (if any)."""
+
+    workload: str
+    stage: str
+    kind: str
+    values: dict = field(default_factory=dict)
+    comparison: Comparison | None = None
+
+    def to_dict(self) -> dict:
+        return {"workload": self.workload, "stage": self.stage, "kind": self.kind, "values": self.values,
+                "comparison": self.comparison.to_dict() if self.comparison else None}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Finding":
+        return cls(d["workload"], d["stage"], d["kind"], dict(d.get("values") or {}),
+                   Comparison.from_dict(d.get("comparison")))
+
+    @property
+    def sentence(self) -> str:
+        from cpuopt_helpers.wording import render
+
+        return render(self)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A stage's decision: the configuration to hand on (the incumbent where nothing beat it;
+    None where nothing can be handed on), the comparison that decided it, and why (a finding)."""
+
+    config: RunConfig | None
+    comparison: Comparison | None
+    finding: Finding
+
+    @property
+    def sentence(self) -> str:
+        return self.finding.sentence
+
+    @property
+    def changed(self) -> bool:
+        """A new configuration was confirmed faster (not the incumbent kept)."""
+        return self.config is not None and self.comparison is not None and self.comparison.faster
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One rung of a workload's ladder as ``ladder.rungs`` reads it back.
+
+    ``change`` is what it changes against the rung below in words (the defaults' rung:
+    PyTorch's defaults); ``kept`` says the stage kept the configuration below (no step);
+    ``confirmed``: its comparison confirmed it faster between exactly the rung below and this
+    one (None for the first rung and kept ones); ``vs_baseline`` is the chain of confirmed
+    rungs (a dict of ``compare.chain``); ``end_to_end`` the climb's top against the defaults.
+    """
+
+    step: str
+    change: str
+    config: dict
+    vs_previous: Comparison | None
+    confirmed: bool | None
+    vs_baseline: dict
+    end_to_end: Comparison | None
+    kept: bool = False
+    first: bool = False
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "change": self.change, "config": self.config, "kept": self.kept,
+                "vs_previous": self.vs_previous.to_dict() if self.vs_previous else None,
+                "confirmed": self.confirmed, "vs_baseline": self.vs_baseline,
+                "end_to_end": self.end_to_end.to_dict() if self.end_to_end else None}
