@@ -8,7 +8,7 @@ import statistics
 import sys
 import time
 
-from cpuopt_helpers import compare, launch, stats, system
+from cpuopt_helpers import compare, launch, planning, stats, system
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.worker import prepare
 
@@ -26,7 +26,7 @@ def per_step_overhead() -> dict:
 
     Blocks of each are interleaved (A B A B ...) in one process so drift hits both.
     """
-    config = RunConfig(threads=launch.default_threads(system.topology())).to_dict()  # the usable physical cores
+    config = RunConfig(threads=planning.default_threads(system.topology()))  # the usable physical cores
     prepared = prepare(config)
     for _ in range(5):
         prepared.step()

@@ -82,7 +82,7 @@ def train_digits(mode: str, epochs: int, batch_size: int, lr: float = 0.05, seed
 def run_accuracy(mode: str, epochs: int, batch_size: int, lr: float = 0.05, seed: int = 0,
                  threads: int | None = None, timeout_s: float = 900) -> dict:
     """Train in a fresh process (threads fixed before it starts) and return its result."""
-    from cpuopt_helpers.launch import run_json_module
+    from cpuopt_helpers.runtimes import run_json_module
 
     args = ["--mode", mode, "--epochs", str(epochs), "--batch-size", str(batch_size), "--lr", str(lr), "--seed", str(seed)]
     return run_json_module("cpuopt_helpers.accuracy", args, f"accuracy run {mode}", threads=threads, timeout_s=timeout_s)

@@ -28,13 +28,13 @@ TOPOLOGY_HELP = ("plan for another machine: its saved `cpuopt doctor --json` or 
 
 def machine_for(args):
     """This machine, or with --topology FILE the one it describes (plans only: needs --dry-run)."""
-    from cpuopt_helpers import launch
+    from cpuopt_helpers import planning
 
     if not getattr(args, "topology", None):
-        return launch.Machine.this()
+        return planning.Machine.this()
     if not args.dry_run:
         raise CpuoptError("--topology plans for another machine: add --dry-run (a run measures this machine)")
-    return launch.Machine.from_file(args.topology)
+    return planning.Machine.from_file(args.topology)
 
 
 def print_plan(plan, machine) -> None:
@@ -42,14 +42,6 @@ def print_plan(plan, machine) -> None:
     if machine.source:
         print(f"# planned for {machine.source}: {machine.topology.summary()}")
     print(plan.shell_command())
-
-
-def add_runtime_options(parser: argparse.ArgumentParser) -> None:
-    """What bench and launch both set before a process starts: pinning, allocator, OpenMP."""
-    parser.add_argument("--affinity", default="compact", help="compact | scatter | none (no pinning)")
-    parser.add_argument("--allocator", default="default", help="default | jemalloc | tcmalloc")
-    parser.add_argument("--omp-runtime", default="gnu", help="gnu | intel")
-    parser.add_argument("--kmp-blocktime", type=int, help="ms an Intel OpenMP thread spins (needs --omp-runtime intel)")
 
 
 def add_script_options(parser: argparse.ArgumentParser, what: str) -> None:
@@ -62,34 +54,70 @@ def add_script_options(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--metric-lower", action="store_true", help="--metric reads a time (lower is better)")
 
 
+def add_knob_options(parser: argparse.ArgumentParser, where: str = "bench", knobs: tuple = ()) -> None:
+    """An option for every knob of ``config.KNOBS`` that ``where`` takes: `cpuopt bench` all that
+    have a flag, `cpuopt launch` (and a script's compare arms) those that act on any program."""
+    from cpuopt_helpers.config import KNOBS
+
+    for knob in knobs or KNOBS:
+        if not knob.flag or (where == "launch" and not knob.launch):
+            continue
+        if knob.kind is bool:
+            action = "store_false" if knob.default else "store_true"
+            parser.add_argument(knob.flag, dest=knob.field, action=action, help=knob.help)
+        elif knob.const is not None:
+            parser.add_argument(knob.flag, dest=knob.field, nargs="?", const=knob.const, metavar=knob.metavar,
+                                help=knob.help)
+        else:
+            parser.add_argument(knob.flag, dest=knob.field, type=knob.kind, default=knob.default,
+                                metavar=knob.metavar, help=knob.help)
+
+
+def knob_values(args, where: str = "bench", knobs: tuple = ()) -> dict:
+    """The RunConfig fields the parsed knob options set."""
+    from cpuopt_helpers.config import KNOBS
+
+    return {k.field: getattr(args, k.field) for k in knobs or KNOBS
+            if k.flag and (where != "launch" or k.launch) and hasattr(args, k.field)}
+
+
+def split_cores(text: str, groups: int, threads: int | None, what: str = "instances") -> tuple[list, int]:
+    """``--cores 0-3,8-11`` split evenly between ``groups`` instances (or ranks): the core sets and the
+    cores of each, checked against ``--ncores-per-instance`` where given."""
+    from cpuopt_helpers import planning
+
+    listed = planning.parse_core_list(text)
+    if len(listed) % groups:
+        raise CpuoptError(f"{len(listed)} cores do not split evenly into {groups} {what}")
+    per = len(listed) // groups
+    if threads is not None and threads != per:
+        raise CpuoptError(f"--cores gives {per} cores per instance but --ncores-per-instance says {threads}")
+    return [listed[i * per:(i + 1) * per] for i in range(groups)], per
+
+
 def script_launch_config(name: str, options: str, command: list[str], physical_cores: int):
-    """A --script comparison arm: its launch options (--threads, --cores, --ninstances, --affinity,
-    --allocator, --omp-runtime, --kmp-blocktime) as a script run's configuration."""
+    """A --script comparison arm: its launch options (--threads, --cores, --ninstances and the
+    launch knobs) as a script run's configuration."""
     import shlex
 
-    from cpuopt_helpers import launch, scripts
+    from cpuopt_helpers import scripts
 
     parser = _Parser(prog=f"cpuopt compare --script {name}", add_help=False)
     parser.add_argument("--threads", "--ncores-per-instance", type=int, dest="threads")
     parser.add_argument("--cores")
     parser.add_argument("--ninstances", type=int, default=1)
-    add_runtime_options(parser)
+    add_knob_options(parser, "launch")
     try:
         args = parser.parse_args(shlex.split(options))
     except ValueError as exc:
         raise CpuoptError(f"{name} {options!r} is not a valid option string: {exc}") from None
     except CpuoptError as exc:
-        raise CpuoptError(f"{name} {options!r}: {exc}; with --script the arms take launch options: --threads, "
-                          "--cores, --ninstances, --affinity, --allocator, --omp-runtime, --kmp-blocktime") from None
-    changes = {k: getattr(args, k) for k in ("affinity", "allocator", "omp_runtime", "kmp_blocktime")}
-    changes["instances"] = args.ninstances  # several copies: opt-in by naming them (cpuopt_helpers.scripts)
+        flags = ", ".join(a.option_strings[0] for a in parser._actions)
+        raise CpuoptError(f"{name} {options!r}: {exc}; with --script the arms take launch options: {flags}") from None
+    changes = dict(knob_values(args, "launch"), instances=args.ninstances)  # several copies: opt-in by naming them
     if args.cores:
-        cores = launch.parse_core_list(args.cores)
-        if len(cores) % args.ninstances:
-            raise CpuoptError(f"{name} {options!r}: {len(cores)} cores do not split evenly into {args.ninstances} "
-                              "instances")
-        per = len(cores) // args.ninstances
-        changes.update(cores=tuple(tuple(cores[i * per:(i + 1) * per]) for i in range(args.ninstances)), threads=per)
+        cores, per = split_cores(args.cores, args.ninstances, None)
+        changes.update(cores=tuple(tuple(c) for c in cores), threads=per)
     elif args.threads is not None:
         changes["threads"] = args.threads
     elif args.ninstances > 1:
@@ -97,56 +125,43 @@ def script_launch_config(name: str, options: str, command: list[str], physical_c
     return scripts.script_config(command, physical_cores, **changes)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(knobs: tuple = ()) -> argparse.ArgumentParser:
+    """The `cpuopt` command line; ``knobs`` (default ``config.KNOBS``) make the options of bench and launch."""
     parser = _Parser(prog="cpuopt", description="Measure what makes deep-learning training fast on this CPU.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
     doctor = sub.add_parser("doctor", help="machine and software facts, and what is missing")
     doctor.add_argument("--json", action="store_true", help="print the facts as JSON")
+    add_bench_parser(sub, knobs)
+    add_launch_parser(sub, knobs)
+    add_compare_parser(sub)
+    add_tune_parser(sub)
+    lad = sub.add_parser("ladder", help="what the notebooks handed on: each rung, its ratio to the rung before "
+                                        "and to the baseline, with intervals")
+    lad.add_argument("--workload", help="one workload (default: every workload with a ladder)")
+    lad.add_argument("--preset", default="standard", help="quick | standard | full (default standard, as make run)")
+    lad.add_argument("--json", action="store_true", help="print the rungs as JSON")
+    add_profile_parser(sub)
+    add_workbook_parser(sub)
+    return parser
 
+
+def add_bench_parser(sub, knobs: tuple = ()) -> None:
     bench = sub.add_parser("bench", help="measure one configuration in fresh worker processes")
     bench.add_argument("--workload", default="cnn", help="cnn, transformer, rnn, or package.module:function")
     bench.add_argument("--preset", default="quick", help="quick | standard | full")
-    bench.add_argument("--batch-size", type=int, help="samples per step and instance (default: the workload's)")
-    bench.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
-    bench.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (default 3)")
-    bench.add_argument("--threads", type=int, help="threads per instance (default: physical cores / instances)")
-    bench.add_argument("--instances", type=int, default=1, help="independent instances on disjoint cores")
-    bench.add_argument("--mode", default="independent",
-                       help="independent (instances train alone) | ddp (ranks of one DistributedDataParallel job)")
-    bench.add_argument("--batch-policy", default="per_rank",
-                       help="per_rank (each instance trains --batch-size) | global (--batch-size split between ranks)")
-    add_runtime_options(bench)
-    bench.add_argument("--oversubscribe", action="store_true", help="allow more threads than cores (to measure it)")
-    bench.add_argument("--loader-workers", type=int, default=0, help="feed batches through a DataLoader with N workers")
-    bench.add_argument("--launcher", default="cpuopt",
-                       help="cpuopt | run_cpu (PyTorch's torch.backends.xeon.run_cpu with its defaults)")
-    bench.add_argument("--dtype", default="fp32", help="fp32 | bf16 (autocast; loss in fp32)")
-    bench.add_argument("--bf16-loss", action="store_true", help="with --dtype bf16: the loss in bf16 too (not advised)")
-    bench.add_argument("--channels-last", action="store_true", help="channels-last memory format (CNNs)")
-    bench.add_argument("--runtime", default="main",
-                       help="main | ipex (.venv-ipex: torch 2.8 + IPEX, built by `make ipex`) | path of a python")
-    bench.add_argument("--ipex", action="store_true", help="apply ipex.optimize (needs --runtime ipex)")
-    bench.add_argument("--compile", nargs="?", const="default", metavar="MODE",
-                       help="torch.compile the model: default | max-autotune (Inductor) | zentorch (AMD's backend, "
-                            "pip install zentorch for this torch); compile time reported apart")
-    bench.add_argument("--optimizer", default="sgd", help="sgd (momentum 0.9) | adamw")
-    bench.add_argument("--optimizer-impl", default="default", help="default | foreach | fused")
-    bench.add_argument("--onednn-verbose", metavar="FILE",
-                       help="write the oneDNN verbose log of the timed steps (not the warm-up) to FILE")
-    bench.add_argument("--trace", metavar="FILE",
-                       help="record the timed steps with torch.profiler: Chrome trace to FILE, operators to FILE.ops.json")
+    add_knob_options(bench, "bench", knobs)
     bench.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                        help="an option of the workload, e.g. --option classes=601 for retinanet (repeatable; "
                             "a name it does not have is refused with the list of those it has)")
     bench.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                        help="an environment variable for the worker, e.g. MALLOC_CONF=... (repeatable)")
-    bench.add_argument("--timeout", type=float, default=600, help="seconds before the run is stopped")
     bench.add_argument("--dry-run", action="store_true", help="print the launch plan as shell commands and exit")
     bench.add_argument("--topology", metavar="FILE", help=TOPOLOGY_HELP)
     bench.add_argument("--save", action="store_true", help="also write the result to the results store")
     bench.add_argument("--json", action="store_true", help="print the RunResult as JSON")
 
+
+def add_launch_parser(sub, knobs: tuple = ()) -> None:
     launch = sub.add_parser("launch", help="run any command with cpuopt's threads, pinning, allocator and OpenMP",
                             usage="cpuopt launch [options] -- COMMAND ...")
     launch.add_argument("--ninstances", type=int, default=1, help="instances of the command, on disjoint cores")
@@ -154,12 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--cores", help="cores to use, e.g. 0-3,8-11 (split evenly between instances)")
     launch.add_argument("--nproc-per-node", type=int,
                         help="run the script under torchrun with N ranks here, each pinned to its own cores")
-    for flag, what in (("--nnodes", "machines in the job (torchrun)"), ("--node-rank", "this machine's rank (torchrun)"),
-                       ("--rdzv-backend", "rendezvous backend, e.g. c10d (torchrun)"),
-                       ("--rdzv-endpoint", "HOST:PORT of the rendezvous (torchrun)"),
-                       ("--rdzv-id", "job id shared by all machines (torchrun)")):
+    for flag, what in TORCHRUN_FLAGS:
         launch.add_argument(flag, help=what)
-    add_runtime_options(launch)
+    add_knob_options(launch, "launch", knobs)
     launch.add_argument("--log-dir", default="build/launch", help="one log per instance here (default build/launch)")
     launch.add_argument("--instance-dirs", metavar="DIR", help="run instance N in DIR/instance_N (created), so that "
                         "copies writing files never collide; words of the command naming a file here are made absolute")
@@ -167,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--topology", metavar="FILE", help=TOPOLOGY_HELP)
     launch.add_argument("program", nargs=argparse.REMAINDER, metavar="COMMAND", help="-- then the command to run")
 
+
+TORCHRUN_FLAGS = (("--nnodes", "machines in the job (torchrun)"), ("--node-rank", "this machine's rank (torchrun)"),
+                  ("--rdzv-backend", "rendezvous backend, e.g. c10d (torchrun)"),
+                  ("--rdzv-endpoint", "HOST:PORT of the rendezvous (torchrun)"),
+                  ("--rdzv-id", "job id shared by all machines (torchrun)"))
+
+
+def add_compare_parser(sub) -> None:
     cmp = sub.add_parser("compare", help="adaptive A/B of two bench option strings: ratio b/a, interval, verdict")
     cmp.add_argument("--workload", default="cnn", help="cnn, transformer, rnn, retinanet, or package.module:function")
     cmp.add_argument("--preset", default="quick", help="quick | standard | full")
@@ -178,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--json", action="store_true", help="print the comparison with every round's throughputs")
     add_script_options(cmp, "--a/--b are then launch options, e.g. '--allocator tcmalloc', '--threads 1'")
 
+
+def add_tune_parser(sub) -> None:
     tune = sub.add_parser("tune", help="search the best configuration for a workload within a time budget")
     tune.add_argument("--workload", default="cnn", help="cnn, transformer, rnn, retinanet, or package.module:function")
     tune.add_argument("--preset", default="quick", help="quick | standard | full")
@@ -191,12 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with --script: also try several copies side by side, each on its own cores, in its own "
                       "working directory, with CPUOPT_INSTANCE set (opt-in: copies can collide on files and ports)")
 
-    lad = sub.add_parser("ladder", help="what the notebooks handed on: each rung, its ratio to the rung before "
-                                        "and to the baseline, with intervals")
-    lad.add_argument("--workload", help="one workload (default: every workload with a ladder)")
-    lad.add_argument("--preset", default="standard", help="quick | standard | full (default standard, as make run)")
-    lad.add_argument("--json", action="store_true", help="print the rungs as JSON")
 
+def add_profile_parser(sub) -> None:
     prof = sub.add_parser("profile", help="break a oneDNN verbose log down, compare two, project the ceiling; "
                           "--whole-step: project every operator of the step from a torch.profiler trace")
     prof.add_argument("log", nargs="?", help="a oneDNN verbose log (any version), e.g. from `cpuopt bench "
@@ -229,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--top", type=int, default=15, help="with --whole-step: operator rows printed (default 15)")
     prof.add_argument("--json", action="store_true", help="print the breakdown as JSON")
 
+
+def add_workbook_parser(sub) -> None:
     wb = sub.add_parser("workbook", help="execute the notebooks with papermill")
     wb_sub = wb.add_subparsers(dest="wb_command", required=True, parser_class=_Parser)
     wb_run = wb_sub.add_parser("run", help="run the notebooks in order")
@@ -246,7 +266,66 @@ def build_parser() -> argparse.ArgumentParser:
     wb_readme = wb_sub.add_parser("readme", help="write the README's results section from the results store")
     wb_readme.add_argument("--preset", default="standard", help="which preset's results to report")
     wb_readme.add_argument("--write", metavar="README", help="update this README in place (else print)")
-    return parser
+
+
+def bench_config(args):
+    """The RunConfig that `cpuopt bench` options describe: each knob's option sets its field
+    (``config.KNOBS``), --env and --option their pairs."""
+    from cpuopt_helpers.config import RunConfig
+
+    return RunConfig(workload=args.workload, preset=args.preset, **knob_values(args),
+                     env=parse_pairs(args.env), options=parse_pairs(args.option, "--option"))
+
+
+def launch_config(args):
+    """The RunConfig that `cpuopt launch` options describe: the instances and their cores
+    (--cores split between the instances, or the local ranks of --nproc-per-node) and the launch knobs."""
+    from cpuopt_helpers.config import RunConfig
+
+    cores, threads = None, args.ncores_per_instance
+    if args.cores:
+        ranks = bool(args.nproc_per_node and args.nproc_per_node > 0)
+        cores, threads = split_cores(args.cores, args.nproc_per_node if ranks else args.ninstances, threads,
+                                     "ranks" if ranks else "instances")
+    return RunConfig(instances=len(cores) if cores else args.ninstances, threads=threads, cores=cores,
+                     **knob_values(args, "launch"))
+
+
+def _launch(args) -> int:
+    from cpuopt_helpers import launch, planning
+
+    command = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not command:
+        raise CpuoptError("no command given; write it after --, e.g. cpuopt launch --allocator jemalloc -- python train.py")
+    machine = machine_for(args)
+    config = launch_config(args)
+    if args.nproc_per_node is not None:
+        if args.nproc_per_node <= 0:
+            raise CpuoptError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
+        if args.ninstances != 1:
+            raise CpuoptError("--nproc-per-node and --ninstances are two ways to say the same; give one")
+        torchrun_args = [f"{flag}={getattr(args, flag[2:].replace('-', '_'))}" for flag, _ in TORCHRUN_FLAGS
+                         if getattr(args, flag[2:].replace("-", "_")) is not None]
+        plan = planning.build_torchrun_plan(config, machine, command, args.nproc_per_node, torchrun_args)
+    else:
+        plan = planning.build_plan(config, machine, command=planning.absolute_paths(command) if args.instance_dirs
+                                   else command)
+    if args.dry_run:
+        print_plan(plan, machine)
+        return 0
+    node = ""  # in a job of several machines, each one's logs carry its name
+    if args.nproc_per_node is not None and args.nnodes not in (None, "1"):
+        node = f"node{args.node_rank}" if args.node_rank is not None else f"{socket.gethostname()}-{os.getpid()}"
+    cwds = launch.instance_dirs(args.instance_dirs, len(plan.instances)) if args.instance_dirs else None
+    outcome = launch.run_command_plan(plan, args.log_dir, node=node, cwds=cwds)
+    for inst in outcome["instances"]:
+        print(f"cpuopt: instance {inst['index']} on cores {inst['cores']}: exit code {inst['returncode']}, "
+              f"log {inst['log']}", file=sys.stderr)
+    if outcome["failed"] is not None:
+        print(f"cpuopt: instance {outcome['failed']} failed with exit code {outcome['returncode']}; "
+              "the other instances were stopped", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _doctor(args) -> int:
@@ -264,13 +343,12 @@ def _doctor(args) -> int:
 
 
 def _bench(args) -> int:
-    from cpuopt_helpers import launch, system
-    from cpuopt_helpers.config import RunConfig
+    from cpuopt_helpers import launch, planning, system
     from cpuopt_helpers.results import ResultStore
 
     config = bench_config(args)
     machine = machine_for(args)
-    plan = launch.build_plan(config, machine)
+    plan = planning.build_plan(config, machine)
     if args.dry_run:
         print_plan(plan, machine)
         return 0
@@ -285,26 +363,9 @@ def _bench(args) -> int:
     return 0 if result["status"] == "ok" else 1
 
 
-def bench_config(args):
-    """The RunConfig that `cpuopt bench` options describe: each option whose name is a
-    RunConfig field sets it (a new knob needs only its field and its option)."""
-    import dataclasses
-
-    from cpuopt_helpers.config import RunConfig
-
-    fields = {f.name for f in dataclasses.fields(RunConfig)} - {"timeout_s", "env", "options"}
-    return RunConfig(**{k: v for k, v in vars(args).items() if k in fields}, timeout_s=args.timeout,
-                     env=parse_env(args.env), options=parse_env(args.option, "--option"))
-
-
-def bench_flags() -> dict[str, argparse.Action]:
-    """RunConfig field -> the `cpuopt bench` option that sets it."""
-    bench = build_parser()._subparsers._group_actions[0].choices["bench"]
-    return {a.dest: a for a in bench._actions if a.option_strings}
-
-
 def _ladder(args) -> int:
-    from cpuopt_helpers import ladder, system
+    from cpuopt_helpers import ladder, planning, system
+    from cpuopt_helpers.config import RunConfig
     from cpuopt_helpers.results import ResultStore
 
     store, facts = ResultStore(), system.collect_facts()
@@ -316,7 +377,10 @@ def _ladder(args) -> int:
         raise CpuoptError(f"no ladder for {args.workload or 'any workload'} on the {args.preset} preset on this machine "
                           f"in {store.path}; run the notebooks first (make run, or --preset quick after make test)")
     if args.json:
-        print(json.dumps({w: [dict(r.to_dict(), command=ladder.command(r.config)) for r in rows] for w, rows in found.items()},
+        def command(rung) -> str:
+            return planning.command_lines(RunConfig.from_dict(rung.config))["bench"]
+
+        print(json.dumps({w: [dict(r.to_dict(), command=command(r)) for r in rows] for w, rows in found.items()},
                          indent=2))
     else:
         print("\n".join(line for w, rows in found.items() for line in ladder.format_rungs(w, rows)))
@@ -326,7 +390,7 @@ def _ladder(args) -> int:
 def _compare(args) -> int:
     import shlex
 
-    from cpuopt_helpers import launch, system
+    from cpuopt_helpers import launch, planning, system
     from cpuopt_helpers.results import ResultStore, run_comparison
 
     if args.script:
@@ -354,7 +418,7 @@ def _compare(args) -> int:
     if not 2 <= args.min_rounds <= args.max_rounds:
         raise CpuoptError(f"need 2 <= --min-rounds ({args.min_rounds}) <= --max-rounds ({args.max_rounds})")
     for config in configs:
-        launch.build_plan(config, launch.Machine.this())  # a bad option fails before anything is measured
+        planning.build_plan(config, planning.Machine.this())  # a bad option fails before anything is measured
     facts = system.collect_facts()
     result = run_comparison(configs[0], configs[1], ResultStore(), lambda c: launch.run(c, facts), tag="cli-compare",
                             machine=facts["fingerprint"], min_rounds=args.min_rounds, max_rounds=args.max_rounds,
@@ -378,17 +442,17 @@ def report_comparison(result: dict, title: str, as_json: bool) -> int:
 
 
 def _compare_script(args) -> int:
-    from cpuopt_helpers import launch, scripts, system
+    from cpuopt_helpers import planning, scripts, system
     from cpuopt_helpers.results import ResultStore, run_comparison
 
     command, reading = scripts.parse_command(args.script), scripts.Reading(args.metric, args.metric_lower)
     if not 2 <= args.min_rounds <= args.max_rounds:
         raise CpuoptError(f"need 2 <= --min-rounds ({args.min_rounds}) <= --max-rounds ({args.max_rounds})")
-    machine = launch.Machine.this()
+    machine = planning.Machine.this()
     a, b = (script_launch_config(name, options, command, machine.topology.physical_cores)
             for name, options in (("--a", args.a), ("--b", args.b)))
     for config in (a, b):
-        launch.build_plan(config, machine, command=command)  # bad options fail before anything runs
+        planning.build_plan(config, machine, command=command)  # bad options fail before anything runs
     facts = system.collect_facts()
     result = run_comparison(a, b, ResultStore(), lambda c: scripts.run_script(c, command, reading, facts),
                             tag="cli-compare-script", machine=facts["fingerprint"], min_rounds=args.min_rounds,
@@ -398,7 +462,7 @@ def _compare_script(args) -> int:
                              f"{args.script}", args.json)
 
 
-def parse_env(items: list[str], flag: str = "--env") -> tuple[tuple[str, str], ...]:
+def parse_pairs(items: list[str], flag: str = "--env") -> tuple[tuple[str, str], ...]:
     """KEY=VALUE pairs from --env (or --option), checked."""
     pairs = []
     for item in items:
@@ -427,59 +491,6 @@ def format_result(r: dict) -> str:
                      + (f", LD_PRELOAD={i['ld_preload']}" if i["ld_preload"] else ""))
     lines += [f"  warning: {w}" for w in r["warnings"]]
     return "\n".join(lines)
-
-
-def _launch(args) -> int:
-    from cpuopt_helpers import launch
-    from cpuopt_helpers.config import RunConfig
-
-    command = args.program[1:] if args.program[:1] == ["--"] else args.program
-    if not command:
-        raise CpuoptError("no command given; write it after --, e.g. cpuopt launch --allocator jemalloc -- python train.py")
-    machine = machine_for(args)
-    cores = None
-    threads = args.ncores_per_instance
-    if args.cores:  # split between the instances, or between the local ranks of --nproc-per-node
-        listed = launch.parse_core_list(args.cores)
-        groups = args.nproc_per_node if args.nproc_per_node and args.nproc_per_node > 0 else args.ninstances
-        if len(listed) % groups:
-            raise CpuoptError(f"{len(listed)} cores do not split evenly into {groups} "
-                              f"{'ranks' if args.nproc_per_node else 'instances'}")
-        per = len(listed) // groups
-        if threads is not None and threads != per:
-            raise CpuoptError(f"--cores gives {per} cores per instance but --ncores-per-instance says {threads}")
-        threads = per
-        cores = [listed[i * per:(i + 1) * per] for i in range(groups)]
-    config = RunConfig(instances=len(cores) if cores else args.ninstances, threads=threads, cores=cores, allocator=args.allocator,
-                       omp_runtime=args.omp_runtime, kmp_blocktime=args.kmp_blocktime, affinity=args.affinity)
-    if args.nproc_per_node is not None:
-        if args.nproc_per_node <= 0:
-            raise CpuoptError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
-        if args.ninstances != 1:
-            raise CpuoptError("--nproc-per-node and --ninstances are two ways to say the same; give one")
-        torchrun_args = [f"{flag}={getattr(args, flag[2:].replace('-', '_'))}"
-                         for flag in ("--nnodes", "--node-rank", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id")
-                         if getattr(args, flag[2:].replace("-", "_")) is not None]
-        plan = launch.build_torchrun_plan(config, machine, command, args.nproc_per_node, torchrun_args)
-    else:
-        plan = launch.build_plan(config, machine, command=launch.absolute_paths(command) if args.instance_dirs
-                                 else command)
-    if args.dry_run:
-        print_plan(plan, machine)
-        return 0
-    node = ""  # in a job of several machines, each one's logs carry its name
-    if args.nproc_per_node is not None and args.nnodes not in (None, "1"):
-        node = f"node{args.node_rank}" if args.node_rank is not None else f"{socket.gethostname()}-{os.getpid()}"
-    cwds = launch.instance_dirs(args.instance_dirs, len(plan.instances)) if args.instance_dirs else None
-    outcome = launch.run_command_plan(plan, args.log_dir, node=node, cwds=cwds)
-    for inst in outcome["instances"]:
-        print(f"cpuopt: instance {inst['index']} on cores {inst['cores']}: exit code {inst['returncode']}, "
-              f"log {inst['log']}", file=sys.stderr)
-    if outcome["failed"] is not None:
-        print(f"cpuopt: instance {outcome['failed']} failed with exit code {outcome['returncode']}; "
-              "the other instances were stopped", file=sys.stderr)
-        return 1
-    return 0
 
 
 def _profile(args) -> int:

@@ -8,21 +8,13 @@ import importlib
 import importlib.util
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
+from typing import Callable
 
 from cpuopt_helpers.errors import CpuoptError
 
 PRESETS = ("quick", "standard", "full")
-ALLOCATORS = ("default", "jemalloc", "tcmalloc")
-OMP_RUNTIMES = ("gnu", "intel")
-DTYPES = ("fp32", "bf16")
-MODES = ("independent", "ddp")
-BATCH_POLICIES = ("per_rank", "global")
-OPTIMIZERS = ("sgd", "adamw", "lamb")
-OPTIMIZER_IMPLS = ("default", "foreach", "fused")
-COMPILE_MODES = ("default", "max-autotune", "zentorch")  # zentorch: AMD's backend (cpuopt_helpers.runtimes)
-AFFINITIES = ("compact", "scatter", "none")
-LAUNCHERS = ("cpuopt", "run_cpu")
 # preset -> (timed steps, warm-up steps) used by the notebooks
 PRESET_STEPS = {"quick": (20, 3), "standard": (6, 1), "full": (30, 5)}
 
@@ -55,7 +47,11 @@ class RunConfig:
     instance trains batch_size samples a step) or global (batch_size is split between ranks).
     ``onednn_verbose`` is a file that receives the oneDNN verbose log of the timed steps
     (``FILE.N`` for instance N when several run); ``trace`` a file that receives the
-    torch.profiler Chrome trace of the timed steps (and ``FILE.ops.json``, its operators).
+    torch.profiler Chrome trace of the timed steps (and ``FILE.ops.json``, its operators), with
+    the operators' input shapes unless ``trace_shapes`` is False (a light trace, for times only).
+
+    The knobs a user sets are listed once, in ``KNOBS`` below: the CLI's options, the
+    launcher's environment and the command lines that train with a config all come from it.
     """
 
     workload: str = "cnn"
@@ -75,6 +71,7 @@ class RunConfig:
     seed: int = 0
     onednn_verbose: str | None = None
     trace: str | None = None
+    trace_shapes: bool = True
     affinity: str = "compact"
     oversubscribe: bool = False
     loader_workers: int = 0
@@ -182,53 +179,185 @@ def check_workload_spec(spec: str) -> None:
                           "package.module:function with function(preset) -> Workload")
 
 
+# --- the knobs: one row per RunConfig field a user sets ---------------------------------------
+
+JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"  # PyTorch's run_cpu's
+KMP_AFFINITY = "granularity=fine,compact,1,0"
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One row of KNOBS: a RunConfig field, how a user sets it and what it does to a launch.
+
+    ``flag``: its `cpuopt bench` option ("" for none); ``kind`` str, int, float or bool (a
+    switch); ``choices``/``minimum``/``invalid``: what validation accepts and says otherwise;
+    ``requires(config)`` -> "" or why the value needs another setting (the vendor or runtime
+    it needs); ``env`` the variables a launch sets from it, as (variable, value in words,
+    when) for the launch module's table, and ``env_of(config)`` -> their values (a value
+    already in the caller's environment wins, with a warning); ``preload`` value -> the
+    library kind the launch preloads (LD_PRELOAD); ``launch``: also an option of `cpuopt
+    launch` and of a script's compare arms (it acts before the process starts, on any
+    program); ``in_script``: what a script must do itself to get it (said beside its launch
+    line); ``placement``: it changes where or how the process runs, not the work of a step
+    (runs that differ only in these share one FLOP count).
+    """
+
+    field: str
+    flag: str
+    help: str
+    kind: type = str
+    choices: tuple = ()
+    name: str = ""  # in error messages, e.g. "omp runtime" (default: the field)
+    minimum: float | None = None
+    invalid: str = ""  # the error below the minimum, with {value}
+    requires: Callable[[RunConfig], str] | None = None
+    env: tuple[tuple[str, str, str], ...] = ()
+    env_of: Callable[[RunConfig], dict] | None = None
+    preload: tuple[tuple[str, str], ...] = ()
+    launch: bool = False
+    in_script: bool = False
+    placement: bool = False
+    metavar: str | None = None
+    const: str | None = None  # the value of the bare flag (an option whose value may be left out)
+
+    @property
+    def default(self):
+        return RunConfig.__dataclass_fields__[self.field].default
+
+
+def _intel(config: RunConfig) -> bool:
+    return config.omp_runtime == "intel"
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("batch_size", "--batch-size", "samples per step and instance (default: the workload's)", int, minimum=1,
+         invalid="batch size must be a positive integer, got {value}"),
+    Knob("steps", "--steps", "timed steps (default 20)", int, minimum=1, placement=True,
+         invalid="steps must be a positive integer, got {value}"),
+    Knob("warmup", "--warmup", "untimed warm-up steps (default 3)", int, minimum=0, placement=True,
+         invalid="warm-up steps cannot be negative, got {value}"),
+    Knob("threads", "--threads", "threads per instance (default: physical cores / instances)", int, placement=True,
+         env=(("OMP_NUM_THREADS", "threads per instance", "always"), ("MKL_NUM_THREADS", "threads per instance", "always")),
+         env_of=lambda c: {"OMP_NUM_THREADS": str(c.threads), "MKL_NUM_THREADS": str(c.threads)}),
+    Knob("instances", "--instances", "independent instances on disjoint cores", int, minimum=1,
+         invalid="instances must be at least 1, got {value}"),
+    Knob("mode", "--mode", "independent (instances train alone) | ddp (ranks of one DistributedDataParallel job)",
+         choices=("independent", "ddp"),
+         requires=lambda c: "--mode ddp is launched by cpuopt itself; drop --launcher run_cpu"
+         if c.mode == "ddp" and c.launcher != "cpuopt" else ""),
+    Knob("batch_policy", "--batch-policy", "per_rank (each instance trains --batch-size) | global (--batch-size "
+         "split between ranks)", choices=("per_rank", "global"), name="batch policy"),
+    Knob("affinity", "--affinity", "compact | scatter | none (no pinning)", choices=("compact", "scatter", "none"),
+         launch=True, placement=True),
+    Knob("allocator", "--allocator", "default | jemalloc | tcmalloc", choices=("default", "jemalloc", "tcmalloc"),
+         launch=True, placement=True, preload=(("jemalloc", "jemalloc"), ("tcmalloc", "tcmalloc")),
+         env=(("LD_PRELOAD", "the allocator's library, then libiomp5.so", "jemalloc/tcmalloc, intel OpenMP"),
+              ("MALLOC_CONF", f"{JEMALLOC_CONF} (PyTorch's run_cpu)", "jemalloc")),
+         env_of=lambda c: {"MALLOC_CONF": JEMALLOC_CONF} if c.allocator == "jemalloc" else {}),
+    Knob("omp_runtime", "--omp-runtime", "gnu | intel", choices=("gnu", "intel"), name="omp runtime", launch=True,
+         placement=True, preload=(("intel", "iomp"),),
+         env=(("KMP_AFFINITY", KMP_AFFINITY, "intel OpenMP"),),
+         env_of=lambda c: {"KMP_AFFINITY": KMP_AFFINITY} if _intel(c) and c.affinity != "none" else {}),
+    Knob("kmp_blocktime", "--kmp-blocktime", "ms an Intel OpenMP thread spins (needs --omp-runtime intel)", int,
+         minimum=0, invalid="KMP_BLOCKTIME must be >= 0 ms, got {value}", launch=True, placement=True,
+         requires=lambda c: "KMP_BLOCKTIME only applies to Intel OpenMP; add --omp-runtime intel"
+         if c.kmp_blocktime is not None and not _intel(c) else "",
+         env=(("KMP_BLOCKTIME", "the config's value, else 1 (run_cpu's default)", "intel OpenMP"),),
+         env_of=lambda c: {"KMP_BLOCKTIME": str(1 if c.kmp_blocktime is None else c.kmp_blocktime)} if _intel(c) else {}),
+    Knob("oversubscribe", "--oversubscribe", "allow more threads than cores (to measure it)", bool, placement=True),
+    Knob("loader_workers", "--loader-workers", "feed batches through a DataLoader with N workers", int, minimum=0,
+         invalid="DataLoader workers cannot be negative, got {value}", placement=True),
+    Knob("launcher", "--launcher", "cpuopt | run_cpu (PyTorch's torch.backends.xeon.run_cpu with its defaults)",
+         choices=("cpuopt", "run_cpu"), placement=True),
+    Knob("dtype", "--dtype", "fp32 | bf16 (autocast; loss in fp32)", choices=("fp32", "bf16"), in_script=True),
+    Knob("bf16_loss", "--bf16-loss", "with --dtype bf16: the loss in bf16 too (not advised)", bool,
+         requires=lambda c: "--bf16-loss only applies with --dtype bf16" if c.bf16_loss and c.dtype != "bf16" else ""),
+    Knob("channels_last", "--channels-last", "channels-last memory format (CNNs)", bool, in_script=True),
+    Knob("runtime", "--runtime", "main | ipex (.venv-ipex: torch 2.8 + IPEX, built by `make ipex`) | path of a python"),
+    Knob("ipex", "--ipex", "apply ipex.optimize (needs --runtime ipex)", bool,
+         requires=lambda c: "--ipex needs the IPEX runtime: add --runtime ipex (built by `make ipex`)"
+         if c.ipex and c.runtime == "main" else
+         "--ipex and --compile are separate rungs here; measure them one at a time" if c.ipex and c.compile else ""),
+    Knob("compile", "--compile", "torch.compile the model: default | max-autotune (Inductor) | zentorch (AMD's "
+         "backend, pip install zentorch for this torch); compile time reported apart",
+         choices=("default", "max-autotune", "zentorch"), name="compile mode", metavar="MODE", const="default",
+         in_script=True,
+         requires=lambda c: "--compile needs at least one warm-up step (the compilation runs there, timed apart)"
+         if c.compile and c.warmup < 1 else ""),
+    Knob("optimizer", "--optimizer", "sgd (momentum 0.9) | adamw | lamb", choices=("sgd", "adamw", "lamb")),
+    Knob("optimizer_impl", "--optimizer-impl", "default | foreach | fused", choices=("default", "foreach", "fused"),
+         name="optimizer implementation", in_script=True),
+    Knob("onednn_verbose", "--onednn-verbose", "write the oneDNN verbose log of the timed steps (not the warm-up) "
+         "to FILE", metavar="FILE", placement=True),
+    Knob("trace", "--trace", "record the timed steps with torch.profiler: Chrome trace to FILE, operators to "
+         "FILE.ops.json", metavar="FILE", placement=True),
+    Knob("trace_shapes", "--no-trace-shapes", "with --trace: a light trace without the operators' input shapes "
+         "(times only: recording shapes slows every call)", bool, placement=True),
+    Knob("timeout_s", "--timeout", "seconds before the run is stopped", float, minimum=1e-9,
+         invalid="timeout must be positive, got {value}", placement=True),
+    Knob("cores", "", "", placement=True),
+    Knob("seed", "", ""),
+)
+KNOB = {k.field: k for k in KNOBS}
+# What a launch sets whose value in the caller's environment wins over the plan's (with a warning);
+# LD_PRELOAD is the exception: the plan's libraries are appended to the caller's.
+USER_WINS = tuple(v for k in KNOBS for v, _, _ in k.env if v != "LD_PRELOAD")
+# What changes where or how a run executes, not the work of one step (see Knob.placement).
+PLACEMENT_FIELDS = tuple(k.field for k in KNOBS if k.placement)
+
+
+def knob_env(config: RunConfig, knobs: tuple[Knob, ...] = KNOBS) -> tuple[dict, list[str]]:
+    """The variables the knobs set for this config, and the library kinds to preload, in order."""
+    env, preload = {}, []
+    for knob in knobs:
+        if knob.env_of:
+            env.update(knob.env_of(config))
+        preload += [kind for value, kind in knob.preload if getattr(config, knob.field) == value]
+    return env, preload
+
+
+def check_knobs(config: RunConfig, knobs: tuple[Knob, ...] = KNOBS) -> None:
+    """Every knob's value against its row: choices, minimum, what it requires."""
+    for knob in knobs:
+        value = getattr(config, knob.field)
+        if value is None:
+            continue
+        if knob.choices and value not in knob.choices:
+            raise CpuoptError(f"unknown {knob.name or knob.field} {value!r}; use one of {', '.join(knob.choices)}")
+        if knob.minimum is not None and value < knob.minimum:
+            raise CpuoptError(knob.invalid.format(value=value))
+    for knob in knobs:
+        why = knob.requires(config) if knob.requires else ""
+        if why:
+            raise CpuoptError(why)
+
+
 def validate(config: RunConfig, logical_cores: int, physical_cores: int, check_workload: bool = True) -> RunConfig:
-    """Check a config against the machine; return it with `threads` filled in.
+    """Check a config against its knobs and the machine; return it with `threads` filled in.
 
     Every error says what is wrong and what to do, in one line.
     """
     if config.preset not in PRESETS:
         raise CpuoptError(f"unknown preset {config.preset!r}; use one of {', '.join(PRESETS)}")
-    for name, value, allowed in (("allocator", config.allocator, ALLOCATORS),
-                                 ("omp runtime", config.omp_runtime, OMP_RUNTIMES),
-                                 ("dtype", config.dtype, DTYPES), ("mode", config.mode, MODES),
-                                 ("affinity", config.affinity, AFFINITIES), ("launcher", config.launcher, LAUNCHERS)):
-        if value not in allowed:
-            raise CpuoptError(f"unknown {name} {value!r}; use one of {', '.join(allowed)}")
-    if config.batch_size is not None and config.batch_size <= 0:
-        raise CpuoptError(f"batch size must be a positive integer, got {config.batch_size}")
-    if config.steps <= 0:
-        raise CpuoptError(f"steps must be a positive integer, got {config.steps}")
-    if config.warmup < 0:
-        raise CpuoptError(f"warm-up steps cannot be negative, got {config.warmup}")
-    if config.instances <= 0:
-        raise CpuoptError(f"instances must be at least 1, got {config.instances}")
-    if config.timeout_s <= 0:
-        raise CpuoptError(f"timeout must be positive, got {config.timeout_s}")
-    if config.bf16_loss and config.dtype != "bf16":
-        raise CpuoptError("--bf16-loss only applies with --dtype bf16")
-    if config.loader_workers < 0:
-        raise CpuoptError(f"DataLoader workers cannot be negative, got {config.loader_workers}")
-    if config.kmp_blocktime is not None and config.kmp_blocktime < 0:
-        raise CpuoptError(f"KMP_BLOCKTIME must be >= 0 ms, got {config.kmp_blocktime}")
-    for name, value, allowed in (("optimizer", config.optimizer, OPTIMIZERS),
-                                 ("optimizer implementation", config.optimizer_impl, OPTIMIZER_IMPLS),
-                                 ("batch policy", config.batch_policy, BATCH_POLICIES)):
-        if value not in allowed:
-            raise CpuoptError(f"unknown {name} {value!r}; use one of {', '.join(allowed)}")
-    if config.compile is not None and config.compile not in COMPILE_MODES:
-        raise CpuoptError(f"unknown compile mode {config.compile!r}; use one of {', '.join(COMPILE_MODES)}")
-    if config.compile and config.warmup < 1:
-        raise CpuoptError("--compile needs at least one warm-up step (the compilation runs there, timed apart)")
-    if config.ipex and config.runtime == "main":
-        raise CpuoptError("--ipex needs the IPEX runtime: add --runtime ipex (built by `make ipex`)")
-    if config.ipex and config.compile:
-        raise CpuoptError("--ipex and --compile are separate rungs here; measure them one at a time")
-    if config.mode == "ddp" and config.launcher != "cpuopt":
-        raise CpuoptError("--mode ddp is launched by cpuopt itself; drop --launcher run_cpu")
+    check_knobs(config)
     if config.batch_policy == "global" and config.batch_size is not None and config.batch_size % config.instances:
         raise CpuoptError(f"global batch {config.batch_size} does not split evenly into {config.instances} ranks; "
                           "pick a multiple of --instances")
+    threads = check_layout(config, logical_cores, physical_cores)
+    for where, names in (("--env", dict(config.env)), ("your environment", os.environ)):
+        if "CPUOPT_RETINANET" in names:
+            raise CpuoptError(f"CPUOPT_RETINANET (in {where}) is not read any more: give RetinaNet's variant as "
+                              "workload options (cpuopt bench --option frozen_bn=fused) and unset it")
+    if check_workload:
+        check_workload_spec(config.workload)
+        from cpuopt_helpers.workloads import check_options
+
+        check_options(config.workload, dict(config.options))  # before any process starts
+    return config.replace(threads=threads)
+
+
+def check_layout(config: RunConfig, logical_cores: int, physical_cores: int) -> int:
+    """Instances, threads and core sets against the machine's cores; the threads per instance."""
     if config.instances > logical_cores:
         raise CpuoptError(f"{config.instances} instances need at least {config.instances} cores; "
                           f"this machine has {logical_cores}: use --instances {logical_cores} or fewer")
@@ -253,16 +382,49 @@ def validate(config: RunConfig, logical_cores: int, physical_cores: int, check_w
         bad = [c for c in flat if not 0 <= c < 4096]
         if bad:
             raise CpuoptError(f"core ids {bad} are not valid CPU numbers")
-    for where, names in (("--env", dict(config.env)), ("your environment", os.environ)):
-        if "CPUOPT_RETINANET" in names:
-            raise CpuoptError(f"CPUOPT_RETINANET (in {where}) is not read any more: give RetinaNet's variant as "
-                              "workload options (cpuopt bench --option frozen_bn=fused) and unset it")
-    if check_workload:
-        check_workload_spec(config.workload)
-        from cpuopt_helpers.workloads import check_options
+    return threads
 
-        check_options(config.workload, dict(config.options))  # before any process starts
-    return config.replace(threads=threads)
+
+# --- a config as the command lines that train with it -------------------------------------------
+
+def bench_line(config: RunConfig, knobs: tuple[Knob, ...] = KNOBS) -> str:
+    """The `cpuopt bench` line that measures this configuration: an option for every knob that
+    differs from its default."""
+    default = RunConfig(workload=config.workload, preset=config.preset)
+    words = ["cpuopt", "bench", "--workload", config.workload, "--preset", config.preset]
+    for knob in knobs:
+        value = getattr(config, knob.field)
+        if not knob.flag or value == getattr(default, knob.field, knob.default):
+            continue
+        words += [knob.flag] if knob.kind is bool else [knob.flag, str(value)]
+    words += [w for k, v in config.env for w in ("--env", f"{k}={v}")]
+    words += [w for k, v in config.options for w in ("--option", f"{k}={v}")]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def launch_line(config: RunConfig, command: str, knobs: tuple[Knob, ...] = KNOBS) -> str:
+    """The `cpuopt launch` line that runs ``command`` (a script) with this configuration; what
+    the script must do itself (``Knob.in_script``) follows as a comment."""
+    words = ["cpuopt", "launch"]
+    if config.mode == "ddp" and config.instances > 1:
+        words += ["--nproc-per-node", str(config.instances), "--ncores-per-instance", str(config.threads)]
+    elif config.instances > 1:
+        words += ["--ninstances", str(config.instances), "--ncores-per-instance", str(config.threads)]
+    else:
+        words += ["--ncores-per-instance", str(config.threads)]
+    if config.instances > 1 and config.workload == "script":  # copies of a script: each in its own folder
+        words += ["--instance-dirs", "runs"]
+    extras = []
+    for knob in knobs:
+        value = getattr(config, knob.field)
+        if value == knob.default or not (knob.launch or knob.in_script):
+            continue
+        if knob.launch:
+            words += [knob.flag] if knob.kind is bool else [knob.flag, str(value)]
+        else:
+            extras.append(f"{knob.field}={value}")
+    line = " ".join(words) + f" -- {command}"
+    return line + (f"   # in the script: {', '.join(extras)}" if extras else "")
 
 
 def pairs(mapping: dict) -> tuple[tuple[str, str], ...]:

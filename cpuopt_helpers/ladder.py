@@ -11,11 +11,10 @@ ratio is the geometric mean of its paired ratios, the estimate of their median).
 
 from __future__ import annotations
 
-import shlex
-
 from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.decisions import Comparison, Rung
+from cpuopt_helpers.planning import command_lines
 from cpuopt_helpers.stages import settings
 
 DEFAULTS_LABEL = "PyTorch's defaults"
@@ -72,29 +71,6 @@ def workloads(store, machine: str, preset: str, workload: str | None = None) -> 
     return sorted((n for n in names if n == workload or n.startswith(f"{workload}, ")), key=len)
 
 
-def command(config: dict) -> str:
-    """The `cpuopt bench` line that trains with this configuration: an option for every
-    field that differs from its default (read from the bench parser itself)."""
-    import argparse
-
-    from cpuopt_helpers.cli import bench_flags
-
-    c, flags = RunConfig.from_dict(config), bench_flags()
-    default = RunConfig(workload=c.workload, preset=c.preset)
-    words = ["cpuopt", "bench", "--workload", c.workload, "--preset", c.preset]
-    for field, value in c.to_dict().items():
-        action = flags.get(field)
-        if field in ("workload", "preset", "env", "options") or action is None or value == getattr(default, field):
-            continue
-        if isinstance(action, argparse._StoreTrueAction):
-            words.append(action.option_strings[0])
-        else:
-            words += [action.option_strings[0], str(value)]
-    words += [w for k, v in c.env for w in ("--env", f"{k}={v}")]
-    words += [w for k, v in c.options for w in ("--option", f"{k}={v}")]
-    return " ".join(shlex.quote(w) for w in words)
-
-
 def top_end_to_end(rows: list[Rung]) -> Comparison | None:
     """The climb's end-to-end comparison, kept on its last changing rung (rungs after it kept it)."""
     return next((r.end_to_end for r in reversed(rows) if r.end_to_end), None)
@@ -114,5 +90,5 @@ def format_rungs(workload: str, rows: list[Rung]) -> list[str]:
     if end:
         lines.append(f"  the top against PyTorch's defaults, in fresh paired rounds: {end.describe()}")
     if rows:
-        lines.append(f"  train with: {command(rows[-1].config)}")
+        lines.append(f"  train with: {command_lines(RunConfig.from_dict(rows[-1].config))['bench']}")
     return lines

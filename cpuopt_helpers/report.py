@@ -70,6 +70,8 @@ def answer_rows(store: ResultStore, facts: dict) -> list[list[str]]:
     """Per ladder in the store: workload, preset, what its last rung changed, the speedup
     over PyTorch's defaults (chained from the confirmed rungs, with its interval), the command."""
     from cpuopt_helpers import compare, ladder
+    from cpuopt_helpers.config import RunConfig
+    from cpuopt_helpers.planning import command_lines
 
     machine = facts.get("fingerprint", "")
     rows = []
@@ -81,7 +83,7 @@ def answer_rows(store: ResultStore, facts: dict) -> list[list[str]]:
         changes = [r.change for r in rungs[1:] if not r.kept]
         best = "; ".join(changes) if changes else "PyTorch's defaults (nothing was confirmed faster)"
         speedup = compare.describe(rungs[-1].vs_baseline) if changes else "1.00x"
-        rows.append([workload, preset, best, speedup, ladder.command(rungs[-1].config)])
+        rows.append([workload, preset, best, speedup, command_lines(RunConfig.from_dict(rungs[-1].config))['bench']])
     return rows
 
 

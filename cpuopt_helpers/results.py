@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from cpuopt_helpers import compare
+from cpuopt_helpers.provenance import code_version, measuring_env
 
 log = logging.getLogger(__name__)
 
@@ -196,24 +197,11 @@ class ResultStore:
         return json.loads(row[0]) if row else default
 
 
-def measuring_env() -> dict:
-    from cpuopt_helpers import launch
-
-    return launch.measuring_env(os.environ)
-
-
-def code_version() -> dict:
-    """The measuring code's version (package + hash of its source), from the launcher."""
-    from cpuopt_helpers import launch
-
-    return launch.code_version() if hasattr(launch, "code_version") else {}
-
-
 def sweep_id(kind: str, tag: str | None, machine: str | None, configs: list, code: dict,
              env: dict | None = None) -> str:
     """A sweep is its kind, tag, machine, arms in order, the measuring code's version and
     the caller's environment as far as it reaches the measured processes
-    (``launch.measuring_env``): the same notebook re-run on the same code in the same
+    (``provenance.measuring_env``): the same notebook re-run on the same code in the same
     environment resumes it; changed code, or an exported OMP_NUM_THREADS, starts a new one."""
     key = json.dumps([kind, tag, machine, [c.config_hash() for c in configs], code.get("measuring_hash")]
                      + ([sorted(env.items())] if env else []))
@@ -239,7 +227,7 @@ def run_sweep(configs: Iterable, store: ResultStore, runner: Callable[[object], 
 
     configs = list(configs)
     code = code_version()
-    sweep = sweep_id("sweep", tag, machine, configs, code, measuring_env())
+    sweep = sweep_id("sweep", tag, machine, configs, code, measuring_env(os.environ))
     store.add_sweep(sweep, machine, tag, "sweep", [c.to_dict() for c in configs], code)
     stored = _stored(store, sweep) if resume else {}
     jobs = []
@@ -265,7 +253,7 @@ def run_sweep(configs: Iterable, store: ResultStore, runner: Callable[[object], 
 
 
 def warn_loaded(results: list[dict], what: str | None) -> None:
-    """Say how many runs ran on a machine busy with other work (``launch.is_loaded``)."""
+    """Say how many runs ran on a machine busy with other work (``provenance.is_loaded``)."""
     loaded = sum(bool((r.get("machine_state") or {}).get("loaded")) for r in results)
     if loaded:
         log.warning("%s: %d of %d runs ran on a loaded machine (load average or steal time above what this "
@@ -284,7 +272,7 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
     # the stopping design is part of the comparison: its boundary, so its interval and verdict
     # (the default design keeps the identity comparisons stored before this had)
     design = "" if (min_rounds, max_rounds) == (compare.MIN_ROUNDS, compare.MAX_ROUNDS) else f":{min_rounds}-{max_rounds}"
-    sweep = sweep_id("ab" + design, tag, machine, [a, b], code, measuring_env())
+    sweep = sweep_id("ab" + design, tag, machine, [a, b], code, measuring_env(os.environ))
     store.add_sweep(sweep, machine, tag, "ab", [a.to_dict(), b.to_dict()], code)
     store.put_fact(machine, f"ab/{sweep}", {"min_rounds": min_rounds, "max_rounds": max_rounds})
     stored = _stored(store, sweep) if resume else {}

@@ -91,7 +91,7 @@ def measure(preset: str = "quick", threads: int | None = None, timeout_s: float 
     """Measure the ceilings in a fresh process pinned to the first `threads` cores."""
     from cpuopt_helpers import system
     from cpuopt_helpers.errors import CpuoptError
-    from cpuopt_helpers.launch import run_json_module
+    from cpuopt_helpers.runtimes import run_json_module
 
     if preset not in PRESETS:
         raise CpuoptError(f"unknown preset {preset!r}; use one of {', '.join(PRESETS)}")

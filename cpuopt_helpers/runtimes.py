@@ -10,19 +10,25 @@ would kill a notebook kernel or a worker without a word. ``import_ipex`` therefo
 compares the installed versions first (from package metadata, without importing IPEX)
 and raises a clear error instead.
 
-Imports only the standard library at module level: the probe (``python -m
-cpuopt_helpers.runtimes``) runs under the other interpreter.
+Imports only the standard library (and the stdlib-only ``config``) at module level: the probe
+(``python -m cpuopt_helpers.runtimes``) runs under the other interpreter. ``run_json_module`` is
+the one way a process other than the training worker starts, in this interpreter or another.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import subprocess
 import sys
 from functools import lru_cache
 from pathlib import Path
 
+from cpuopt_helpers.config import USER_WINS
 from cpuopt_helpers.errors import CpuoptError
+
+log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 RUNTIMES = ("main", "ipex")
@@ -194,8 +200,6 @@ def probe_here() -> dict:
 @lru_cache(maxsize=None)
 def probe(python: str) -> dict:
     """Run probe_here() under another interpreter (cached per path)."""
-    from cpuopt_helpers.launch import run_json_module
-
     return run_json_module("cpuopt_helpers.runtimes", [], f"probing the runtime {python}", python=python,
                            timeout_s=180, error=CpuoptError)
 
@@ -207,6 +211,48 @@ def ipex_facts() -> dict:
         return {"available": False, "path": str(ipex_venv()), "reason": status["reason"]}
     facts = probe(status["python"])
     return {"available": facts["ipex_usable"], "path": str(ipex_venv()), **facts}
+
+
+def python_path(base_env: dict) -> str:
+    """The current folder (user workloads), then cpuopt_helpers' own root (other runtimes), then the user's."""
+    paths = [os.getcwd(), str(PROJECT_ROOT)] + base_env.get("PYTHONPATH", "").split(os.pathsep)
+    return os.pathsep.join(dict.fromkeys(p for p in paths if p))
+
+
+def run_json_module(module: str, args: list[str], what: str, *, threads: int | None = None,
+                    cores: list[int] | None = None, python: str | None = None, timeout_s: float = 600,
+                    error: type[Exception] = RuntimeError) -> object:
+    """Run `python -m module args` in a fresh process; return its last stdout line as JSON.
+
+    The one way a process other than the training worker starts (ceilings, replays,
+    accuracy, kernel benchmarks, probes of another runtime): ``threads`` fixes its OpenMP
+    and MKL threads before it starts, ``cores`` hands it the cores to pin itself to
+    (CPUOPT_CORES), ``python`` runs another interpreter with this project importable. As
+    for workers, a value of yours among USER_WINS wins over the plan, with a warning.
+    """
+    planned = {}
+    if threads:
+        planned.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    if cores:
+        planned["CPUOPT_CORES"] = ",".join(map(str, cores))
+    env = dict(os.environ, PYTHONPATH=python_path(os.environ))
+    for key, value in planned.items():
+        if key in USER_WINS and env.get(key, value) != value:
+            log.warning("%s=%s from your environment overrides the planned %s for the %s; unset it to let cpuopt "
+                        "choose", key, env[key], value, what)
+        else:
+            env[key] = value
+    try:
+        proc = subprocess.run([python or sys.executable, "-m", module, *args], env=env, capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise error(f"{what} did not finish in {timeout_s:.0f} s") from None
+    if proc.returncode != 0:
+        raise error(f"{what} failed (exit code {proc.returncode}): {(proc.stderr or proc.stdout).strip()[-1500:]}")
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise error(f"{what} printed no result: {(proc.stderr or proc.stdout).strip()[-1500:]}") from None
 
 
 if __name__ == "__main__":

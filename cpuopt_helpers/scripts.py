@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from cpuopt_helpers import launch, throughput
+from cpuopt_helpers import launch, planning, throughput
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import multi_instance, settings, threading
@@ -128,12 +128,12 @@ class Reading:
 
 
 def run_script(config: RunConfig, command: list[str], reading: Reading, facts: dict | None = None,
-               machine: launch.Machine | None = None, timeout_s: float | None = 1800) -> dict:
+               machine: planning.Machine | None = None, timeout_s: float | None = 1800) -> dict:
     """Run the script once under ``config`` (several copies, each in its own working directory,
     where ``config.instances`` > 1); a result shaped as the worker's (storable, comparable)."""
     copies = config.instances > 1
-    plan = launch.build_plan(config, machine or launch.Machine.this(),
-                             command=launch.absolute_paths(command) if copies else command)
+    plan = planning.build_plan(config, machine or planning.Machine.this(),
+                             command=planning.absolute_paths(command) if copies else command)
     with tempfile.TemporaryDirectory(prefix="cpuopt-script-") as logs:
         cwds = launch.instance_dirs(logs, config.instances) if copies else None
         start = time.monotonic()

@@ -29,7 +29,7 @@ import shlex
 import statistics
 import time
 
-from cpuopt_helpers import compare, launch, runtimes, system
+from cpuopt_helpers import compare, launch, planning, runtimes, system
 from cpuopt_helpers.stages import multi_instance, settings, threading
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
@@ -57,7 +57,7 @@ def search_space(default: RunConfig, facts: dict, image_like: bool) -> list[RunC
     return out
 
 
-def machine_facts(machine: launch.Machine) -> dict:
+def machine_facts(machine: planning.Machine) -> dict:
     """What the search space needs to know about a machine read from --topology: its topology
     and counts, its libraries, and bf16 where its doctor JSON says (lscpu text does not: no bf16)."""
     topo = machine.topology
@@ -68,7 +68,7 @@ def machine_facts(machine: launch.Machine) -> dict:
             "bf16": machine.facts.get("bf16") or {"accelerated": False}}
 
 
-def search_plan(workload: str, preset: str, facts: dict, machine: launch.Machine, script: list[str] | None = None,
+def search_plan(workload: str, preset: str, facts: dict, machine: planning.Machine, script: list[str] | None = None,
                 instances: bool = False) -> list[dict]:
     """What the search would measure first, measuring nothing (`cpuopt tune --dry-run`): every
     candidate with its instances' cores on ``machine``, this one or another's (--topology);
@@ -86,13 +86,13 @@ def search_plan(workload: str, preset: str, facts: dict, machine: launch.Machine
         candidates = [default] + search_space(default, facts, image_like)
     rows = []
     for config in settings.unique(candidates):
-        plan = launch.build_plan(config, machine, command=script)
+        plan = planning.build_plan(config, machine, command=script)
         rows.append({"label": label(config), "config": config.to_dict(), "pinning": plan.pinning,
                      "cores": [list(i.cores) for i in plan.instances], "argv": [list(i.argv) for i in plan.instances]})
     return rows
 
 
-def format_search_plan(rows: list[dict], machine: launch.Machine) -> str:
+def format_search_plan(rows: list[dict], machine: planning.Machine) -> str:
     where = machine.topology.summary() + (f", from {machine.source}" if machine.source else "")
     lines = [f"# cpuopt tune would measure these {len(rows)} candidates once each ({where}); the faster half then "
              "runs again, and the winner is confirmed against PyTorch's defaults in fresh rounds"]
@@ -122,49 +122,6 @@ def combine(default: RunConfig, winners: list[RunConfig]) -> RunConfig | None:
         return None
 
 
-def launch_command(config: RunConfig, script: str = "train.py", command: str | None = None) -> str:
-    """The `cpuopt launch` line that trains a script with this configuration (``command``: the
-    whole command line, else ``python SCRIPT``)."""
-    parts = ["cpuopt", "launch"]
-    if config.mode == "ddp" and config.instances > 1:
-        parts += ["--nproc-per-node", str(config.instances), "--ncores-per-instance", str(config.threads)]
-    elif config.instances > 1:
-        parts += ["--ninstances", str(config.instances), "--ncores-per-instance", str(config.threads)]
-    else:
-        parts += ["--ncores-per-instance", str(config.threads)]
-    if config.instances > 1 and config.workload == "script":  # copies of a script: each in its own folder
-        parts += ["--instance-dirs", "runs"]
-    for flag, value, default in (("--allocator", config.allocator, "default"),
-                                 ("--omp-runtime", config.omp_runtime, "gnu"),
-                                 ("--affinity", config.affinity, "compact")):
-        if value != default:
-            parts += [flag, value]
-    if config.kmp_blocktime is not None:
-        parts += ["--kmp-blocktime", str(config.kmp_blocktime)]
-    line = " ".join(parts) + f" -- {command or 'python ' + script}"
-    extras = [f"{k}={v}" for k, v in changes(config, RunConfig(workload=config.workload, preset=config.preset,
-                                                                steps=config.steps, threads=config.threads)).items()
-              if k in ("channels_last", "compile", "optimizer_impl", "dtype")]
-    return line + (f"   # in the script: {', '.join(extras)}" if extras else "")
-
-
-def shell_command(config: RunConfig, machine: launch.Machine, script: str = "train.py",
-                  command: list[str] | None = None) -> str:
-    """The same as plain shell: environment variables and numactl, no cpuopt needed."""
-    plan = launch.build_plan(config.replace(mode="independent", instances=1) if config.mode == "ddp" else config,
-                             machine, command=command or ["python", script])
-    inst = plan.instances[0]
-    env = {k: v for k, v in inst.env.items() if not k.startswith("CPUOPT_") and k != "PYTHONPATH"}
-    text = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + " " + " ".join(
-        shlex.quote(a) for a in inst.argv)
-    if config.mode == "ddp" and config.instances > 1:
-        text += f"   # one rank of {config.instances}: start each under torchrun on its own cores"
-    elif config.instances > 1:
-        text += (f"   # copy 1 of {config.instances}: start each on its own cores ({plan.pinning}), in its own "
-                 "working directory")
-    return text
-
-
 def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | None = None,
          ladder: list[dict] | None = None, runner=None, progress: bool = True, script: list[str] | None = None,
          reading=None, instances: bool = False) -> dict:
@@ -185,14 +142,14 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | 
         workload, reading = scripts.SCRIPT, reading or scripts.Reading()
         runner = runner or (lambda c: scripts.run_script(c, script, reading, facts))
         default = scripts.script_config(script, facts["physical_cores"])
-        launch.build_plan(default, launch.Machine.this(), command=script)  # bad machine: fail before measuring
+        planning.build_plan(default, planning.Machine.this(), command=script)  # bad machine: fail before measuring
         candidates = settings.unique([default] + scripts.search_space(default, facts, instances))
     else:
         from cpuopt_helpers.workloads import build_workload
 
         runner = runner or (lambda c: launch.run(c, facts))
         default = settings.normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
-        launch.build_plan(default, launch.Machine.this())  # bad workload or machine: fail before measuring
+        planning.build_plan(default, planning.Machine.this())  # bad workload or machine: fail before measuring
         image_like = bool(getattr(build_workload(workload, preset), "image_like", False))
         handed_on = [RunConfig.from_dict(s["config"]) for s in (ladder or []) if s["config"]["workload"] == workload]
         candidates = settings.unique([default] + [c.replace(preset=preset, steps=default.steps, onednn_verbose=None,
@@ -283,8 +240,8 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | 
     def brief(c: dict | None) -> dict | None:
         return None if c is None else {k: c[k] for k in ("ratio", "ci_low", "ci_high", "n", "verdict", "label")}
 
-    machine = launch.Machine.this()
     command = shlex.join(script) if script else None
+    lines = planning.command_lines(recommended, planning.Machine.this(), script)
     # run_cpu's defaults ran in every round: both comparisons with them are reported whatever won
     won = recommended is not default  # the search winner, confirmed against the defaults
     speeds = {"recommended": [r[1] for r in rounds] if won else [r[0] for r in rounds],
@@ -298,8 +255,7 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | 
             "rounds": confirmation["rounds"], "order": confirmation["order"], "stopped": confirmation["stopped"],
             "samples_per_s": {k: statistics.median([v for v in vs if v]) if any(vs) else None
                               for k, vs in speeds.items()},
-            "launch_command": launch_command(recommended, command=command),
-            "shell_command": shell_command(recommended, machine, command=script),
+            "launch_command": lines["launch"], "shell_command": lines["shell"],
             "candidates": [{"label": label(by_hash[h]), "runs": len(v), "samples_per_s": statistics.median(v)}
                            for h, v in samples.items()],
             "failed": [{"label": k, "reason": v} for k, v in failures.items() if k not in

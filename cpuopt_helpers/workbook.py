@@ -50,9 +50,9 @@ class Session:
         """The latest ok run of exactly this configuration that a notebook stored under ``tag``
         on this machine, with this measuring code and caller environment; else None."""
         from cpuopt_helpers.config import validate
-        from cpuopt_helpers.results import code_version, measuring_env
+        from cpuopt_helpers.provenance import code_version, measuring_env
 
-        code, env = code_version().get("measuring_hash"), measuring_env()
+        code, env = code_version().get("measuring_hash"), measuring_env(os.environ)
         wanted = validate(config, self.facts["logical_cores"], self.facts["physical_cores"], check_workload=False)
         runs = [r for r in self.store.results(tag=tag, machine=self.machine)  # results hold the validated config
                 if r["status"] == "ok" and r["config_hash"] == wanted.config_hash()

@@ -1,7 +1,9 @@
 """The measured process: pin, build the workload, train, print one JSON line.
 
-Imports only the standard library and torch (the package's own workload registry aside),
-so it also runs under another interpreter. The launcher sets its environment before it
+Imports only the standard library and torch (the package's own RunConfig and workload
+registry aside), so it also runs under another interpreter. Its configuration arrives as
+``--config`` (a RunConfig's JSON), read with ``RunConfig.from_json``: everything a run asks
+for is a field of it. The launcher sets its environment before it
 starts; the worker never changes thread pools or allocators itself.
 
 Environment read here (set by launch.py):
@@ -47,6 +49,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
 
 RESULT_KEY = "cpuopt_instance"
@@ -211,9 +214,8 @@ def cached_flops(count: Callable[[], float | None]) -> float | None:
     return flops
 
 
-def log_path(config: dict, key: str = "onednn_verbose") -> str | None:
-    """Where this instance writes its oneDNN verbose log (or trace), if asked to."""
-    path = config.get(key)
+def log_path(path: str | None) -> str | None:
+    """Where this instance writes its oneDNN verbose log (or trace), if asked to (``path``)."""
     if not path:
         return None
     if int(os.environ.get("CPUOPT_INSTANCES", "1")) > 1:
@@ -253,20 +255,19 @@ LOSS_SPAN = "cpuopt::loss"  # the loss's forward in a trace (profiledn.trace.los
 
 
 @contextlib.contextmanager
-def profiler_trace_to(path: str | None, steps: int):
+def profiler_trace_to(path: str | None, steps: int, shapes: bool = True):
     """Record the block with torch.profiler; save the Chrome trace and an operator table.
 
     With the operators' input shapes and dtypes (and torch's FLOPs where it counts them):
     what profiledn.wholestep reads to give every operator its work and its ceiling. Recording
-    shapes slows each call, so wholestep takes the times from a second, light trace without them.
+    shapes slows each call, so wholestep takes the times from a second, light trace without them
+    (``shapes`` False: the config's ``trace_shapes``).
     """
     if path is None:
         yield
         return
     from torch.profiler import ProfilerActivity, profile
 
-    # CPUOPT_TRACE_SHAPES=0: a light trace for times only (profiledn.wholestep.TIMING_ENV)
-    shapes = os.environ.get("CPUOPT_TRACE_SHAPES", "1") != "0"
     with profile(activities=[ProfilerActivity.CPU], record_shapes=shapes, with_flops=shapes) as prof:
         yield
     prof.export_chrome_trace(path)
@@ -449,7 +450,7 @@ def plain_step_flops(model, workload, batch_size: int, optimizer: str) -> float 
     return count_flops(one_step)
 
 
-def prepare(config: dict) -> Prepared:
+def prepare(config: RunConfig) -> Prepared:
     """Build the workload, apply the config's optimisations, return the step functions.
 
     ``step`` times forward (with the loss), backward and the optimizer separately and
@@ -460,58 +461,27 @@ def prepare(config: dict) -> Prepared:
 
     from cpuopt_helpers.workloads import build_workload
 
-    torch.manual_seed(config["seed"])
+    torch.manual_seed(config.seed)
     rank, world = rank_and_world()
-    ddp = config.get("mode") == "ddp"
-    workload = build_workload(config["workload"], config["preset"], config.get("options") or {})
-    batch_size = config["batch_size"] or workload.default_batch_size
-    if config.get("batch_policy") == "global":
+    workload = build_workload(config.workload, config.preset, dict(config.options))
+    batch_size = config.batch_size or workload.default_batch_size
+    if config.batch_policy == "global":
         batch_size = max(1, batch_size // world)
-    model = workload.model
-    model.train()
-    channels_last = config["channels_last"] and workload.image_like
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    channels_last = config.channels_last and workload.image_like
     seen: dict = {}
-    optimizer = make_optimizer(model.parameters(), config.get("optimizer", "sgd"), config.get("optimizer_impl", "default"))
-    if config.get("ipex"):  # IPEX's own operators escape the FLOP counter: count the same work before
-        seen["flops_per_step"] = plain_step_flops(model, workload, batch_size, config.get("optimizer", "sgd"))
-        model, optimizer = ipex_optimize(model, optimizer, config["dtype"], seen)
-    if ddp:
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        seen["backend"] = dist.get_backend()
-        model = torch.nn.parallel.DistributedDataParallel(model)
-    if config.get("compile") == "zentorch":  # AMD's backend over ZenDNN, checked against this torch first
-        from cpuopt_helpers.runtimes import import_zentorch
-
-        import_zentorch()
-        model = torch.compile(model, backend="zentorch")
-    elif config.get("compile"):
-        model = torch.compile(model, mode=None if config["compile"] == "default" else config["compile"])
-    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if config["dtype"] == "bf16" \
+    model, optimizer = optimised(config, workload, batch_size, channels_last, seen)
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if config.dtype == "bf16" \
         else contextlib.nullcontext
     clock = time.perf_counter
 
-    def to_loss(outputs, targets):
-        # outside autocast; in bf16 the floating-point tensors among the outputs are cast (to fp32:
-        # the loss and its reductions in fp32, as the paper advises; to bf16 with bf16_loss, what
-        # it advises against); fp32 outputs, and outputs of any other kind, reach loss_fn as they are.
-        # A trace (--trace) marks the loss: its backward is found by the autograd sequence numbers
-        with torch.profiler.record_function(LOSS_SPAN):
-            if config["dtype"] == "bf16":
-                dtype = torch.bfloat16 if config.get("bf16_loss") else torch.float32
-                outputs = map_tensors(outputs, lambda t: t.to(dtype) if t.is_floating_point() else t)
-            return workload.loss_fn(outputs, targets)
-
-    next_batch = batch_source(workload, batch_size, config.get("loader_workers", 0), channels_last,
-                              rank if ddp else 0)
+    to_loss = loss_of(config, workload)
+    next_batch = batch_source(workload, batch_size, config.loader_workers, channels_last,
+                              rank if config.mode == "ddp" else 0)
     inputs, targets = next_batch()
 
     def step():
         nonlocal inputs, targets
-        if config.get("loader_workers"):
+        if config.loader_workers:
             inputs, targets = next_batch()  # a fresh batch from the loader's worker processes
         t0 = clock()
         optimizer.zero_grad(set_to_none=True)
@@ -539,6 +509,53 @@ def prepare(config: dict) -> Prepared:
     return Prepared(workload, batch_size, step, bare_step, seen, model)
 
 
+def loss_of(config: RunConfig, workload) -> Callable:
+    """The workload's loss as the step computes it, outside autocast: in bf16 the floating-point
+    tensors among the outputs are cast (to fp32: the loss and its reductions in fp32, as the paper
+    advises; to bf16 with bf16_loss, what it advises against); fp32 outputs, and outputs of any
+    other kind, reach loss_fn as they are. A trace (--trace) marks the loss: its backward is
+    found by the autograd sequence numbers."""
+    import torch
+
+    def to_loss(outputs, targets):
+        with torch.profiler.record_function(LOSS_SPAN):
+            if config.dtype == "bf16":
+                dtype = torch.bfloat16 if config.bf16_loss else torch.float32
+                outputs = map_tensors(outputs, lambda t: t.to(dtype) if t.is_floating_point() else t)
+            return workload.loss_fn(outputs, targets)
+    return to_loss
+
+
+def optimised(config: RunConfig, workload, batch_size: int, channels_last: bool, seen: dict):
+    """The workload's model and its optimizer with the config's optimisations: channels-last,
+    IPEX, DDP, torch.compile (Inductor or AMD's zentorch), in that order."""
+    import torch
+
+    model = workload.model
+    model.train()
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = make_optimizer(model.parameters(), config.optimizer, config.optimizer_impl)
+    if config.ipex:  # IPEX's own operators escape the FLOP counter: count the same work before
+        seen["flops_per_step"] = plain_step_flops(model, workload, batch_size, config.optimizer)
+        model, optimizer = ipex_optimize(model, optimizer, config.dtype, seen)
+    if config.mode == "ddp":
+        import torch.distributed as dist
+
+        rank, world = rank_and_world()
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        seen["backend"] = dist.get_backend()
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    if config.compile == "zentorch":  # AMD's backend over ZenDNN, checked against this torch first
+        from cpuopt_helpers.runtimes import import_zentorch
+
+        import_zentorch()
+        model = torch.compile(model, backend="zentorch")
+    elif config.compile:
+        model = torch.compile(model, mode=None if config.compile == "default" else config.compile)
+    return model, optimizer
+
+
 def param_checksum(model) -> float:
     """A checksum of every parameter (float64 sums weighted by position), to compare ranks."""
     import torch
@@ -560,52 +577,39 @@ def ddp_sync_report(model) -> dict:
     return {"param_checksums": checksums, "params_in_sync": in_sync}
 
 
-def train(config: dict) -> dict:
+def train(config: RunConfig) -> dict:
     """Run warm-up and timed steps of one workload; return this instance's result."""
     import torch
 
     prepared = prepare(config)
     workload, batch_size, step = prepared.workload, prepared.batch_size, prepared.step
-    clock = time.perf_counter
     first_step_wall = time.time()
-    agree = all_ranks_agree if config.get("mode") == "ddp" else (lambda settled: settled)
-    warmup_s, losses, settled = run_warmup(step, config["warmup"], config["steps"], agree)
+    agree = all_ranks_agree if config.mode == "ddp" else (lambda settled: settled)
+    warmup_s, losses, settled = run_warmup(step, config.warmup, config.steps, agree)
     flops_per_step = (workload.flops_per_sample * batch_size if workload.flops_per_sample
                       else prepared.seen.get("flops_per_step") or cached_flops(lambda: count_flops(step)))
     wait_for_peers()
-    steps, phases = [], []
-    verbose_log, trace = log_path(config), log_path(config, "trace")
-    with onednn_verbose_to(verbose_log), profiler_trace_to(trace, config["steps"]):
-        timed_start = time.time()  # wall clock: comparable between the instances of one run
-        for _ in range(config["steps"]):
-            t = clock()
-            loss, phase = step()
-            steps.append(clock() - t)
-            phases.append(phase)
-            losses.append(loss)
-        timed_end = time.time()
+    verbose_log, trace = log_path(config.onednn_verbose), log_path(config.trace)
+    with onednn_verbose_to(verbose_log), profiler_trace_to(trace, config.steps, config.trace_shapes):
+        timed = timed_steps(step, config.steps, losses)
     compile_warm = None
-    if config.get("compile"):  # after every instance's timed steps, which it must not disturb
-        wait_for_peers(config.get("timeout_s", 600.0), stage="timed")
+    if config.compile:  # after every instance's timed steps, which it must not disturb
+        wait_for_peers(config.timeout_s, stage="timed")
         compile_warm = warm_compile_s(step)
     if verbose_log:  # what the log covers, so `cpuopt profile LOG --project` needs no --steps
         with open(f"{verbose_log}.meta.json", "w") as f:
-            json.dump({"steps": config["steps"], "threads": torch.get_num_threads(),
-                       "cores": sorted(os.sched_getaffinity(0)), "workload": config["workload"]}, f)
+            json.dump({"steps": config.steps, "threads": torch.get_num_threads(),
+                       "cores": sorted(os.sched_getaffinity(0)), "workload": config.workload}, f)
     versions = {"python": sys.version.split()[0], "torch": torch.__version__,
                 "onednn": onednn_version(torch.__config__.show())}
     if "ipex" in prepared.seen:
         versions["ipex"] = prepared.seen["ipex"]
     result = {
-        "batch_size": batch_size,
-        "step_s": steps,
+        "batch_size": batch_size, **timed,
         "warmup_s": warmup_s,
         "warmup_steps": len(warmup_s),
         "warmup_settled": settled,
-        "timed_start": timed_start,
-        "timed_end": timed_end,
         "compile_warm_s": compile_warm,
-        "phase_s": {name: [p[i] for p in phases] for i, name in enumerate(("forward", "backward", "optimizer"))},
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "losses": losses,  # every step's, warm-up first: the same seed and batch give comparable curves
@@ -619,17 +623,39 @@ def train(config: dict) -> dict:
         "python_executable": sys.executable,
         "versions": versions,
     }
-    if config.get("mode") == "ddp":
-        import gc
-
-        import torch.distributed as dist
-
+    if config.mode == "ddp":
         result.update(ddp_sync_report(prepared.model), backend=prepared.seen["backend"])
         del prepared, step  # the DDP reducer goes before its process group: the other order can hang
-        gc.collect()
-        dist.barrier()  # every rank done with the job's collectives before any tears its connections down
-        dist.destroy_process_group()
+        end_ddp()
     return result
+
+
+def timed_steps(step: Callable[[], tuple], steps: int, losses: list[float]) -> dict:
+    """The timed loop: each step's time and phases, the losses appended, bracketed by wall-clock
+    times (comparable between the instances of one run)."""
+    clock = time.perf_counter
+    times, phases = [], []
+    timed_start = time.time()
+    for _ in range(steps):
+        t = clock()
+        loss, phase = step()
+        times.append(clock() - t)
+        phases.append(phase)
+        losses.append(loss)
+    return {"step_s": times, "timed_start": timed_start, "timed_end": time.time(),
+            "phase_s": {name: [p[i] for p in phases] for i, name in enumerate(("forward", "backward", "optimizer"))}}
+
+
+def end_ddp() -> None:
+    """Tear a DDP job down once the caller dropped its model: the reducer collected, then the
+    process group (the other order can hang)."""
+    import gc
+
+    import torch.distributed as dist
+
+    gc.collect()
+    dist.barrier()  # every rank done with the job's collectives before any tears its connections down
+    dist.destroy_process_group()
 
 
 # oneDNN has no kernel for this operation in this dtype on this CPU (e.g. a bf16 LSTM on an
@@ -653,10 +679,10 @@ def note_failure() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="cpuopt's measured process (started by the launcher)")
     parser.add_argument("--config", required=True, help="RunConfig as JSON")
-    config = json.loads(parser.parse_args(argv).config)
+    config = RunConfig.from_json(parser.parse_args(argv).config)
     cores, pinned_by = pin_to_cores()
     try:
-        with fresh_inductor_cache(bool(config.get("compile"))) as inductor_cache:  # before torch is imported
+        with fresh_inductor_cache(bool(config.compile)) as inductor_cache:  # before torch is imported
             result = train(config)
     except BaseException as exc:
         note_failure()
@@ -681,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
     })
     sys.stdout.flush()
     print(json.dumps({RESULT_KEY: result}), flush=True)
-    if config.get("mode") == "ddp" or not (config.get("loader_workers") or config.get("compile")):
+    if config.mode == "ddp" or not (config.loader_workers or config.compile):
         # Skip the interpreter's teardown: with torch and torch._dynamo loaded it takes ~1.3 s
         # (of a ~12 s run on two cores), measures nothing and, in DDP, is where gloo can abort
         # a pinned rank (see rank_exec). The result and every log are written and flushed by

@@ -5,7 +5,6 @@ bad launch input is checked in-process (fast) and once more through the command 
 """
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import pytest
 import torch
 
 from cpuopt_helpers import cli as cpuopt_cli
-from cpuopt_helpers import launch, rank_exec, system, worker
+from cpuopt_helpers import launch, planning, rank_exec, system, worker
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
 
@@ -22,7 +21,7 @@ TWO_CORES = system.topology().logical_cores >= 2
 
 
 def run(config):
-    return launch.run_plan(launch.build_plan(config, launch.Machine.this()))
+    return launch.run_plan(planning.build_plan(config, planning.Machine.this()))
 
 
 def cli(*args, env=None):
@@ -84,8 +83,8 @@ def test_global_batch_is_split_between_ranks(ddp_job):
 
 def test_global_batch_must_split_evenly():
     with pytest.raises(CpuoptError, match="split evenly"):
-        launch.build_plan(RunConfig(mode="ddp", instances=2, threads=1, batch_size=15, batch_policy="global"),
-                          launch.Machine.this())
+        planning.build_plan(RunConfig(mode="ddp", instances=2, threads=1, batch_size=15, batch_policy="global"),
+                          planning.Machine.this())
 
 
 @pytest.mark.slow
@@ -144,7 +143,7 @@ def test_torchrun_launch_bad_input_from_the_command_line():
 
 
 def test_torchrun_plan_passes_multi_node_options():
-    plan = launch.build_torchrun_plan(RunConfig(threads=1), launch.Machine.this(), ["python", "examples/ddp_train.py"],
+    plan = planning.build_torchrun_plan(RunConfig(threads=1), planning.Machine.this(), ["python", "examples/ddp_train.py"],
                                       2, ["--nnodes=2", "--rdzv-endpoint=head:29400"])
     argv = plan.instances[0].argv
     assert argv[1:4] == ("-m", "torch.distributed.run", "--nproc-per-node=2")
@@ -158,7 +157,7 @@ def test_torchrun_plan_passes_multi_node_options():
 def test_two_node_agents_on_localhost_end_in_sync_with_their_own_logs(tmp_path):
     """`cpuopt launch --nnodes 2` as two machines would run it: two torchrun node agents meeting at
     a c10d rendezvous on a loopback port, each node's rank on its own core (--cores)."""
-    port = launch.free_port()
+    port = planning.free_port()
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "cpuopt_helpers.cli", "launch", "--nproc-per-node", "1", "--nnodes", "2",
          "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",

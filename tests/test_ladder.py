@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from cpuopt_helpers import cli, ladder
+from cpuopt_helpers import cli, ladder, planning
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import settings
@@ -51,7 +51,7 @@ def test_the_command_trains_with_the_configuration_it_names():
     config = RunConfig.for_preset("retinanet", "quick").replace(
         threads=1, allocator="tcmalloc", channels_last=True, compile="default", optimizer="lamb",
         optimizer_impl="foreach", env={"MALLOC_CONF": "a b"}, options={"focal": "fast", "frozen_bn": "fused"})
-    line = ladder.command(config.to_dict())
+    line = planning.command_lines(config)["bench"]
     assert line.startswith("cpuopt bench --workload retinanet --preset quick") and "'MALLOC_CONF=a b'" in line
     import shlex
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cpuopt_helpers import launch, system
+from cpuopt_helpers import planning, system
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
 
@@ -18,11 +18,11 @@ LIBS = {"jemalloc": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
 
 def machine(numactl=True, taskset=True, libs=LIBS, fixture="lscpu_p_xeon_2s_smt.txt"):
     topo = system.Topology(tuple(system.parse_lscpu_parse((FIX / fixture).read_text())))
-    return launch.Machine(topo, dict(libs), numactl, taskset)
+    return planning.Machine(topo, dict(libs), numactl, taskset)
 
 
 def plan(config=RunConfig(), env=None, **kw):
-    return launch.build_plan(config, machine(**kw), base_env=env or {}, python="/py")
+    return planning.build_plan(config, machine(**kw), base_env=env or {}, python="/py")
 
 
 def test_defaults_use_all_physical_cores_of_one_instance():
@@ -152,7 +152,7 @@ def test_run_cpu_plan_leaves_every_choice_to_run_cpu():
 
 
 def test_user_command_plan():
-    p = launch.build_plan(RunConfig(instances=2, threads=2, allocator="tcmalloc"), machine(), base_env={},
+    p = planning.build_plan(RunConfig(instances=2, threads=2, allocator="tcmalloc"), machine(), base_env={},
                           command=["python", "train.py", "--epochs", "1"])
     assert [i.argv[3:] for i in p.instances] == [("python", "train.py", "--epochs", "1")] * 2
     assert p.instances[1].argv[:3] == ("numactl", "--physcpubind=2,3", "--membind=0")
@@ -160,11 +160,11 @@ def test_user_command_plan():
 
 
 def test_parse_core_list():
-    assert launch.parse_core_list("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
+    assert planning.parse_core_list("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
     with pytest.raises(CpuoptError, match="cannot read core list"):
-        launch.parse_core_list("0-x")
+        planning.parse_core_list("0-x")
     with pytest.raises(CpuoptError, match="twice"):
-        launch.parse_core_list("0-2,1")
+        planning.parse_core_list("0-2,1")
 
 
 def test_a_users_inductor_cache_wins_with_a_warning_for_compiled_runs():
@@ -178,7 +178,7 @@ def test_a_users_inductor_cache_wins_with_a_warning_for_compiled_runs():
 
 
 def test_run_json_module_fixes_threads_and_cores_and_keeps_the_users_value(monkeypatch, caplog):
-    from cpuopt_helpers.launch import run_json_module
+    from cpuopt_helpers.runtimes import run_json_module
 
     monkeypatch.chdir(Path(__file__).parent.parent)  # tests.print_env importable, as for user workloads
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -232,18 +232,18 @@ def test_sub_numa_clustering_nodes_and_sockets():
 
 
 def test_threads_default_to_the_cpus_a_quota_leaves():
-    m = launch.Machine(system.restrict(system.parse_lscpu_parse((FIX / "machines/container_quota_v2/lscpu_p.txt")
+    m = planning.Machine(system.restrict(system.parse_lscpu_parse((FIX / "machines/container_quota_v2/lscpu_p.txt")
                                                                 .read_text()), quota=2.5), dict(LIBS), True, True)
-    (inst,) = launch.build_plan(RunConfig(), m, base_env={}, python="/py").instances
+    (inst,) = planning.build_plan(RunConfig(), m, base_env={}, python="/py").instances
     assert inst.env["OMP_NUM_THREADS"] == "2" and inst.cores == (0, 1)
     with pytest.raises(CpuoptError, match="more than the 2 logical cores"):
-        launch.build_plan(RunConfig(threads=4), m, base_env={}, python="/py")
+        planning.build_plan(RunConfig(threads=4), m, base_env={}, python="/py")
 
 
 def test_refused_numactl_falls_back_to_taskset_and_says_memory_is_not_bound():
-    m = launch.Machine(machine().topology, dict(LIBS), False, True,
+    m = planning.Machine(machine().topology, dict(LIBS), False, True,
                        numactl_refused="memory binding refused: set_mempolicy: Operation not permitted")
-    p = launch.build_plan(RunConfig(instances=2), m, base_env={}, python="/py")
+    p = planning.build_plan(RunConfig(instances=2), m, base_env={}, python="/py")
     assert p.pinning == "taskset" and p.instances[1].argv[:3] == ("taskset", "-c", ",".join(map(str, range(28, 56))))
     (warning,) = p.warnings
     assert "set_mempolicy: Operation not permitted" in warning and "memory is not" in warning
@@ -260,7 +260,7 @@ def test_numactl_binds_memory_to_the_ranks_node():
 def test_torchrun_ranks_each_get_a_node(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("")
-    p = launch.build_torchrun_plan(RunConfig(), machine(fixture="lscpu_p_xeon_2s_snc2.txt"), ["python", str(script)],
+    p = planning.build_torchrun_plan(RunConfig(), machine(fixture="lscpu_p_xeon_2s_snc2.txt"), ["python", str(script)],
                                    4, base_env={}, python="/py")
     env = p.instances[0].env
     assert env["CPUOPT_RANK_NODES"] == "0;1;2;3" and env["OMP_NUM_THREADS"] == "20"
@@ -272,7 +272,7 @@ def test_a_machine_from_its_saved_doctor_json(tmp_path):
              "openmp": {"intel": None}, "numactl": {"present": True, "works": False, "reason": "binding refused: x"}}
     path = tmp_path / "server.json"
     path.write_text(json.dumps(facts))
-    m = launch.Machine.from_file(str(path))
+    m = planning.Machine.from_file(str(path))
     assert m.topology.physical_cores == 56 and m.source == str(path) and m.numactl_refused == "binding refused: x"
-    p = launch.build_plan(RunConfig(instances=2, allocator="jemalloc"), m, base_env={}, python="/py")
+    p = planning.build_plan(RunConfig(instances=2, allocator="jemalloc"), m, base_env={}, python="/py")
     assert p.pinning == "taskset" and p.instances[0].env["LD_PRELOAD"] == "/srv/lib/libjemalloc.so.2"

@@ -3,7 +3,7 @@ NUMA nodes, planned on fixtures of other machines."""
 
 from pathlib import Path
 
-from cpuopt_helpers import launch, system
+from cpuopt_helpers import planning, system
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.stages import multi_instance
 
@@ -55,8 +55,8 @@ def test_a_layout_that_does_not_fit_a_node_is_left_out():
     cpus = system.parse_lscpu_parse("".join(f"{c},{c},{c // 4},{c // 4}\n" for c in range(8)))
     topo = system.restrict(cpus, cpuset=[1, 2, 3, 4, 5, 6, 7])
     pairs = multi_instance.layouts(topo)
-    assert (3, 2) in pairs and (7, 1) in pairs and not launch.fits(topo, 2, 4)
-    assert all(launch.fits(topo, n, t) for t, n in pairs)
+    assert (3, 2) in pairs and (7, 1) in pairs and not planning.fits(topo, 2, 4)
+    assert all(planning.fits(topo, n, t) for t, n in pairs)
 
 
 def test_notebook_07_configs_use_the_machines_topology():

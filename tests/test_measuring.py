@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from cpuopt_helpers import launch, worker
+from cpuopt_helpers import launch, planning, provenance, worker
 from cpuopt_helpers.config import RunConfig
 
 # /proc/stat of a 2-CPU guest, read before and after a run: per CPU 1000 jiffies pass;
@@ -151,12 +151,12 @@ def fake_plan(config):
     from cpuopt_helpers import system
 
     topo = system.Topology(tuple(system.Cpu(cpu=i, core=i, socket=0, node=0) for i in range(4)))
-    return launch.build_plan(config, launch.Machine(topo, {}, False, True), base_env={}, python="/py")
+    return planning.build_plan(config, planning.Machine(topo, {}, False, True), base_env={}, python="/py")
 
 
 def test_make_result_carries_the_new_fields():
     plan = fake_plan(RunConfig(instances=2, threads=1, compile="default", steps=4))
-    state = launch.machine_state(0.5, 4, 2, 0.1)
+    state = provenance.machine_state(0.5, 4, 2, 0.1)
     a = instance(0, 100.0, 101.0, [0.25] * 4, warmup_steps=4, warmup_s=[9.0, 0.3, 0.25, 0.25], compile_warm_s=1.5)
     b = instance(1, 100.2, 101.5, [0.3] * 4, warmup_steps=6, warmup_settled=False,
                  warmup_s=[8.0, 0.4, 0.2, 0.3, 0.25, 0.3], compile_warm_s=2.0)
@@ -165,7 +165,7 @@ def test_make_result_carries_the_new_fields():
     assert r["achieved_gflops"] == pytest.approx(8 * 1e9 / 1.5 / 1e9)
     assert r["warmup_steps"] == 6 and r["warmup_settled"] is False
     assert r["compile_s"] == 9.0 and r["compile_warm_s"] == 2.0
-    assert r["machine_state"] == state and r["code_version"] == launch.code_version()
+    assert r["machine_state"] == state and r["code_version"] == provenance.code_version()
     assert [i["samples_per_s"] for i in r["instances"]] == [pytest.approx(32 / 1.0), pytest.approx(32 / 1.2)]
     assert [i["timed_start"] for i in r["instances"]] == [100.0, 100.2]
     failed = launch.make_result(plan, "failed", "boom", [], None, state)
@@ -176,24 +176,24 @@ def test_make_result_carries_the_new_fields():
 # --- machine state --------------------------------------------------------------------
 
 def test_proc_stat_parser():
-    rows = launch.parse_proc_stat(STAT_BEFORE)
+    rows = provenance.parse_proc_stat(STAT_BEFORE)
     assert set(rows) == {"cpu", "cpu0", "cpu1"} and rows["cpu0"][7] == 155 and len(rows["cpu"]) == 10
 
 
 def test_steal_share_over_the_runs_cores():
-    assert launch.steal_pct(STAT_BEFORE, STAT_AFTER, [0]) == pytest.approx(10.0)
-    assert launch.steal_pct(STAT_BEFORE, STAT_AFTER, [1]) == pytest.approx(1.0)
-    assert launch.steal_pct(STAT_BEFORE, STAT_AFTER, [0, 1]) == pytest.approx(5.5)
-    assert launch.steal_pct(STAT_BEFORE, STAT_AFTER) == pytest.approx(5.5)  # the "cpu" line
-    assert launch.steal_pct(STAT_BEFORE, STAT_AFTER, [7]) == pytest.approx(5.5)  # not listed: all
-    assert launch.steal_pct(STAT_BEFORE, STAT_BEFORE, [0]) is None  # no time passed
-    assert launch.steal_pct(OLD_KERNEL_STAT, OLD_KERNEL_STAT) is None  # no steal column
+    assert provenance.steal_pct(STAT_BEFORE, STAT_AFTER, [0]) == pytest.approx(10.0)
+    assert provenance.steal_pct(STAT_BEFORE, STAT_AFTER, [1]) == pytest.approx(1.0)
+    assert provenance.steal_pct(STAT_BEFORE, STAT_AFTER, [0, 1]) == pytest.approx(5.5)
+    assert provenance.steal_pct(STAT_BEFORE, STAT_AFTER) == pytest.approx(5.5)  # the "cpu" line
+    assert provenance.steal_pct(STAT_BEFORE, STAT_AFTER, [7]) == pytest.approx(5.5)  # not listed: all
+    assert provenance.steal_pct(STAT_BEFORE, STAT_BEFORE, [0]) is None  # no time passed
+    assert provenance.steal_pct(OLD_KERNEL_STAT, OLD_KERNEL_STAT) is None  # no steal column
 
 
 def test_usable_cpus_reads_a_cgroup_quota():
-    assert launch.usable_cpus(8) == 8 and launch.usable_cpus(8, "max 100000\n") == 8
-    assert launch.usable_cpus(8, "150000 100000\n") == 2 and launch.usable_cpus(2, "800000 100000") == 2
-    assert launch.usable_cpus(4, "50000 100000") == 1
+    assert provenance.usable_cpus(8) == 8 and provenance.usable_cpus(8, "max 100000\n") == 8
+    assert provenance.usable_cpus(8, "150000 100000\n") == 2 and provenance.usable_cpus(2, "800000 100000") == 2
+    assert provenance.usable_cpus(4, "50000 100000") == 1
 
 
 @pytest.mark.parametrize("load1, usable, steal, previous, loaded", [
@@ -208,17 +208,17 @@ def test_usable_cpus_reads_a_cgroup_quota():
     (None, 2, None, 0, False),  # nothing known
 ])
 def test_loaded_rule(load1, usable, steal, previous, loaded):
-    assert launch.is_loaded(load1, usable, steal, previous) is loaded
+    assert provenance.is_loaded(load1, usable, steal, previous) is loaded
 
 
 def test_machine_state_from_proc_stat_fixtures():
-    state = launch.machine_state(1.2, 2, 2, launch.steal_pct(STAT_BEFORE, STAT_AFTER, [0]))
+    state = provenance.machine_state(1.2, 2, 2, provenance.steal_pct(STAT_BEFORE, STAT_AFTER, [0]))
     assert state == {"load1": 1.2, "usable_cpus": 2, "threads": 2, "previous_threads": 0, "steal_pct": 10.0,
                      "loaded": True}
 
 
 def test_run_threads_counts_dataloader_workers():
-    assert launch.run_threads(RunConfig(instances=2, threads=3, loader_workers=1)) == 8
+    assert provenance.run_threads(RunConfig(instances=2, threads=3, loader_workers=1)) == 8
 
 
 # --- code version ---------------------------------------------------------------------
@@ -231,32 +231,32 @@ def make_tree(root, extra=()):
 
 def test_code_version_changes_with_the_measuring_code_only(tmp_path):
     make_tree(tmp_path)
-    first = launch.code_version(tmp_path)
-    assert re.fullmatch(r"[0-9a-f]{12}", first["measuring_hash"]) and first["package"] == launch.package_version()
+    first = provenance.code_version(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{12}", first["measuring_hash"]) and first["package"] == provenance.package_version()
     (tmp_path / "plots.py").write_text("# drawing changed\n")
-    assert launch.code_version(tmp_path) == first  # not measuring code
+    assert provenance.code_version(tmp_path) == first  # not measuring code
     (tmp_path / "workloads" / "cnn.py").write_text("# the model changed\n")
-    changed = launch.code_version(tmp_path)
+    changed = provenance.code_version(tmp_path)
     assert changed["measuring_hash"] != first["measuring_hash"]
     (tmp_path / "flops.py").write_text("# FLOP formulas\n")
-    assert launch.code_version(tmp_path)["measuring_hash"] != changed["measuring_hash"]
+    assert provenance.code_version(tmp_path)["measuring_hash"] != changed["measuring_hash"]
 
 
 def test_measuring_hash_is_over_names_and_texts():
-    base = launch.measuring_hash({"worker.py": "a", "launch.py": "b"})
-    assert base == launch.measuring_hash({"launch.py": "b", "worker.py": "a"})  # order does not matter
-    assert base != launch.measuring_hash({"worker.py": "a", "launch.py": "b "})
-    assert base != launch.measuring_hash({"worker.py": "b", "launch.py": "a"})
+    base = provenance.measuring_hash({"worker.py": "a", "launch.py": "b"})
+    assert base == provenance.measuring_hash({"launch.py": "b", "worker.py": "a"})  # order does not matter
+    assert base != provenance.measuring_hash({"worker.py": "a", "launch.py": "b "})
+    assert base != provenance.measuring_hash({"worker.py": "b", "launch.py": "a"})
 
 
 def test_code_version_of_this_package(monkeypatch):
-    names = [f.relative_to(launch.PACKAGE_DIR).as_posix() for f in launch.measuring_files()]
+    names = [f.relative_to(provenance.PACKAGE_DIR).as_posix() for f in provenance.measuring_files()]
     assert {"worker.py", "launch.py", "config.py", "workloads/cnn.py", "kernels/lamb.py", "fixes.py"} <= set(names)
     assert "plots.py" not in names and "results.py" not in names
-    version = launch.code_version()
-    assert version["package"] == launch.package_version() and re.fullmatch(r"[0-9a-f]{12}", version["measuring_hash"])
-    texts = {n: (launch.PACKAGE_DIR / n).read_text() for n in names}
-    assert version["measuring_hash"] == launch.measuring_hash(texts)
+    version = provenance.code_version()
+    assert version["package"] == provenance.package_version() and re.fullmatch(r"[0-9a-f]{12}", version["measuring_hash"])
+    texts = {n: (provenance.PACKAGE_DIR / n).read_text() for n in names}
+    assert version["measuring_hash"] == provenance.measuring_hash(texts)
 
 
 # --- real workers ---------------------------------------------------------------------
@@ -265,7 +265,7 @@ def test_code_version_of_this_package(monkeypatch):
 def test_quick_worker_reports_steady_state_window_machine_and_code():
     before = time.time()
     config = RunConfig.for_preset("cnn", "quick", steps=3)
-    r = launch.run_plan(launch.build_plan(config, launch.Machine.this()))
+    r = launch.run_plan(planning.build_plan(config, planning.Machine.this()))
     after = time.time()
     assert r["status"] == "ok", r["reason"]
     (inst,) = r["instances"]
@@ -284,7 +284,7 @@ def test_quick_worker_reports_steady_state_window_machine_and_code():
     assert state["load1"] >= 0 and state["usable_cpus"] == len(os.sched_getaffinity(0))
     assert state["threads"] == inst["torch_threads"] and isinstance(state["loaded"], bool)
     assert state["steal_pct"] is None or 0 <= state["steal_pct"] <= 100
-    assert r["code_version"] == launch.code_version()
+    assert r["code_version"] == provenance.code_version()
 
 
 def test_a_failing_worker_leaves_the_moment_it_failed_for_the_launcher(monkeypatch, tmp_path):

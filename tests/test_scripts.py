@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from cpuopt_helpers import cli, scripts, throughput, tune
+from cpuopt_helpers import cli, planning, scripts, throughput, tune
 from cpuopt_helpers.errors import CpuoptError
 
 EXAMPLE = "examples/train_script.py"
@@ -82,7 +82,7 @@ def test_copies_of_a_script_are_searched_only_when_allowed_and_each_runs_in_its_
     assert all(c.instances == 1 for c in scripts.search_space(default, FACTS))
     copies = [c for c in scripts.search_space(default, FACTS, instances=True) if c.instances > 1]
     assert [(c.instances, c.threads) for c in copies] == [(2, 1)]
-    assert tune.launch_command(copies[0], command=f"python {EXAMPLE}") == (
+    assert planning.command_lines(copies[0], command=["python", EXAMPLE])["launch"] == (
         f"cpuopt launch --ninstances 2 --ncores-per-instance 1 --instance-dirs runs -- python {EXAMPLE}")
     assert cli.main(["tune", "--script", f"python {EXAMPLE}", "--dry-run", "--allow-instances", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)

@@ -263,8 +263,8 @@ def test_this_process_sees_its_affinity_mask():
 
 @pytest.mark.skipif(not shutil.which("taskset") or 1 not in os.sched_getaffinity(0), reason="needs taskset and CPU 1")
 def test_under_taskset_one_cpu_is_usable():
-    code = "from cpuopt_helpers import system, launch; t = system.topology(); print([c.cpu for c in t.cpus], " \
-           "launch.default_threads(t))"
+    code = "from cpuopt_helpers import system, planning; t = system.topology(); print([c.cpu for c in t.cpus], " \
+           "planning.default_threads(t))"
     proc = subprocess.run(["taskset", "-c", "1", sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cpuopt_helpers import launch, system, tune
+from cpuopt_helpers import planning, system, tune
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import settings
@@ -91,7 +91,7 @@ def test_a_small_budget_still_ends_with_the_final_comparison():
 
 def test_ddp_recommendation_launches_under_torchrun():
     config = RunConfig(threads=1, instances=2, mode="ddp", allocator="tcmalloc")
-    line = tune.launch_command(config)
+    line = planning.command_lines(config)["launch"]
     assert line.startswith("cpuopt launch --nproc-per-node 2 --ncores-per-instance 1 --allocator tcmalloc")
 
 
@@ -121,7 +121,7 @@ def test_real_budgeted_search_on_the_quick_cnn():
 
 
 def test_dry_run_plans_the_search_for_a_server():
-    machine = launch.Machine.from_file(str(Path(__file__).parent / "fixtures" / "lscpu_p_xeon_2s_smt.txt"))
+    machine = planning.Machine.from_file(str(Path(__file__).parent / "fixtures" / "lscpu_p_xeon_2s_smt.txt"))
     facts = tune.machine_facts(machine)
     rows = tune.search_plan("cnn", "quick", facts, machine)
     ddp = {(r["config"]["threads"], r["config"]["instances"]) for r in rows if r["config"]["mode"] == "ddp"}

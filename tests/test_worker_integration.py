@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cpuopt_helpers import launch, system, worker
+from cpuopt_helpers import launch, planning, system, worker
 from cpuopt_helpers.config import RunConfig
 
 slow = pytest.mark.slow
@@ -20,10 +20,10 @@ QUICK = dict(steps=4, warmup=1)
 
 
 def run(config, **machine_changes):
-    machine = launch.Machine.this()
+    machine = planning.Machine.this()
     if machine_changes:
-        machine = launch.Machine(**{**machine.__dict__, **machine_changes})
-    return launch.run_plan(launch.build_plan(config, machine))
+        machine = planning.Machine(**{**machine.__dict__, **machine_changes})
+    return launch.run_plan(planning.build_plan(config, machine))
 
 
 def conv_flops(batch, out_size, c_out, c_in, kernel):
@@ -147,7 +147,7 @@ def test_user_workload_runs_without_changing_the_package():
 def test_a_workloads_own_flops_per_sample_is_taken_as_given():
     """In-process (no worker started): where the workload states its FLOPs, the worker takes them
     (8 x 6 x 2,112 = 101,376, its x3 convention) instead of counting (68,608, see above)."""
-    r = worker.train(json.loads(RunConfig(workload="tests.user_workloads:build", steps=1, warmup=1).to_json()))
+    r = worker.train(RunConfig(workload="tests.user_workloads:build", steps=1, warmup=1))
     assert r["batch_size"] == 8 and r["flops_per_step"] == 8 * 6 * (32 * 64 + 64) != USER_MLP_STEP_FLOPS
 
 

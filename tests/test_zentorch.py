@@ -5,7 +5,7 @@ from importlib import metadata
 
 import pytest
 
-from cpuopt_helpers import launch, runtimes, system
+from cpuopt_helpers import planning, runtimes, system
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import runtime, settings
@@ -75,10 +75,10 @@ def test_a_zentorch_run_that_cannot_start_is_refused_before_any_process(monkeypa
     installed(monkeypatch, None)
     config = RunConfig.for_preset("cnn", "quick", threads=1, compile="zentorch", warmup=1)
     with pytest.raises(CpuoptError, match="--compile zentorch: zentorch is not installed"):
-        launch.build_plan(config, launch.Machine.this())
+        planning.build_plan(config, planning.Machine.this())
     installed(monkeypatch, "2.13.0.2")
     with pytest.raises(CpuoptError, match="--runtime main"):
-        launch.build_plan(config.replace(runtime="ipex"), launch.Machine.this())
+        planning.build_plan(config.replace(runtime="ipex"), planning.Machine.this())
 
 
 def test_notebook_05_compares_zentorch_with_eager_and_inductor_or_says_why_not():

@@ -148,7 +148,7 @@ def lamb(preset: str = "standard", rounds: int = 20) -> list[dict]:
     status = runtimes.ipex_status()
     if not status["available"]:
         return results + [{"skipped": status["reason"]}]
-    from cpuopt_helpers.launch import run_json_module
+    from cpuopt_helpers.runtimes import run_json_module
 
     try:
         return results + [run_json_module("cpuopt_helpers.kernels.benchmark", ["lamb-ipex", "--preset", preset,

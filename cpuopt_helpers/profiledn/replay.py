@@ -246,7 +246,7 @@ def log_meta(log: str) -> dict:
 def replay_log(log: str, threads: int, cores: list[int] | None = None, repeats: int = 10,
                timeout_s: float = 600) -> list[dict]:
     """Replay a log's distinct primitives in a fresh process with the given threads and cores."""
-    from cpuopt_helpers.launch import run_json_module
+    from cpuopt_helpers.runtimes import run_json_module
 
     return run_json_module("cpuopt_helpers.profiledn.replay", [log, "--repeats", str(repeats)], f"replay of {log}",
                            threads=threads, cores=cores, timeout_s=timeout_s)

@@ -62,7 +62,6 @@ REDUCTIONS = {
 }
 CAUSES = ["compute", "memory", "no work", "unknown", "between ops"]
 PHASES = ["forward", "loss", "backward", "optimizer"]
-TIMING_ENV = {"CPUOPT_TRACE_SHAPES": "0"}  # the worker records a light trace: times without shapes
 
 
 def timing_path(trace: str | Path) -> Path:
@@ -638,7 +637,7 @@ def machine_ceilings(preset: str = "quick", roofline_file: str | None = None) ->
 
 def timing_config(config, trace: str | Path):
     """The run that records the light trace (times only) beside a shaped trace."""
-    return config.replace(trace=str(timing_path(trace)), env={**dict(config.env), **TIMING_ENV})
+    return config.replace(trace=str(timing_path(trace)), trace_shapes=False)
 
 
 def capture(config, trace: str | Path, plain: bool = True) -> tuple[dict, dict, dict | None]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cpuopt_helpers import compare, launch, stats, system
+from cpuopt_helpers import compare, planning, stats, system
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.decisions import Choice, Finding, as_comparison
 from cpuopt_helpers.stages.settings import MEMORY_WARNING, normalise, paired, unique
@@ -40,7 +40,7 @@ def layouts(machine: int | system.Topology | str | Path) -> list[tuple[int, int]
     A plain count is taken as one NUMA node of that many physical cores. A Topology (this
     machine's, ``system.topology()``), or the path of another machine's saved `cpuopt doctor
     --json` or `lscpu -p`, gives the node size, and keeps only the layouts whose ranks each
-    stay inside a node or on whole nodes: the ones ``launch.assign_cores`` places.
+    stay inside a node or on whole nodes: the ones ``planning.assign_cores`` places.
     """
     if isinstance(machine, (str, Path)):
         machine = system.read_topology_file(str(machine))[0]
@@ -55,7 +55,7 @@ def layouts(machine: int | system.Topology | str | Path) -> list[tuple[int, int]
     for threads in rank_threads(node_cores, nodes, physical):
         most = physical // threads
         for ranks in sorted({2**i for i in range(most.bit_length())} | {most}):
-            if topo is None or launch.fits(topo, ranks, threads):
+            if topo is None or planning.fits(topo, ranks, threads):
                 out.append((threads, ranks))
     return out
 
@@ -73,7 +73,7 @@ def layout_plan(topology: system.Topology | str | Path) -> pd.DataFrame:
         topology = system.read_topology_file(str(topology))[0]
     rows = []
     for threads, ranks in layouts(topology):
-        groups = launch.assign_cores(topology, ranks, threads)
+        groups = planning.assign_cores(topology, ranks, threads)
         rows.append({"threads": threads, "ranks": ranks,
                      "cores": " | ".join(system.format_cpu_list(g) for g in groups),
                      "nodes": " | ".join(",".join(str(n) for n in sorted({topology.node_of(c) for c in g}))

@@ -1,0 +1,167 @@
+"""What a RunResult says about where it ran: the caller's environment, the machine's state
+around the run, and the version of the measuring code.
+
+Pure functions first (parsers and rules, tested with canned text), then the readers of this
+machine. ``results`` keys sweeps by ``code_version`` and ``measuring_env``; the launcher
+records ``machine_state`` with every run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cpuopt_helpers.config import RunConfig
+
+# What of the caller's environment reaches a measured process and changes what it does:
+# recorded with each result and part of a sweep's identity (results.sweep_id).
+MEASURING_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "ONEDNN_", "DNNL_", "MALLOC_", "TORCHINDUCTOR_", "LD_PRELOAD")
+
+
+def measuring_env(base_env) -> dict:
+    """The caller's variables that a measured process would see and act on."""
+    return {k: v for k, v in sorted(base_env.items()) if k.startswith(MEASURING_PREFIXES)}
+
+
+STEAL_LOADED_PCT = 5.0  # more of the run's CPU time than this stolen by the hypervisor: loaded
+
+
+PREVIOUS_RUN_MEMORY_S = 300.0  # the 1-minute load average forgets a run within ~5 minutes (e^-5)
+
+
+def parse_proc_stat(text: str) -> dict[str, list[int]]:
+    """/proc/stat's cpu lines: {"cpu": [user, nice, system, idle, iowait, irq, softirq, steal, ...], "cpu0": ...}."""
+    rows = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0].startswith("cpu"):
+            rows[parts[0]] = [int(x) for x in parts[1:]]
+    return rows
+
+
+def steal_pct(before: str, after: str, cpus: list[int] | None = None) -> float | None:
+    """Percent of the CPU time between two /proc/stat readings that the hypervisor stole.
+
+    Over the given CPUs (the run's cores) when /proc/stat lists them, else over all. The
+    total is user..steal (the first 8 fields; guest time is already inside user). None
+    when the readings do not say (no steal column, no time passed, not Linux).
+    """
+    a, b = parse_proc_stat(before), parse_proc_stat(after)
+    names = [f"cpu{c}" for c in cpus or []]
+    if not names or not all(n in a and n in b for n in names):
+        names = ["cpu"]
+    if not all(n in a and n in b and len(a[n]) >= 8 and len(b[n]) >= 8 for n in names):
+        return None
+    steal = sum(b[n][7] - a[n][7] for n in names)
+    total = sum(sum(b[n][:8]) - sum(a[n][:8]) for n in names)
+    return 100.0 * steal / total if total > 0 else None
+
+
+def usable_cpus(affinity: int, cpu_max: str | None = None) -> int:
+    """CPUs this process may use: its affinity, lowered by a cgroup v2 quota ("QUOTA PERIOD" or "max PERIOD")."""
+    if cpu_max:
+        quota, _, period = cpu_max.strip().partition(" ")
+        if quota != "max" and quota.isdigit() and period.strip().isdigit() and int(period) > 0:
+            return max(1, min(affinity, math.ceil(int(quota) / int(period))))
+    return affinity
+
+
+def load_margin(usable: int) -> float:
+    """Load beyond our own threads that still counts as quiet: the launcher and daemons (1), or 10% of the CPUs."""
+    return max(1.0, 0.1 * usable)
+
+
+def is_loaded(load1: float | None, usable: int, steal: float | None, previous_threads: int = 0) -> bool:
+    """Was the machine busy with other work around this run? The rule:
+
+    loaded when the hypervisor stole more than 5% of the CPU time on the run's cores, or
+    when the 1-minute load average before launch exceeds what our own work can explain
+    plus a margin. Runs go back to back, so the load includes our previous run: it can
+    keep up to one runnable thread per usable CPU, or its own thread count when it
+    oversubscribed (``previous_threads``, known when this process launched it within the
+    last 5 minutes). Margin: ``load_margin``. So: load1 > max(usable, previous_threads) + margin.
+    """
+    if steal is not None and steal > STEAL_LOADED_PCT:
+        return True
+    return load1 is not None and load1 > max(usable, previous_threads) + load_margin(usable)
+
+
+def run_threads(config: RunConfig) -> int:
+    """Threads this run keeps busy: per instance, its compute threads and its DataLoader processes."""
+    return config.instances * ((config.threads or 1) + config.loader_workers)
+
+
+def machine_state(load1: float | None, usable: int, threads: int, steal: float | None,
+                  previous_threads: int = 0) -> dict:
+    """The RunResult's ``machine_state``: what the machine was doing around the run, and the verdict."""
+    return {"load1": load1, "usable_cpus": usable, "threads": threads, "previous_threads": previous_threads,
+            "steal_pct": None if steal is None else round(steal, 3),
+            "loaded": is_loaded(load1, usable, steal, previous_threads)}
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _load1() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+# The code that decides what a measurement is: a change here can change any number.
+MEASURING_SOURCES = ("worker.py", "launch.py", "plan.py", "config.py", "flops.py", "fixes.py", "workloads/*.py", "kernels/*.py")
+
+
+_code_versions: dict = {}
+
+
+def measuring_files(root: Path = PACKAGE_DIR) -> list[Path]:
+    """The measuring code's files under the package folder (flops.py only where it exists)."""
+    return sorted({f for pattern in MEASURING_SOURCES for f in root.glob(pattern) if f.is_file()})
+
+
+def measuring_hash(sources: dict[str, str]) -> str:
+    """Short sha256 over the files' names and texts, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(sources):
+        digest.update(name.encode() + b"\0" + sources[name].encode() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def package_version() -> str:
+    """cpuopt_helpers' version from its installed metadata, else from the package itself."""
+    try:
+        return metadata.version("cpuopt-helpers")
+    except metadata.PackageNotFoundError:
+        from cpuopt_helpers import __version__
+
+        return __version__
+
+
+def code_version(root: Path | None = None) -> dict:
+    """{"package": version, "measuring_hash": hash of MEASURING_SOURCES' texts}.
+
+    Cached per file state (path, mtime, size), so an edit between two runs of one
+    notebook kernel gives a new hash while an unchanged tree is hashed once.
+    """
+    root = root or PACKAGE_DIR
+    files = measuring_files(root)
+    key = (str(root),) + tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    if key not in _code_versions:
+        sources = {f.relative_to(root).as_posix(): f.read_text(errors="replace") for f in files}
+        _code_versions[key] = {"package": package_version(), "measuring_hash": measuring_hash(sources)}
+    return dict(_code_versions[key])
