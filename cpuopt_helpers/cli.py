@@ -334,7 +334,7 @@ def _doctor(args) -> int:
     facts = system.collect_facts()
     facts["ipex_runtime"] = runtimes.ipex_facts()
     from cpuopt_helpers.results import ResultStore
-    from cpuopt_helpers.stages.runtime import EXTENSION_FACT
+    from cpuopt_helpers.stages.extensions import EXTENSION_FACT
 
     facts["vendor_extension"] = runtimes.vendor_extension(facts.get("cpu_vendor"), facts["ipex_runtime"],
                                                           ResultStore().get_fact(facts["fingerprint"], EXTENSION_FACT))

@@ -153,6 +153,33 @@ class RunConfig:
         return f"{self.workload}[{self.preset}]" + (" " + " ".join(parts) if parts else "")
 
 
+def normalise(base: RunConfig, physical: int) -> RunConfig:
+    """Spell out the thread count so that equal settings hash equally."""
+    return base.replace(threads=base.threads or max(1, physical // base.instances))
+
+
+WHERE_ONLY = {"TORCHINDUCTOR_CACHE_DIR"}  # env that says where, not how: never a setting's name
+
+
+def setting_hash(config: dict) -> str:
+    """The hash of what a configuration sets: where its logs, traces and caches go left out, so
+    two runs of one setting compare equal (the baseline is found by this, never by its label)."""
+    c = dict(config, onednn_verbose=None, trace=None, timeout_s=RunConfig.timeout_s,
+             env={k: v for k, v in dict(config.get("env") or {}).items() if k not in WHERE_ONLY})
+    return RunConfig.from_dict(c).config_hash()
+
+
+def setting_label(config: dict, baseline: dict) -> str:
+    """What a configuration changes against the baseline, e.g. 'omp_runtime=intel kmp_blocktime=0'."""
+    skip = {"timeout_s", "onednn_verbose", "trace", "options", "env"}
+    parts = [f"{k}={v}" for k, v in config.items() if k not in skip and v != baseline.get(k)]
+    mine, theirs = ({k: v for k, v in dict(c.get("env") or {}).items() if k not in WHERE_ONLY} for c in (config, baseline))
+    parts += [f"{k}={mine.get(k, 'unset')}" for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+    mine, theirs = config.get("options") or {}, baseline.get("options") or {}  # a workload's options by name
+    parts += [f"{k}={mine.get(k, 'default')}" for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+    return " ".join(parts) or "baseline"
+
+
 def check_workload_spec(spec: str) -> None:
     """Fail early on an unknown built-in or an unimportable user workload."""
     from cpuopt_helpers.workloads import BUILTINS

@@ -12,17 +12,16 @@ ratio is the geometric mean of its paired ratios, the estimate of their median).
 from __future__ import annotations
 
 from cpuopt_helpers import compare
-from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.config import RunConfig, normalise, setting_hash, setting_label
 from cpuopt_helpers.decisions import Comparison, Rung
 from cpuopt_helpers.planning import command_lines
-from cpuopt_helpers.stages import settings
 
 DEFAULTS_LABEL = "PyTorch's defaults"
 
 
 def as_run(config: dict, physical_cores: int) -> RunConfig:
     """The configuration as it ran: the thread count spelled out."""
-    return settings.normalise(RunConfig.from_dict(config), physical_cores)
+    return normalise(RunConfig.from_dict(config), physical_cores)
 
 
 def rungs(store, machine: str, workload: str, preset: str, physical_cores: int) -> list[Rung]:
@@ -43,7 +42,7 @@ def rungs(store, machine: str, workload: str, preset: str, physical_cores: int) 
         config = as_run(rung["config"], physical_cores).to_dict()
         evidence = rung.get("evidence") or {}
         comparison = Comparison.from_dict(evidence.get("comparison"))
-        kept = previous is not None and settings.setting_hash(config) == settings.setting_hash(previous)
+        kept = previous is not None and setting_hash(config) == setting_hash(previous)
         confirmed = None
         if kept:
             comparison = None
@@ -54,7 +53,7 @@ def rungs(store, machine: str, workload: str, preset: str, physical_cores: int) 
             confirmed = bool(comparison and comparison.faster and same)
             changed.append(comparison.to_dict() if confirmed else {"ratio": 1.0, "n": 0, "ci_low": None, "ci_high": None})
         chained = compare.chain(list(changed))
-        change = DEFAULTS_LABEL if previous is None else "kept" if kept else settings.setting_label(config, previous)
+        change = DEFAULTS_LABEL if previous is None else "kept" if kept else setting_label(config, previous)
         out.append(Rung(step=rung["step"], change=change, config=config, vs_previous=comparison, confirmed=confirmed,
                         vs_baseline=dict(chained, median=chained["ratio"]), kept=kept, first=previous is None,
                         end_to_end=Comparison.from_dict(evidence.get("end_to_end"))))

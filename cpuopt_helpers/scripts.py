@@ -37,9 +37,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from cpuopt_helpers import launch, planning, throughput
-from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.errors import CpuoptError
-from cpuopt_helpers.stages import multi_instance, settings, threading
+from cpuopt_helpers.stages import multi_instance, threads
 
 SCRIPT = "script"  # RunConfig.workload of a script run; the command's hash is its one option
 WALL_TIME = "the wall time of the whole command (start-up, data loading and warm-up included)"
@@ -69,7 +69,7 @@ def script_config(command: list[str], physical_cores: int, **changes) -> RunConf
     """The launch configuration of a script run: PyTorch's defaults with ``changes``; the
     command's hash keeps each script's runs (and stored sweeps) apart."""
     base = RunConfig(workload=SCRIPT, options=(("command", command_hash(command)),))
-    return settings.normalise(base, physical_cores).replace(**changes)
+    return normalise(base, physical_cores).replace(**changes)
 
 
 def label(config: RunConfig) -> str:
@@ -184,7 +184,7 @@ def search_space(default: RunConfig, facts: dict, instances: bool = False) -> li
     KMP_BLOCKTIME, no pinning; with ``instances`` (opt-in, see the module's docstring) also
     several copies on disjoint cores, the layouts notebook 07 measures."""
     physical = facts["physical_cores"]
-    out = [default.replace(threads=t) for t in threading.thread_counts(physical, physical) if t != default.threads]
+    out = [default.replace(threads=t) for t in threads.thread_counts(physical, physical) if t != default.threads]
     if instances:
         out += [default.replace(threads=t, instances=n) for t, n in multi_instance.layouts(
             multi_instance.machine_of(facts)) if n > 1]

@@ -30,8 +30,8 @@ import statistics
 import time
 
 from cpuopt_helpers import compare, launch, planning, runtimes, system
-from cpuopt_helpers.stages import multi_instance, settings, threading
-from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.stages import choosing, multi_instance, threads
+from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.errors import CpuoptError
 
 FINAL_ROUNDS = compare.MIN_ROUNDS  # rounds kept for the confirmation when the search stops
@@ -40,7 +40,7 @@ FINAL_ROUNDS = compare.MIN_ROUNDS  # rounds kept for the confirmation when the s
 def search_space(default: RunConfig, facts: dict, image_like: bool) -> list[RunConfig]:
     """One change at a time from the defaults (each a rung the notebooks measure)."""
     physical = facts["physical_cores"]
-    out = [default.replace(threads=t) for t in threading.thread_counts(physical, physical) if t != default.threads]
+    out = [default.replace(threads=t) for t in threads.thread_counts(physical, physical) if t != default.threads]
     out += [default.replace(threads=t, instances=n, mode="ddp") for t, n in multi_instance.layouts(
         multi_instance.machine_of(facts)) if n > 1]
     out += [default.replace(allocator=a) for a, path in facts["allocators"].items() if path]
@@ -81,11 +81,11 @@ def search_plan(workload: str, preset: str, facts: dict, machine: planning.Machi
     else:
         from cpuopt_helpers.workloads import build_workload
 
-        default = settings.normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
+        default = normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
         image_like = bool(getattr(build_workload(workload, preset), "image_like", False))
         candidates = [default] + search_space(default, facts, image_like)
     rows = []
-    for config in settings.unique(candidates):
+    for config in choosing.unique(candidates):
         plan = planning.build_plan(config, machine, command=script)
         rows.append({"label": label(config), "config": config.to_dict(), "pinning": plan.pinning,
                      "cores": [list(i.cores) for i in plan.instances], "argv": [list(i.argv) for i in plan.instances]})
@@ -143,16 +143,16 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | 
         runner = runner or (lambda c: scripts.run_script(c, script, reading, facts))
         default = scripts.script_config(script, facts["physical_cores"])
         planning.build_plan(default, planning.Machine.this(), command=script)  # bad machine: fail before measuring
-        candidates = settings.unique([default] + scripts.search_space(default, facts, instances))
+        candidates = choosing.unique([default] + scripts.search_space(default, facts, instances))
     else:
         from cpuopt_helpers.workloads import build_workload
 
         runner = runner or (lambda c: launch.run(c, facts))
-        default = settings.normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
+        default = normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
         planning.build_plan(default, planning.Machine.this())  # bad workload or machine: fail before measuring
         image_like = bool(getattr(build_workload(workload, preset), "image_like", False))
         handed_on = [RunConfig.from_dict(s["config"]) for s in (ladder or []) if s["config"]["workload"] == workload]
-        candidates = settings.unique([default] + [c.replace(preset=preset, steps=default.steps, onednn_verbose=None,
+        candidates = choosing.unique([default] + [c.replace(preset=preset, steps=default.steps, onednn_verbose=None,
                                                           trace=None, warmup=max(default.warmup, c.warmup))
                                                 for c in handed_on] + search_space(default, facts, image_like))
     deadline = time.monotonic() + budget_min * 60

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cpuopt_helpers import compare, launch, system
-from cpuopt_helpers.config import PRESETS, RunConfig
+from cpuopt_helpers.config import PRESETS, RunConfig, setting_label
 from cpuopt_helpers.decisions import Choice, Comparison, Finding
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.results import ResultStore, build_dir, run_comparison, run_sweep
@@ -67,7 +67,7 @@ class Session:
 
     def confirmer(self, tag: str, min_rounds: int = compare.MIN_ROUNDS, max_rounds: int = compare.MAX_ROUNDS,
                   budget_min: float | None = None, resume: bool = True):
-        """``confirm`` with the notebook's parameters filled in, for ``settings.choose``."""
+        """``confirm`` with the notebook's parameters filled in, for ``choosing.choose``."""
         return lambda a, b: self.confirm(a, b, tag, min_rounds, max_rounds, budget_min, resume)
 
     def roofline(self, preset: str, remeasure: bool = False) -> dict:
@@ -361,14 +361,14 @@ def results_markdown(store: ResultStore, facts: dict, preset: str = "standard") 
     """The README's results section, generated from the store of a workbook run."""
     from datetime import date
 
-    from cpuopt_helpers.stages import baseline, settings
+    from cpuopt_helpers.stages import baseline, choosing
 
     machine = facts["fingerprint"]
     runs = last_sweep_runs(store, "01_baseline", machine, preset)
     roof = store.get_fact(machine, f"roofline/{preset}")
     if not runs or roof is None:
         raise CpuoptError(f"no {preset} results for this machine in {store.path}; run `make run` first")
-    table = settings.throughput_table(runs)
+    table = choosing.throughput_table(runs)
     day = max(r["created_at"] for r in runs)[:10] if runs else date.today().isoformat()
     lines = [
         f"Measured on {day} by `make run` (preset `{preset}`) on **{facts['cpu_model']}**, "
@@ -411,7 +411,6 @@ def last_sweep_runs(store: ResultStore, tag: str, machine: str, preset: str | No
 def _confirmation_lines(store: ResultStore, machine: str) -> list[str]:
     """Every adaptive A/B of the run: what was confirmed against what, in how many rounds,
     and why it stopped (the verdict, or the budget) - what the time budget allowed."""
-    from cpuopt_helpers.stages import settings
 
     rows = []
     for sweep in store.sweeps(kind="ab", machine=machine):
@@ -424,7 +423,7 @@ def _confirmation_lines(store: ResultStore, machine: str) -> list[str]:
         result = compare.sequential_ratio([by[(0, i)] for i in rounds], [by[(1, i)] for i in rounds],
                                           design.get("min_rounds", compare.MIN_ROUNDS),
                                           design.get("max_rounds", compare.MAX_ROUNDS))
-        change = settings.setting_label(sweep["arms"][1], sweep["arms"][0])
+        change = setting_label(sweep["arms"][1], sweep["arms"][0])
         rows.append(f"| {(sweep['tag'] or '').split('/')[0]} | {sweep['arms'][0]['workload']} | {change} | "
                     f"{compare.describe(result)} |")
     if not rows:
@@ -464,7 +463,7 @@ def _answer_lines(folder: Path) -> list[str]:
 
 
 def _precision_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
-    from cpuopt_helpers.stages import settings
+    from cpuopt_helpers.stages import choosing
 
     runs = last_sweep_runs(store, "06_bf16", machine)
     if not runs:
@@ -473,13 +472,13 @@ def _precision_lines(store: ResultStore, machine: str, preset: str) -> list[str]
              "it runs on the quick preset; screening rounds):", "", "| workload | setting | vs fp32 |", "|---|---|---|"]
     for w in dict.fromkeys(r["config"]["workload"] for r in runs):
         first = min((r for r in runs if r["config"]["workload"] == w), key=lambda r: r["arm"])["config"]
-        for _, row in settings.compare_configs(runs, first, w).iterrows():
+        for _, row in choosing.compare_configs(runs, first, w).iterrows():
             if isinstance(row.get("comparison"), dict):
                 lines.append(f"| {w} | {row['setting']} | {compare.describe(row['comparison'])} |")
         for r in runs:
             if r["config"]["workload"] == w and r["status"] == "unsupported" and r["round"] == 0:
                 reason = r["reason"].splitlines()[-1].replace("cpuopt worker: ", "")[:140]
-                lines.append(f"| {w} | {settings.setting_label(r['config'], first)} | {reason} |")
+                lines.append(f"| {w} | {setting_label(r['config'], first)} | {reason} |")
     return lines
 
 
@@ -531,7 +530,7 @@ def _profile_lines(store: ResultStore, machine: str, workloads, preset: str) -> 
 
 
 def _launcher_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
-    from cpuopt_helpers.stages import settings
+    from cpuopt_helpers.stages import choosing
 
     runs = last_sweep_runs(store, "04_launchers", machine, preset)
     if not runs:
@@ -543,7 +542,7 @@ def _launcher_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
     notes = []
     for w in dict.fromkeys(r["config"]["workload"] for r in runs):
         default = min((r for r in runs if r["config"]["workload"] == w), key=lambda r: r["arm"])["config"]
-        table = settings.compare_configs(runs, default, w)
+        table = choosing.compare_configs(runs, default, w)
         for _, row in table.iterrows():
             comparison = row.get("comparison") if isinstance(row.get("comparison"), dict) else None
             name = ("PyTorch's defaults" if row["is_baseline"] else

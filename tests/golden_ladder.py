@@ -15,7 +15,7 @@ import random
 
 import pandas as pd
 
-from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.results import ResultStore
 from cpuopt_helpers.workbook import Session
 
@@ -72,7 +72,7 @@ def record(session: Session, stage: str, choice) -> dict:
 def climb(tmp_path, workload: str = "cnn") -> dict:
     """01 and 03-07 as their notebooks run them, on ``workload`` at the quick preset."""
     from cpuopt_helpers import ladder
-    from cpuopt_helpers.stages import allocator, baseline, multi_instance, precision, runtime, settings, threading
+    from cpuopt_helpers.stages import allocator, baseline, choosing, extensions, multi_instance, precision, threads
 
     session = FakeSession(facts=facts(), store=ResultStore(tmp_path / "golden.sqlite"))
     session.calls = {}
@@ -91,24 +91,24 @@ def climb(tmp_path, workload: str = "cnn") -> dict:
         return results_module.run_sweep(configs, session.store, session.run, rounds=2, tag=tag,
                                         machine=session.machine, **progress)
 
-    b = settings.normalise(session.best_config(workload, preset, before="threading"), 2)
-    res = sweep(threading.configs(b, session.facts, True), "03")
-    settle("threading", "03/confirm", settings.compare_configs(res, b.to_dict(), workload),
-           lambda t, c: settings.choose(t, workload, c))
+    b = normalise(session.best_config(workload, preset, before="threading"), 2)
+    res = sweep(threads.configs(b, session.facts, True), "03")
+    settle("threading", "03/confirm", choosing.compare_configs(res, b.to_dict(), workload),
+           lambda t, c: choosing.choose(t, workload, c))
 
     configs, _ = allocator.configs(session.best_config(workload, preset, before="allocator"), session.facts)
     res = sweep(configs, "04")
-    settle("allocator", "04/confirm", settings.compare_configs(res, configs[0].to_dict(), workload),
-           lambda t, c: settings.choose(t, workload, c))
+    settle("allocator", "04/confirm", choosing.compare_configs(res, configs[0].to_dict(), workload),
+           lambda t, c: choosing.choose(t, workload, c))
 
-    plan = runtime.configs(session.best_config(workload, preset, before="runtime"), session.facts, True, False, ())
+    plan = extensions.configs(session.best_config(workload, preset, before="runtime"), session.facts, True, False, ())
     res = sweep(list(plan.values()), "05")
-    settle("runtime", "05/confirm", settings.named_table(res, plan), lambda t, c: runtime.choose(t, plan, c))
+    settle("runtime", "05/confirm", choosing.named_table(res, plan), lambda t, c: extensions.choose(t, plan, c))
 
     plan6 = precision.configs(session.best_config(workload, preset, before="bf16"), session.facts, True)
     res = sweep(plan6, "06")
     accuracy = pd.DataFrame({"final_accuracy": [0.95, 0.948]}, index=pd.Index(["fp32", "bf16"], name="mode"))
-    settle("bf16", "06/confirm", settings.compare_configs(res, plan6[0].to_dict(), workload),
+    settle("bf16", "06/confirm", choosing.compare_configs(res, plan6[0].to_dict(), workload),
            lambda t, c: precision.choose(t, accuracy, session.facts["bf16"], workload, c))
 
     plan7 = multi_instance.configs(session.best_config(workload, preset, before="multi-instance"), session.facts)

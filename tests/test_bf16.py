@@ -6,7 +6,7 @@ import pytest
 
 from cpuopt_helpers import accuracy, launch, system
 from cpuopt_helpers.config import RunConfig
-from cpuopt_helpers.stages import precision, settings
+from cpuopt_helpers.stages import choosing, precision
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -103,10 +103,10 @@ def test_a_bf16_setting_whose_loss_drifts_is_not_handed_on():
         r = launch.run(config)
         assert r["status"] == "ok", r["reason"]
         runs.append(dict(r, sweep="s", arm=arm, round=0))
-    table = settings.compare_configs(runs, fp32.to_dict(), fp32.workload)
+    table = choosing.compare_configs(runs, fp32.to_dict(), fp32.workload)
     drift = table.set_index("setting").loc["dtype=bf16", "loss_drift"]
-    assert drift > settings.LOSS_TOLERANCE
-    choice = settings.choose(table, "drift", lambda a, b: {"verdict": "faster"})
+    assert drift > choosing.LOSS_TOLERANCE
+    choice = choosing.choose(table, "drift", lambda a, b: {"verdict": "faster"})
     assert choice.config.dtype == "fp32" and choice.finding.values["excluded"] == [["dtype=bf16", pytest.approx(drift)]]
 
 

@@ -6,9 +6,9 @@ import math
 import pytest
 
 from cpuopt_helpers import cli, ladder, planning
-from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.config import RunConfig, setting_label
 from cpuopt_helpers.errors import CpuoptError
-from cpuopt_helpers.stages import settings
+from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.results import ResultStore
 from cpuopt_helpers.workbook import Session
 
@@ -156,7 +156,7 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     assert (top.omp_runtime, top.channels_last, top.compile, top.dtype, top.optimizer_impl) == (
         "intel", True, "default", "bf16", "fused")
     assert dict(top.env)["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path / "inductor"))  # one warm cache
-    assert "TORCHINDUCTOR" not in settings.setting_label(top.to_dict(), base.to_dict())
+    assert "TORCHINDUCTOR" not in setting_label(top.to_dict(), base.to_dict())
     fixes = by_rung["case-study fixes"]["table"]  # the paper's fused FrozenBatchNorm2d and folding it, screened
     assert sorted(fixes["name"]) == ["baseline", "the paper's fixes together",
                                      "the paper's fixes, FrozenBatchNorm2d folded into the conv"]
@@ -172,7 +172,7 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     assert "4.25x" in lines[-1] and "is reached" in lines[-1]
     # no bf16 fast path: the rung is skipped with the gate's reason, and the 601-class ladder stays apart
     session.facts = dict(facts, bf16={"accelerated": False, "reason": "no AVX512-BF16 or AMX"})
-    fp32 = case_study.climb(session, settings.with_options(base, classes=601), "retinanet, 601 classes", True, "t",
+    fp32 = case_study.climb(session, choosing.with_options(base, classes=601), "retinanet, 601 classes", True, "t",
                             5, 5, None, 10, train_steps=1000, progress=lambda line: None)
     assert "beyond a training run of 1,000 steps: not carried" in fp32["rungs"][4]["sentence"]
     assert fp32["top"].compile is None and not fp32["rungs"][4]["handed_on"]  # faster, but it would not pay

@@ -5,26 +5,26 @@ import math
 import pytest
 
 from cpuopt_helpers import compare
-from cpuopt_helpers.config import RunConfig
-from cpuopt_helpers.stages import allocator, case_study, runtime, settings, summary, threading
+from cpuopt_helpers.config import RunConfig, setting_label
+from cpuopt_helpers.stages import allocator, case_study, choosing, extensions, summary, threads
 
 FACTS = {"physical_cores": 4, "logical_cores": 8, "sockets": 2, "openmp": {"intel": "/x/libiomp5.so"},
          "allocators": {"jemalloc": "/x/libjemalloc.so.2", "tcmalloc": None}}
 
 
 def test_thread_counts():
-    assert threading.thread_counts(2, 2) == [1, 2]
-    assert threading.thread_counts(6, 12) == [1, 2, 4, 6, 12]
-    assert threading.thread_counts(1, 1) == [1]
+    assert threads.thread_counts(2, 2) == [1, 2]
+    assert threads.thread_counts(6, 12) == [1, 2, 4, 6, 12]
+    assert threads.thread_counts(1, 1) == [1]
 
 
 def test_loader_workers_are_swept_for_image_models_only():
-    configs = threading.configs(RunConfig.for_preset("rnn", "quick"), FACTS, image_like=False)
+    configs = threads.configs(RunConfig.for_preset("rnn", "quick"), FACTS, image_like=False)
     assert {c.loader_workers for c in configs} == {0}
 
 
 def test_threading_configs_cover_every_setting_once():
-    configs = threading.configs(RunConfig.for_preset("cnn", "quick"), FACTS)
+    configs = threads.configs(RunConfig.for_preset("cnn", "quick"), FACTS)
     labels = [c.label() for c in configs]
     assert len(set(c.config_hash() for c in configs)) == len(configs)
     assert configs[0].threads == 4  # the base, spelled out
@@ -34,7 +34,7 @@ def test_threading_configs_cover_every_setting_once():
     assert any(c.oversubscribe and c.threads == 16 for c in configs)
     assert {c.loader_workers for c in configs} == {0, 1, 4}
     one_socket = dict(FACTS, sockets=1, openmp={"intel": None})
-    configs = threading.configs(RunConfig.for_preset("cnn", "quick"), one_socket)
+    configs = threads.configs(RunConfig.for_preset("cnn", "quick"), one_socket)
     assert not any(c.affinity == "scatter" or c.omp_runtime == "intel" for c in configs)
 
 
@@ -70,19 +70,19 @@ def test_a_setting_whose_loss_drifts_is_no_candidate_and_memory_growth_is_said()
                     result(drifting, i, 14.0, arm=1, losses=[2.0, 1.9, 1.8, 1.7, 1.6]),  # 45% above: drifted
                     result(steady, i, 12.0, rss=130.0, arm=2, losses=[2.0, 1.52, 1.01, 0.62, 0.1]),  # within 10%
                     result(loader, i, 13.0, arm=3, losses=[3.0, 2.9, 2.8, 2.7])]  # other batches: not judged
-    table = settings.compare_configs(results, base.to_dict(), "cnn")
+    table = choosing.compare_configs(results, base.to_dict(), "cnn")
     by = table.set_index("setting")
     assert by.loc["dtype=bf16", "loss_drift"] == pytest.approx((1.85 - 1.275) / 1.275)  # over the 4 steps all ran
     assert by.loc["allocator=jemalloc", "loss_drift"] < 0.10 and by.loc["allocator=jemalloc", "rss_ratio"] == 1.3
     assert math.isnan(by.loc["loader_workers=1", "loss_drift"])
     asked = []
-    choice = settings.choose(table, "cnn", lambda a, b: asked.append(b) or {"verdict": "faster", "ratio": 1.3, "n": 5,
+    choice = choosing.choose(table, "cnn", lambda a, b: asked.append(b) or {"verdict": "faster", "ratio": 1.3, "n": 5,
                                                                              "ci_low": 1.1, "ci_high": 1.5})
     assert [c.loader_workers for c in asked] == [1]  # the fastest that kept the loss (or could not be judged)
     assert choice.finding.values["excluded"] == [["dtype=bf16", pytest.approx((1.85 - 1.275) / 1.275)]]
     assert "dtype=bf16 is no candidate: its loss drifted 45% from the baseline's (more than 10%" in choice.sentence
     results = [r for r in results if r["config"]["loader_workers"] == 0]
-    choice = settings.choose(settings.compare_configs(results, base.to_dict(), "cnn"), "cnn",
+    choice = choosing.choose(choosing.compare_configs(results, base.to_dict(), "cnn"), "cnn",
                              lambda a, b: asked.append(b) or {"verdict": "faster", "ratio": 1.2, "n": 5,
                                                               "ci_low": 1.1, "ci_high": 1.3})
     assert choice.config.allocator == "jemalloc" and choice.finding.values["rss_growth"] == pytest.approx(0.3)
@@ -98,21 +98,21 @@ def test_a_setting_whose_loss_turns_nan_is_no_candidate():
     for i in range(3):
         results += [result(base, i, 10.0, arm=0, losses=[2.0, 1.5, 1.0]),
                     result(nan, i, 20.0, arm=1, losses=[2.0, float("nan"), float("nan")])]
-    table = settings.compare_configs(results, base.to_dict(), "cnn")
+    table = choosing.compare_configs(results, base.to_dict(), "cnn")
     assert math.isinf(table.set_index("setting").loc["dtype=bf16 channels_last=True", "loss_drift"])
-    choice = settings.choose(table, "cnn", lambda a, b: pytest.fail("nothing to confirm"))
+    choice = choosing.choose(table, "cnn", lambda a, b: pytest.fail("nothing to confirm"))
     assert choice.config.dtype == "fp32" and choice.comparison is None and choice.finding.kind == "all drifted"
     assert choice.finding.values["excluded"] == [["dtype=bf16 channels_last=True", None]]
     assert "dtype=bf16 channels_last=True is no candidate: its loss was not finite" in choice.sentence
-    assert settings.loss_drift(float("nan"), float("nan")) is None  # a NaN baseline judges nothing
+    assert choosing.loss_drift(float("nan"), float("nan")) is None  # a NaN baseline judges nothing
 
 
 def test_runs_without_recorded_losses_are_not_judged():
     base = RunConfig.for_preset("cnn", "quick", threads=2)
     results = [result(base, 0, 10.0, arm=0), result(base.replace(dtype="bf16"), 0, 12.0, arm=1)]
-    table = settings.compare_configs(results, base.to_dict(), "cnn")
+    table = choosing.compare_configs(results, base.to_dict(), "cnn")
     assert table["loss_drift"].isna().all()
-    assert settings.choose(table, "cnn").finding.values["excluded"] == []
+    assert choosing.choose(table, "cnn").finding.values["excluded"] == []
 
 
 def screened():
@@ -127,15 +127,15 @@ def screened():
 
 def test_compare_pairs_by_round_and_words_verdicts_from_compare():
     base, results = screened()
-    table = settings.compare_configs(results, base.to_dict())
+    table = choosing.compare_configs(results, base.to_dict())
     row = table.set_index("setting").loc["allocator=jemalloc"]
     assert row.ratio == pytest.approx(1.2 * math.exp(sum(math.log(1 + 0.01 * i) for i in range(5)) / 5))
     assert row.ratio_low > 1.15 and row.verdict == "faster"
     assert table.set_index("setting").loc["allocator=tcmalloc"].verdict == "no different"
-    lines = " ".join(threading.settings_findings(table, "cnn"))
+    lines = " ".join(threads.settings_findings(table, "cnn"))
     assert "allocator=jemalloc: 1.22x (95% CI" in lines and "faster" in lines
     assert "+30%" in allocator.memory_findings(table, "cnn")[0]
-    few = settings.compare_configs([r for r in results if r["round"] < 2], base.to_dict())
+    few = choosing.compare_configs([r for r in results if r["round"] < 2], base.to_dict())
     assert few.set_index("setting").loc["allocator=jemalloc"].verdict == "too few rounds"
     assert math.isnan(few.set_index("setting").loc["allocator=jemalloc"].ratio_low)
 
@@ -144,13 +144,13 @@ def test_an_aa_sweep_keeps_its_two_arms_apart():
     base = RunConfig(threads=2)
     results = [result(base, i, 100.0 + i, arm=0) for i in range(5)] + [result(base, i, 101.0 + i, arm=1)
                                                                       for i in range(5)]
-    table = settings.compare_configs(results, base.to_dict())
+    table = choosing.compare_configs(results, base.to_dict())
     assert len(table) == 2 and set(table.setting) == {"baseline", "baseline (repeat arm)"}
 
 
 def test_choose_confirms_the_screening_winner_in_fresh_rounds():
     base, results = screened()
-    table = settings.compare_configs([r for r in results if r["round"] < 2], base.to_dict())
+    table = choosing.compare_configs([r for r in results if r["round"] < 2], base.to_dict())
     calls = []
 
     def confirm(verdict):
@@ -159,45 +159,45 @@ def test_choose_confirms_the_screening_winner_in_fresh_rounds():
             return {"ratio": 1.2, "ci_low": 1.1, "ci_high": 1.3, "n": 6, "verdict": verdict, "margin": 0.05,
                     "min_rounds": 5, "label": "95% repeated-confidence interval (per-look 98.7%)"}
         return run
-    choice = settings.choose(table, "cnn", confirm("faster"))
+    choice = choosing.choose(table, "cnn", confirm("faster"))
     assert choice.config.allocator == "jemalloc" and choice.changed and choice.comparison.n == 6
     assert (choice.finding.kind, choice.finding.values["setting"]) == ("confirmed", "allocator=jemalloc")
     assert choice.sentence.endswith(": faster: handed on.")
     assert calls[0][0].allocator == "default" and calls[0][1].allocator == "jemalloc"
-    choice = settings.choose(table, "cnn", confirm("no different"))
+    choice = choosing.choose(table, "cnn", confirm("no different"))
     assert choice.config.allocator == "default" and not choice.changed and choice.comparison.verdict == "no different"
     assert choice.sentence.endswith("; the baseline is kept.")
-    choice = settings.choose(table, "cnn")  # no confirmation: nothing is handed on
+    choice = choosing.choose(table, "cnn")  # no confirmation: nothing is handed on
     assert choice.config.allocator == "default" and choice.comparison is None and choice.finding.kind == "not confirmed"
-    slow_only = settings.compare_configs([r for r in results if r["arm"] != 1], base.to_dict())
+    slow_only = choosing.compare_configs([r for r in results if r["arm"] != 1], base.to_dict())
     calls.clear()
     slow_only.loc[~slow_only.is_baseline, "ratio"] = 0.9
-    choice = settings.choose(slow_only, "cnn", confirm("faster"))
+    choice = choosing.choose(slow_only, "cnn", confirm("faster"))
     assert calls == [] and choice.config.allocator == "default" and choice.finding.kind == "not beaten"
     # the incumbent is found by its configuration, never by its label
     relabelled = table.assign(setting=["the incumbent"] + list(table.setting[1:]))
-    assert settings.choose(relabelled, "cnn", confirm("faster")).config.allocator == "jemalloc"
-    assert settings.choose(table, "cnn", confirm("faster"), incumbent=base.replace(allocator="tcmalloc")).finding.values[
+    assert choosing.choose(relabelled, "cnn", confirm("faster")).config.allocator == "jemalloc"
+    assert choosing.choose(table, "cnn", confirm("faster"), incumbent=base.replace(allocator="tcmalloc")).finding.values[
         "setting"] == "allocator=jemalloc"
 
 
 def test_scaling_table_and_findings():
     results = [result(RunConfig(threads=t), 0, 100 * t ** 0.8) for t in (1, 2, 4)]
     results.append(result(RunConfig(threads=4, allocator="jemalloc"), 0, 999))  # not part of the scaling line
-    t = threading.scaling_table(results, "cnn")
+    t = threads.scaling_table(results, "cnn")
     assert list(t.threads) == [1, 2, 4] and t.ideal.tolist() == [100, 200, 400]
     assert t.efficiency.iloc[-1] == pytest.approx(4 ** 0.8 / 4)
-    assert "76% of ideal" in threading.scaling_findings(t, "cnn")[0]
+    assert "76% of ideal" in threads.scaling_findings(t, "cnn")[0]
 
 
 def test_case_study_baseline_drops_fixes_handed_on_earlier():
-    fixed = settings.with_options(RunConfig.for_preset("retinanet", "quick"), focal="fast").replace(
+    fixed = choosing.with_options(RunConfig.for_preset("retinanet", "quick"), focal="fast").replace(
         optimizer="lamb", optimizer_impl="foreach")
     configs, missing = case_study.configs(fixed, FACTS)
     assert configs["baseline"].options == () and configs["baseline"].optimizer_impl == "default" and missing == []
     assert configs["FrozenBatchNorm2d folded into the conv"].options == (("frozen_bn", "folded"),)
     assert dict(configs["all fixes"].options) == {"focal": "fast", "frozen_bn": "fused"}
-    assert settings.setting_label(configs["all fixes"].to_dict(), configs["baseline"].to_dict()) == \
+    assert setting_label(configs["all fixes"].to_dict(), configs["baseline"].to_dict()) == \
         "optimizer_impl=fused focal=fast frozen_bn=fused"
 
 
@@ -223,8 +223,8 @@ def test_runtime_findings_when_stock_torch_beats_every_replacement():
                     result(configs["SGD foreach"], i, 90.0, arm=2)]
     for r in results:
         r.update(step_ms={"median": 10.0})
-    table = settings.named_table(results, configs)
-    lines = runtime.findings(results, configs, table, "cnn")
+    table = choosing.named_table(results, configs)
+    lines = extensions.findings(results, configs, table, "cnn")
     # the reference itself is no candidate: the fastest replacement is named, slower than stock
     assert any("fastest with this torch in screening: SGD foreach at 90.0 samples/s, 0.90x" in line for line in lines)
 
@@ -237,12 +237,12 @@ def test_a_compile_too_short_to_have_generated_a_kernel_is_said_so():
         results += [result(base, i, 100.0, arm=0), result(configs["torch.compile (default)"], i, 101.0, arm=1)]
     for r in results:
         r.update(step_ms={"median": 10.0}, compile_s=0.08 if r["config"]["compile"] else None, compile_warm_s=0.02)
-    lines = runtime.findings(results, configs, settings.named_table(results, configs), "rnn")
+    lines = extensions.findings(results, configs, choosing.named_table(results, configs), "rnn")
     assert any("took 0.08 s from a cold cache, too short for any kernel" in line for line in lines)
     assert not any("pays for itself" in line for line in lines)
     for r in results:
         r.update(compile_s=30.0 if r["config"]["compile"] else None)
-    lines = runtime.findings(results, configs, settings.named_table(results, configs), "rnn")
+    lines = extensions.findings(results, configs, choosing.named_table(results, configs), "rnn")
     assert any("compiled in 30 s from a cold cache" in line for line in lines)
 
 
@@ -364,7 +364,7 @@ def test_focal_kernel_against_its_physical_limit():
 
 def test_frozen_layers_and_the_paper_table_are_worded_from_the_runs():
     base = RunConfig.for_preset("retinanet", "quick", optimizer="lamb", threads=4)
-    arms = {"baseline": base, "fused FrozenBatchNorm2d": settings.with_options(base, frozen_bn="fused")}
+    arms = {"baseline": base, "fused FrozenBatchNorm2d": choosing.with_options(base, frozen_bn="fused")}
     arms |= case_study.frozen_layer_configs(base)
     assert list(arms)[2:] == [case_study.UNFIXED, "trainable_layers 0", "trainable_layers 5"]
     speeds = {"baseline": 10.0, "fused FrozenBatchNorm2d": 12.0, case_study.UNFIXED: 8.0, "trainable_layers 0": 11.0,

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from cpuopt_helpers import planning, system, tune
-from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.errors import CpuoptError
-from cpuopt_helpers.stages import settings
 
 FACTS = system.collect_facts()
 
@@ -51,7 +50,7 @@ def test_nothing_that_pays_recommends_the_defaults():
     assert "speedup over PyTorch's defaults: none: the defaults are recommended" in tune.format_tune(t)
     assert t["speedup_vs_run_cpu"]["ratio"] == pytest.approx(1 / 0.9)
     assert t["samples_per_s"]["recommended"] == t["samples_per_s"]["default"] == pytest.approx(100)
-    assert t["recommended"] == settings.normalise(RunConfig.for_preset("cnn", "quick"), FACTS["physical_cores"]
+    assert t["recommended"] == normalise(RunConfig.for_preset("cnn", "quick"), FACTS["physical_cores"]
                                                      ).to_dict()
 
 
@@ -137,7 +136,7 @@ def test_dry_run_plans_the_search_for_a_server():
 def test_the_search_includes_zentorch_on_an_amd_cpu_where_it_fits_this_torch(monkeypatch):
     from cpuopt_helpers import runtimes
 
-    default = settings.normalise(RunConfig.for_preset("cnn", "quick"), 2)
+    default = normalise(RunConfig.for_preset("cnn", "quick"), 2)
     facts = {**FACTS, "physical_cores": 2}
     monkeypatch.setattr(runtimes, "zentorch_status", lambda vendor: {"usable": True, "amd": vendor == "AuthenticAMD"})
     on_amd = tune.search_space(default, {**facts, "cpu_vendor": "AuthenticAMD"}, image_like=True)

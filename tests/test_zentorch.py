@@ -8,7 +8,7 @@ import pytest
 from cpuopt_helpers import planning, runtimes, system
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
-from cpuopt_helpers.stages import runtime, settings
+from cpuopt_helpers.stages import choosing, extensions
 from tests.test_stages import result
 
 
@@ -56,7 +56,7 @@ def test_its_status_says_what_is_missing_or_why_it_was_not_tried(monkeypatch):
             "torch 2.8 + IPEX": stock.replace(runtime="ipex", ipex=True)}
     runs = [{"status": "ok", "config_hash": c.config_hash(), "sweep": "s", "round": 0, "samples_per_s": sps}
             for c, sps in zip(plan.values(), (10.0, 8.0, 4.0))]
-    assert runtime.extension_findings(runs, plan, pd.DataFrame(), "cnn", {"reason": "not an AMD CPU"}) == [
+    assert extensions.extension_findings(runs, plan, pd.DataFrame(), "cnn", {"reason": "not an AMD CPU"}) == [
         "cnn: IPEX over its own stock torch 2.8: 0.50x (1 round, fewer than the 5 a verdict needs): too few rounds.",
         "cnn: zentorch: not an AMD CPU."]
     assert runtimes.vendor_extension("GenuineIntel", {"available": True}).startswith(
@@ -83,9 +83,9 @@ def test_a_zentorch_run_that_cannot_start_is_refused_before_any_process(monkeypa
 
 def test_notebook_05_compares_zentorch_with_eager_and_inductor_or_says_why_not():
     base = RunConfig(threads=2)
-    configs = runtime.configs(base, {"physical_cores": 2}, False, False, ("default",), (), zentorch=True)
-    assert configs[runtime.ZENTORCH].compile == "zentorch" and "torch.compile (default)" in configs
-    stock, inductor, zen = configs["torch (stock)"], configs["torch.compile (default)"], configs[runtime.ZENTORCH]
+    configs = extensions.configs(base, {"physical_cores": 2}, False, False, ("default",), (), zentorch=True)
+    assert configs[extensions.ZENTORCH].compile == "zentorch" and "torch.compile (default)" in configs
+    stock, inductor, zen = configs["torch (stock)"], configs["torch.compile (default)"], configs[extensions.ZENTORCH]
     curve = [2.0, 1.5, 1.0]
     results = []
     for i in range(5):
@@ -93,15 +93,15 @@ def test_notebook_05_compares_zentorch_with_eager_and_inductor_or_says_why_not()
                     result(zen, i, 120.0 + i, arm=2, losses=[2.0, 1.5, 1.02])]
     for r in results:
         r.update(step_ms={"median": 10.0})
-    lines = runtime.zentorch_findings(results, configs, settings.named_table(results, configs), "cnn", {})
+    lines = extensions.zentorch_findings(results, configs, choosing.named_table(results, configs), "cnn", {})
     assert lines[0].startswith("cnn: zentorch over stock eager: 1.22x") and "faster" in lines[0]
     assert lines[1].startswith("cnn: zentorch over Inductor (default): 1.09x")
     assert "from the eager run's (within the 10% a setting may drift" in lines[2]
     failed = [r for r in results if r["config_hash"] != zen.config_hash()] + [
         dict(result(zen, 0, None, arm=2), status="failed", reason="Traceback ...\nRuntimeError: zentorch: unsupported op")]
-    lines = runtime.zentorch_findings(failed, configs, settings.named_table(failed, configs), "cnn", {})
+    lines = extensions.zentorch_findings(failed, configs, choosing.named_table(failed, configs), "cnn", {})
     assert lines == ["cnn: zentorch: its training run failed, measured: RuntimeError: zentorch: unsupported op."]
-    plain = runtime.configs(base, {"physical_cores": 2}, False, False, (), ())
+    plain = extensions.configs(base, {"physical_cores": 2}, False, False, (), ())
     not_tried = {"reason": "not tried: this CPU is GenuineIntel, and zentorch is AMD's backend"}
-    assert runtime.zentorch_findings([], plain, settings.named_table([], plain), "cnn", not_tried) == [
+    assert extensions.zentorch_findings([], plain, choosing.named_table([], plain), "cnn", not_tried) == [
         "cnn: zentorch: not tried: this CPU is GenuineIntel, and zentorch is AMD's backend."]

@@ -3,7 +3,8 @@
 Each stage module answers one question for a workload and a starting configuration: what
 to measure (``configs``), the tidy data its notebook shows (``*_table``), the choice through
 compare.py (``choose``, returning a configuration or None, never a label) and sentences worded
-from the data (``*_findings``). ``settings`` holds what several stages share.
+from the data (``*_findings``). ``choosing`` holds what several stages share: the table of settings against a base and the
+choice through compare.py.
 
 A new step of the method (say 10, quantization) is a module here, a row in STAGES, a
 notebook ``10_quantization.ipynb`` and a test.
@@ -34,9 +35,9 @@ class Stage:
 STAGES = (
     Stage("baseline", "01", "baseline", "How fast does each workload train with PyTorch's defaults?", "01_baseline"),
     Stage("profiling", "02", None, "Where does the step's time go, and how fast could its kernels run?", "02_profiling"),
-    Stage("threading", "03", "threading", "Which threads, affinity and OpenMP settings pay?", "03_threading"),
+    Stage("threads", "03", "threading", "Which threads, affinity and OpenMP settings pay?", "03_threading"),
     Stage("allocator", "04", "allocator", "Does jemalloc or tcmalloc pay, at what memory cost?", "04_allocator"),
-    Stage("runtime", "05", "runtime", "IPEX, torch.compile, channels-last or fused optimizers?", "05_ipex"),
+    Stage("extensions", "05", "runtime", "IPEX, torch.compile, channels-last or fused optimizers?", "05_ipex"),
     Stage("precision", "06", "bf16", "Does bf16 autocast pay here, and does training still converge?", "06_bf16"),
     Stage("multi_instance", "07", "multi-instance", "How many ranks of how many threads?", "07_multi_instance"),
     Stage("case_study", "08", "case-study fixes", "Which of the paper's RetinaNet fixes pay?", "08_case_study"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from cpuopt_helpers.config import RunConfig
-from cpuopt_helpers.stages.settings import PHASES
+from cpuopt_helpers.stages.choosing import PHASES
 
 
 def findings(table: pd.DataFrame, peak_gflops: float | None) -> list[str]:

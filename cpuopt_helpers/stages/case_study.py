@@ -9,10 +9,10 @@ import shutil
 import pandas as pd
 
 from cpuopt_helpers import compare, fixes
-from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.config import RunConfig, normalise, setting_label
 from cpuopt_helpers.errors import CpuoptError
-from cpuopt_helpers.stages import settings
-from cpuopt_helpers.stages.settings import normalise, with_options
+from cpuopt_helpers.stages import choosing
+from cpuopt_helpers.stages.choosing import with_options
 from cpuopt_helpers.workloads import declared_options
 
 
@@ -206,7 +206,7 @@ def climb_candidates(rung: str, current: RunConfig, base: RunConfig, facts: dict
 def compile_sentence(table: pd.DataFrame, comparison: dict | None, train_steps: int) -> tuple[str, bool]:
     """torch.compile's rung: its compile times, when it pays, and whether it is carried up (confirmed
     faster and paying for its cold compile within ``train_steps`` steps)."""
-    from cpuopt_helpers.stages.runtime import breakeven_steps
+    from cpuopt_helpers.stages.extensions import breakeven_steps
 
     rows = table.set_index("name")
     if "torch.compile" not in rows.index or "baseline" not in rows.index:
@@ -256,8 +256,8 @@ def climb(session, base: RunConfig, ladder: str, image_like: bool, tag: str, min
         else:
             arms = {"baseline": current} | candidates
             results = session.sweep(list(arms.values()), rounds=screen_rounds, tag=f"{tag}/screen", resume=resume)
-            table = settings.named_table(results, arms)
-            choice = settings.choose(table.assign(setting=table["name"]), rung, confirm, screen_gate=False,
+            table = choosing.named_table(results, arms)
+            choice = choosing.choose(table.assign(setting=table["name"]), rung, confirm, screen_gate=False,
                                      incumbent_name="the rung below", stage=rung)
             comparison = choice.comparison.to_dict() if choice.comparison else None
             sentence, faster = choice.sentence, choice.changed
@@ -293,7 +293,7 @@ def climb_findings(result: dict) -> list[str]:
     lines = [f"{name}: {r['sentence']}" for r in result["rungs"]]
     if end is None:
         return lines + [f"{name}: no rung was confirmed faster; PyTorch's defaults stay the best configuration measured."]
-    change = settings.setting_label(result["top"].to_dict(), result["base"].to_dict())
+    change = setting_label(result["top"].to_dict(), result["base"].to_dict())
     met = end["ratio"] >= PAPER_TARGET and (end.get("ci_low") or 0) > PAPER_TARGET_LOW
     return lines + [f"{name}: the top of the ladder ({change}) against PyTorch's defaults, {end['n']} fresh paired "
                     f"rounds: {compare.describe(end)}; the paper's about 2x (here: at least {PAPER_TARGET:.1f}x with "
@@ -320,13 +320,13 @@ def frozen_time_findings(results: list[dict], base: RunConfig, arms: dict[str, R
     """Step-time effects of the frozen layers: the fix (skip over compute) and trainable_layers."""
     lines = []
     if UNFIXED in arms:
-        fix = settings.paired(results, arms[UNFIXED].config_hash(), base.config_hash())
+        fix = choosing.paired(results, arms[UNFIXED].config_hash(), base.config_hash())
         lines.append(f"skipping the frozen stages' backward (stock PyTorch) over computing it (the paper's unfixed "
                      f"build, emulated): {compare.describe(fix)} (the paper: +16%).")
     for name, config in arms.items():
         if name.startswith("trainable_layers"):
             lines.append(f"{name} over the default {declared_options(base.workload)['trainable_layers']}: "
-                         f"{compare.describe(settings.paired(results, base.config_hash(), config.config_hash()))}.")
+                         f"{compare.describe(choosing.paired(results, base.config_hash(), config.config_hash()))}.")
     return lines
 
 
@@ -379,7 +379,7 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
         if name not in arms:
             return None, "not measured for this workload"
         a, b = (arms[name], base) if inverse else (base, arms[name])
-        c = settings.paired(results, a.config_hash(), b.config_hash())
+        c = choosing.paired(results, a.config_hash(), b.config_hash())
         sa, sb = step.get(a.config_hash()), step.get(b.config_hash())
         why = f"step {sa:.0f} ms -> {sb:.0f} ms" if sa and sb else "no step time"
         return c, why
@@ -443,7 +443,7 @@ def settle_fixes(session, arms: dict, tables: dict, climbs: dict, preset: str, m
             lines.append(f"{workload}: it declares none of the fixes; nothing to hand on.")
             continue
         table = tables[workload].assign(setting=tables[workload]["name"])
-        choice = session.settle("case_study", lambda confirm: settings.choose(
+        choice = session.settle("case_study", lambda confirm: choosing.choose(
             table, f"{workload} case study", confirm, candidates=table[table["name"].isin(list(arm))],
             stage="case-study fixes"), min_rounds, max_rounds, budget_min, resume)
         lines.append(choice.sentence)

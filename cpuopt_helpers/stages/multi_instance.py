@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 
 from cpuopt_helpers import compare, planning, stats, system
-from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.decisions import Choice, Finding, as_comparison
-from cpuopt_helpers.stages.settings import MEMORY_WARNING, normalise, paired, unique
+from cpuopt_helpers.stages.choosing import MEMORY_WARNING, paired, unique
 
 
 def rank_threads(node_cores: int, nodes: int, physical: int) -> list[int]:

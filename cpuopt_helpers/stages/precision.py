@@ -7,10 +7,10 @@ from __future__ import annotations
 import pandas as pd
 
 from cpuopt_helpers import compare
-from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.decisions import Choice, Finding
-from cpuopt_helpers.stages import settings
-from cpuopt_helpers.stages.settings import normalise, unique
+from cpuopt_helpers.stages import choosing
+from cpuopt_helpers.stages.choosing import unique
 
 
 def configs(base: RunConfig, facts: dict, channels_last: bool) -> list[RunConfig]:
@@ -71,7 +71,7 @@ def choose(table: pd.DataFrame, accuracy: pd.DataFrame, gate: dict, what: str, c
     if drop > tolerance:
         return kept("bf16 lost accuracy", drop=float(drop), tolerance=tolerance)
     bf16 = table[table["config"].map(lambda c: c["dtype"] == "bf16")] if len(table) else table
-    choice = settings.choose(table, what, confirm, candidates=bf16, stage="bf16")
+    choice = choosing.choose(table, what, confirm, candidates=bf16, stage="bf16")
     if choice.config is not None and choice.config.dtype == "bf16":
         return choice
     return Choice(None, choice.comparison, choice.finding)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pandas as pd
 
 from cpuopt_helpers import compare, stats
-from cpuopt_helpers.config import RunConfig
-from cpuopt_helpers.stages.settings import normalise, unique
+from cpuopt_helpers.config import RunConfig, normalise
+from cpuopt_helpers.stages.choosing import unique
 
 
 def thread_counts(physical: int, logical: int) -> list[int]:

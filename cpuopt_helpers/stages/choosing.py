@@ -9,7 +9,7 @@ import math
 import pandas as pd
 
 from cpuopt_helpers import compare, stats
-from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.config import RunConfig, setting_hash, setting_label
 from cpuopt_helpers.decisions import Choice, Finding, as_comparison
 
 
@@ -21,11 +21,6 @@ def unique(configs: list[RunConfig]) -> list[RunConfig]:
             seen.add(c.config_hash())
             out.append(c)
     return out
-
-
-def normalise(base: RunConfig, physical: int) -> RunConfig:
-    """Spell out the thread count so that equal settings hash equally."""
-    return base.replace(threads=base.threads or max(1, physical // base.instances))
 
 
 def with_options(config: RunConfig, **options) -> RunConfig:
@@ -67,28 +62,6 @@ def throughput_table(results: list[dict]) -> pd.DataFrame:
 def failures(results: list[dict]) -> list[str]:
     return [f"{r['label']}: {r['status']}: {r['reason'].splitlines()[0] if r['reason'] else ''}"
             for r in results if r["status"] != "ok"]
-
-
-WHERE_ONLY = {"TORCHINDUCTOR_CACHE_DIR"}  # env that says where, not how: never a setting's name
-
-
-def setting_hash(config: dict) -> str:
-    """The hash of what a configuration sets: where its logs, traces and caches go left out, so
-    two runs of one setting compare equal (the baseline is found by this, never by its label)."""
-    c = dict(config, onednn_verbose=None, trace=None, timeout_s=RunConfig.timeout_s,
-             env={k: v for k, v in dict(config.get("env") or {}).items() if k not in WHERE_ONLY})
-    return RunConfig.from_dict(c).config_hash()
-
-
-def setting_label(config: dict, baseline: dict) -> str:
-    """What a configuration changes against the baseline, e.g. 'omp_runtime=intel kmp_blocktime=0'."""
-    skip = {"timeout_s", "onednn_verbose", "trace", "options", "env"}
-    parts = [f"{k}={v}" for k, v in config.items() if k not in skip and v != baseline.get(k)]
-    mine, theirs = ({k: v for k, v in dict(c.get("env") or {}).items() if k not in WHERE_ONLY} for c in (config, baseline))
-    parts += [f"{k}={mine.get(k, 'unset')}" for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
-    mine, theirs = config.get("options") or {}, baseline.get("options") or {}  # a workload's options by name
-    parts += [f"{k}={mine.get(k, 'default')}" for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
-    return " ".join(parts) or "baseline"
 
 
 # Numerics and memory guard every choice. With the same seed and the same batch, a setting that

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pandas as pd
 
 from cpuopt_helpers import compare
-from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.decisions import Choice
 from cpuopt_helpers.errors import CpuoptError
-from cpuopt_helpers.stages import settings
-from cpuopt_helpers.stages.settings import normalise, paired
+from cpuopt_helpers.stages import choosing
+from cpuopt_helpers.stages.choosing import paired
 
 
 OPTIMIZER_ARMS = ("SGD foreach", "SGD fused", "AdamW (default)", "AdamW fused")
@@ -150,4 +150,4 @@ def choose(table: pd.DataFrame, configs: dict, confirm=None) -> Choice:
     above 1 over the whole interval).
     """
     eager = [n for n, c in configs.items() if c.runtime == "main" and not c.compile and c.optimizer == "sgd"]
-    return settings.choose(table, "runtime", confirm, candidates=table[table["name"].isin(eager)], stage="runtime")
+    return choosing.choose(table, "runtime", confirm, candidates=table[table["name"].isin(eager)], stage="runtime")
