@@ -494,9 +494,6 @@ def format_result(r: dict) -> str:
 
 
 def _profile(args) -> int:
-    from cpuopt_helpers import profiledn, system
-    from cpuopt_helpers.profiledn import replay
-
     if args.steps is not None and args.steps <= 0:
         raise CpuoptError(f"--steps must be a positive integer, got {args.steps}")
     if args.whole_step:
@@ -505,58 +502,21 @@ def _profile(args) -> int:
         raise CpuoptError("--workload is for --whole-step (capture and project a step); a log is profiled as it is")
     if not args.log:
         raise CpuoptError("name a oneDNN verbose log (`cpuopt bench --onednn-verbose FILE`), or use --whole-step")
+    from cpuopt_helpers.profiledn import replay
+
     meta = replay.log_meta(args.log)
     args.steps = args.steps or meta.get("steps")
     if args.project and not args.steps:
         raise CpuoptError("--project needs --steps N (how many training steps the log covers); logs captured by "
                           "`cpuopt bench --onednn-verbose` record it beside the log")
-    parsed = profiledn.parse_log(args.log)
-    parsed.require_primitives()
-    other = profiledn.parse_log(args.compare) if args.compare else None
-    if other is not None:
-        other.require_primitives()
-    table = profiledn.breakdown(parsed.exec, args.by, args.steps)
-
-    def write(path: str, text: str) -> None:
-        try:
-            with open(path, "w") as f:
-                f.write(text)
-        except OSError as exc:
-            raise CpuoptError(f"cannot write {path}: {exc.strerror}; name a file in a folder you can write") from exc
-
-    if args.csv:
-        write(args.csv, profiledn.converter_breakdown(parsed.exec))
-    out = {"summary": parsed.summary(), "total_ms": float(parsed.exec["time_ms"].sum()),
-           "exec_lines": parsed.counts["exec"], "counts": parsed.counts, "info": parsed.info,
-           "malformed_examples": parsed.malformed_examples,
-           "breakdown": table.reset_index().to_dict(orient="records"),
-           "findings": profiledn.findings(parsed.exec, args.steps)}
-    if args.benchdnn:
-        lines, skipped = profiledn.benchdnn_lines(parsed.exec)
-        note = ("no benchdnn line for " + ", ".join(f"{n} distinct {k}" for k, n in skipped.items())
-                + " (graph partitions and kinds without a benchdnn driver)") if skipped else ""
-        if args.benchdnn == "-" and not args.json:  # the lines alone, ready for a file
-            print("\n".join(lines))
-            if note:
-                print(f"cpuopt: {note}", file=sys.stderr)
-            return 0
-        out["benchdnn"], out["benchdnn_skipped"] = lines, skipped
-        if args.benchdnn != "-":
-            write(args.benchdnn, "\n".join(lines) + "\n")
-            out["findings"].append(f"{len(lines)} benchdnn reproducer lines written to {args.benchdnn} "
-                                   f"(each runs as `benchdnn --mode=P LINE`)" + (f"; {note}" if note else "") + ".")
-    if other is not None:
-        labels = ("A", "B")
-        out["compare"] = profiledn.compare(parsed.exec, other.exec, args.by, labels).reset_index().to_dict(
-            orient="records")
-        out["compare_findings"] = profiledn.compare_findings(parsed.exec, other.exec, labels)
+    out, parsed, table = profile_log(args)
+    if args.benchdnn == "-" and not args.json:  # the reproducer lines alone, ready for a file
+        print("\n".join(out["benchdnn"]))
+        if out["benchdnn_note"]:
+            print(f"cpuopt: {out['benchdnn_note']}", file=sys.stderr)
+        return 0
     if args.project:
-        topo = system.topology()
-        threads = args.threads or meta.get("threads") or topo.physical_cores
-        cores = meta.get("cores") if threads == meta.get("threads") else sorted(topo.core_order()[:threads])
-        proj = replay.project_log(args.log, args.steps, args.step_ms, threads, cores)
-        out["projection"] = {k: v for k, v in proj.items() if k != "table"}
-        out["projection_findings"] = replay.projection_findings(proj)
+        out.update(project(args, meta))
     if args.trace:
         from cpuopt_helpers.profiledn import trace
 
@@ -566,7 +526,69 @@ def _profile(args) -> int:
         out["trace_findings"] = trace.trace_findings(summary)
     if args.json:
         print(json.dumps(out, indent=2, default=str))
-        return 0
+    else:
+        print_profile(args, out, parsed, table)
+    return 0
+
+
+def write_file(path: str, text: str) -> None:
+    """Write what a command was asked to write, or say in one line why it cannot."""
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        raise CpuoptError(f"cannot write {path}: {exc.strerror}; name a file in a folder you can write") from exc
+
+
+def profile_log(args) -> tuple[dict, object, object]:
+    """`cpuopt profile LOG`: the breakdown, its findings, the comparison with --compare, the CSV
+    (--csv) and benchdnn reproducer lines (--benchdnn) of one oneDNN log."""
+    from cpuopt_helpers import profiledn
+
+    parsed = profiledn.parse_log(args.log)
+    parsed.require_primitives()
+    other = profiledn.parse_log(args.compare) if args.compare else None
+    if other is not None:
+        other.require_primitives()
+    table = profiledn.breakdown(parsed.exec, args.by, args.steps)
+    if args.csv:
+        write_file(args.csv, profiledn.converter_breakdown(parsed.exec))
+    out = {"summary": parsed.summary(), "total_ms": float(parsed.exec["time_ms"].sum()),
+           "exec_lines": parsed.counts["exec"], "counts": parsed.counts, "info": parsed.info,
+           "malformed_examples": parsed.malformed_examples,
+           "breakdown": table.reset_index().to_dict(orient="records"),
+           "findings": profiledn.findings(parsed.exec, args.steps)}
+    if args.benchdnn:
+        lines, skipped = profiledn.benchdnn_lines(parsed.exec)
+        note = ("no benchdnn line for " + ", ".join(f"{n} distinct {k}" for k, n in skipped.items())
+                + " (graph partitions and kinds without a benchdnn driver)") if skipped else ""
+        out.update(benchdnn=lines, benchdnn_skipped=skipped, benchdnn_note=note)
+        if args.benchdnn != "-":
+            write_file(args.benchdnn, "\n".join(lines) + "\n")
+            out["findings"].append(f"{len(lines)} benchdnn reproducer lines written to {args.benchdnn} "
+                                   f"(each runs as `benchdnn --mode=P LINE`)" + (f"; {note}" if note else "") + ".")
+    if other is not None:
+        labels = ("A", "B")
+        out["compare"] = profiledn.compare(parsed.exec, other.exec, args.by, labels).reset_index().to_dict(
+            orient="records")
+        out["compare_findings"] = profiledn.compare_findings(parsed.exec, other.exec, labels)
+    return out, parsed, table
+
+
+def project(args, meta: dict) -> dict:
+    """--project: every distinct primitive replayed in isolation on the log's cores, the efficiency ratio."""
+    from cpuopt_helpers import system
+    from cpuopt_helpers.profiledn import replay
+
+    topo = system.topology()
+    threads = args.threads or meta.get("threads") or topo.physical_cores
+    cores = meta.get("cores") if threads == meta.get("threads") else sorted(topo.core_order()[:threads])
+    proj = replay.project_log(args.log, args.steps, args.step_ms, threads, cores)
+    return {"projection": {k: v for k, v in proj.items() if k != "table"},
+            "projection_findings": replay.projection_findings(proj)}
+
+
+def print_profile(args, out: dict, parsed, table) -> None:
     import pandas as pd
 
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.max_colwidth", 60):
@@ -580,7 +602,6 @@ def _profile(args) -> int:
             print(f"- {line}")
     if parsed.counts["malformed"]:
         print(f"- {parsed.counts['malformed']} malformed line(s) skipped, e.g. {parsed.malformed_examples[0]}")
-    return 0
 
 
 def _whole_step(args) -> int:
@@ -595,24 +616,7 @@ def _whole_step(args) -> int:
     log_file, trace_file = (args.log, args.trace) if args.trace else (None, args.log)
     plain_ms, out = None, {}
     if args.workload:
-        from cpuopt_helpers.config import RunConfig
-        from cpuopt_helpers.profiledn.capture import safe_name
-        from cpuopt_helpers.results import build_dir
-
-        config = RunConfig(workload=args.workload, preset=args.preset, threads=args.threads,
-                           **({"steps": args.steps} if args.steps else {}))
-        folder = build_dir() / "traces"
-        folder.mkdir(parents=True, exist_ok=True)
-        trace_file = str(folder / f"{safe_name(args.workload)}_{args.preset}.trace.json")
-        traced, timed, plain = wholestep.capture(config, trace_file)
-        for run in (plain, traced, timed):
-            if run["status"] != "ok":
-                reason = (run.get("reason") or "no reason given").strip().splitlines() or ["no reason given"]
-                if run is not timed:
-                    raise CpuoptError(f"the {args.workload} run ended {run['status']}: {reason[-1][:300]}")
-                logging.getLogger(__name__).warning("the light trace's run ended %s (%s): the times are the shaped "
-                                                    "trace's", run["status"], reason[-1][:200])
-        plain_ms = plain["step_ms"]["median"]
+        trace_file, plain_ms = capture_step(args)
         out["trace_file"] = trace_file
     if not trace_file:
         raise CpuoptError("--whole-step needs a trace (`cpuopt bench --trace FILE`) or --workload W to capture one")
@@ -621,6 +625,7 @@ def _whole_step(args) -> int:
     out.update({k: v for k, v in result.items() if k not in ("rows", "table")})
     out["operators"] = wholestep.records(result["table"])
     out["findings"] = wholestep.wholestep_findings(result, args.workload or "")
+    prims = None
     if log_file:
         from cpuopt_helpers import profiledn
 
@@ -630,8 +635,40 @@ def _whole_step(args) -> int:
         out["primitives"] = wholestep.records(prims)
     if args.json:
         print(json.dumps(out, indent=2, default=str))
-        return 0
+    else:
+        print_whole_step(args, out, result, ceilings, plain_ms, log_file, prims)
+    return 0
+
+
+def capture_step(args) -> tuple[str, float]:
+    """--whole-step --workload W: a plain run, a run traced with shapes and a light trace, each
+    in a fresh worker; the shaped trace's file and the unprofiled step time."""
+    from cpuopt_helpers.config import RunConfig
+    from cpuopt_helpers.profiledn import wholestep
+    from cpuopt_helpers.profiledn.capture import safe_name
+    from cpuopt_helpers.results import build_dir
+
+    config = RunConfig(workload=args.workload, preset=args.preset, threads=args.threads,
+                       **({"steps": args.steps} if args.steps else {}))
+    folder = build_dir() / "traces"
+    folder.mkdir(parents=True, exist_ok=True)
+    trace_file = str(folder / f"{safe_name(args.workload)}_{args.preset}.trace.json")
+    traced, timed, plain = wholestep.capture(config, trace_file)
+    for run in (plain, traced, timed):
+        if run["status"] != "ok":
+            reason = (run.get("reason") or "no reason given").strip().splitlines() or ["no reason given"]
+            if run is not timed:
+                raise CpuoptError(f"the {args.workload} run ended {run['status']}: {reason[-1][:300]}")
+            logging.getLogger(__name__).warning("the light trace's run ended %s (%s): the times are the shaped "
+                                                "trace's", run["status"], reason[-1][:200])
+    return trace_file, plain["step_ms"]["median"]
+
+
+def print_whole_step(args, out: dict, result: dict, ceilings, plain_ms: float | None, log_file: str | None,
+                     prims) -> None:
     import pandas as pd
+
+    from cpuopt_helpers.profiledn import wholestep
 
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 40):
         if "trace_file" in out:
@@ -655,7 +692,6 @@ def _whole_step(args) -> int:
             print(prims.head(args.top).round(3).to_string(index=False))
     for line in out["findings"]:
         print(f"- {line}")
-    return 0
 
 
 def _tune(args) -> int:

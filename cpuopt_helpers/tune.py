@@ -32,6 +32,7 @@ import time
 from cpuopt_helpers import compare, launch, planning, runtimes, system
 from cpuopt_helpers.stages import choosing, multi_instance, threads
 from cpuopt_helpers.config import RunConfig, normalise
+from cpuopt_helpers.decisions import Comparison
 from cpuopt_helpers.errors import CpuoptError
 
 FINAL_ROUNDS = compare.MIN_ROUNDS  # rounds kept for the confirmation when the search stops
@@ -130,8 +131,6 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | 
     ``script`` (a command line's words) tunes that command instead of a workload: its launch
     configuration only (``scripts.search_space``; several copies only with ``instances``), each
     run read as ``reading`` says (``scripts.Reading``; a failed run is never a candidate)."""
-    from tqdm.auto import tqdm
-
     from cpuopt_helpers import scripts, system
 
     if budget_min <= 0:
@@ -141,127 +140,161 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | 
         scripts.run_cpu_ready(script)
         workload, reading = scripts.SCRIPT, reading or scripts.Reading()
         runner = runner or (lambda c: scripts.run_script(c, script, reading, facts))
+    else:
+        runner = runner or (lambda c: launch.run(c, facts))
+    default, candidates = starting_candidates(workload, preset, facts, ladder, script, instances)
+    search = Search(runner, time.monotonic() + budget_min * 60, workload, progress)
+    best = search.run(default, candidates)
+    outcome = confirm_against_defaults(search, default, best)
+    search.bar.close()
+    recommended, rounds = outcome["recommended"], outcome["rounds"]
+    command = shlex.join(script) if script else None
+    lines = planning.command_lines(recommended, planning.Machine.this(), script)
+    return {"workload": workload, "preset": preset, "budget_min": budget_min,
+            "recommended": recommended.to_dict(), "recommended_label": label(recommended),
+            "changes": changes(recommended, default), "search_winner": label(best),
+            **outcome["comparisons"],
+            "rounds": rounds, "order": outcome["order"], "stopped": outcome["stopped"],
+            "samples_per_s": {k: statistics.median([v for v in vs if v]) if any(vs) else None
+                              for k, vs in outcome["speeds"].items()},
+            "launch_command": lines["launch"], "shell_command": lines["shell"],
+            "candidates": [{"label": label(search.by_hash[h]), "runs": len(v), "samples_per_s": statistics.median(v)}
+                           for h, v in search.samples.items()],
+            "failed": [{"label": k, "reason": v} for k, v in search.failures.items() if k not in
+                       {label(search.by_hash[h]) for h in search.samples}],
+            "runs": len(search.run_s) + sum(2 if outcome["challenger_is_run_cpu"] else 3 for _ in rounds),
+            "note": outcome["note"],
+            **({"script": command, "metric": list(search.metrics), "in_the_script": scripts.IN_SCRIPT} if script else {})}
+
+
+def starting_candidates(workload: str, preset: str, facts: dict, ladder: list[dict] | None, script: list[str] | None,
+                        instances: bool) -> tuple[RunConfig, list[RunConfig]]:
+    """PyTorch's defaults (checked against this machine before anything is measured) and the
+    search's candidates: the defaults first, the ladder handed on, then one change at a time."""
+    from cpuopt_helpers import scripts
+
+    if script:
         default = scripts.script_config(script, facts["physical_cores"])
         planning.build_plan(default, planning.Machine.this(), command=script)  # bad machine: fail before measuring
-        candidates = choosing.unique([default] + scripts.search_space(default, facts, instances))
-    else:
-        from cpuopt_helpers.workloads import build_workload
+        return default, choosing.unique([default] + scripts.search_space(default, facts, instances))
+    from cpuopt_helpers.workloads import build_workload
 
-        runner = runner or (lambda c: launch.run(c, facts))
-        default = normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
-        planning.build_plan(default, planning.Machine.this())  # bad workload or machine: fail before measuring
-        image_like = bool(getattr(build_workload(workload, preset), "image_like", False))
-        handed_on = [RunConfig.from_dict(s["config"]) for s in (ladder or []) if s["config"]["workload"] == workload]
-        candidates = choosing.unique([default] + [c.replace(preset=preset, steps=default.steps, onednn_verbose=None,
-                                                          trace=None, warmup=max(default.warmup, c.warmup))
-                                                for c in handed_on] + search_space(default, facts, image_like))
-    deadline = time.monotonic() + budget_min * 60
-    failures: dict[str, str] = {}  # label -> why its last run failed
-    metrics: dict[str, None] = {}  # how a script's throughput was read, in order of first use
-    samples: dict[str, list[float]] = {}
-    by_hash = {c.config_hash(): c for c in candidates}
-    bar = tqdm(desc=f"tune {workload}", unit="run", disable=not progress)
-    run_s = []
+    default = normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
+    planning.build_plan(default, planning.Machine.this())  # bad workload or machine: fail before measuring
+    image_like = bool(getattr(build_workload(workload, preset), "image_like", False))
+    handed_on = [RunConfig.from_dict(s["config"]) for s in (ladder or []) if s["config"]["workload"] == workload]
+    return default, choosing.unique([default] + [c.replace(preset=preset, steps=default.steps, onednn_verbose=None,
+                                                           trace=None, warmup=max(default.warmup, c.warmup))
+                                                 for c in handed_on] + search_space(default, facts, image_like))
 
-    def measure(config: RunConfig) -> None:
+
+class Search:
+    """Successive halving within a deadline: every candidate once, the faster half again, and so on;
+    then the winners' changes combined. Keeps every run's samples/s and every failure."""
+
+    def __init__(self, runner, deadline: float, workload: str, progress: bool):
+        from tqdm.auto import tqdm
+
+        self.runner, self.deadline = runner, deadline
+        self.failures: dict[str, str] = {}  # label -> why its last run failed
+        self.metrics: dict[str, None] = {}  # how a script's throughput was read, in order of first use
+        self.samples: dict[str, list[float]] = {}
+        self.by_hash: dict[str, RunConfig] = {}
+        self.run_s: list[float] = []
+        self.bar = tqdm(desc=f"tune {workload}", unit="run", disable=not progress)
+
+    def measure(self, config: RunConfig) -> None:
         start = time.monotonic()
-        bar.set_postfix_str(label(config)[:50])
-        r = runner(config)
-        run_s.append(time.monotonic() - start)
-        bar.update()
+        self.bar.set_postfix_str(label(config)[:50])
+        r = self.runner(config)
+        self.run_s.append(time.monotonic() - start)
+        self.bar.update()
         if r["status"] == "ok":
-            samples.setdefault(config.config_hash(), []).append(r["samples_per_s"])
+            self.samples.setdefault(config.config_hash(), []).append(r["samples_per_s"])
             if r.get("metric"):
-                metrics[r["metric"]] = None
+                self.metrics[r["metric"]] = None
         else:
-            failures[label(config)] = (r.get("reason") or r["status"]).strip()
+            self.failures[label(config)] = (r.get("reason") or r["status"]).strip()
 
-    def left() -> float:
-        return deadline - time.monotonic()
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
 
-    def room(runs: int) -> bool:  # keep time for the final interleaved rounds
-        per_run = statistics.median(run_s) if run_s else 10.0
-        return left() > per_run * (runs + 3 * FINAL_ROUNDS)
+    def room(self, runs: int) -> bool:
+        """Time for ``runs`` more runs, keeping time for the final interleaved rounds."""
+        per_run = statistics.median(self.run_s) if self.run_s else 10.0
+        return self.left() > per_run * (runs + 3 * FINAL_ROUNDS)
 
-    pool = list(candidates)
-    measure(default)
-    for config in pool[1:]:
-        if not room(1):
-            break
-        measure(config)
-    ranked = lambda hs: sorted(hs, key=lambda h: -statistics.median(samples[h]))  # noqa: E731
-    alive = ranked([h for h in samples])
-    while len(alive) > 2 and room(len(alive) // 2):
-        alive = alive[:max(2, len(alive) // 2)]
-        for h in alive:
-            measure(by_hash[h])
-        alive = ranked(alive)
-    base_speed = statistics.median(samples[default.config_hash()]) if default.config_hash() in samples else None
-    winners = [by_hash[h] for h in alive if base_speed and statistics.median(samples[h]) > base_speed
-               and h != default.config_hash()]
-    merged = combine(default, winners[:3]) if len(winners) > 1 else None
-    if merged is not None and room(1):
-        by_hash[merged.config_hash()] = merged
-        measure(merged)
-        alive = ranked(list(dict.fromkeys(alive + [merged.config_hash()])) if merged.config_hash() in samples
-                       else alive)
-    best = by_hash[alive[0]] if alive else default
+    def ranked(self, hashes) -> list[str]:
+        return sorted(hashes, key=lambda h: -statistics.median(self.samples[h]))
+
+    def run(self, default: RunConfig, candidates: list[RunConfig]) -> RunConfig:
+        """The search's winner (the defaults where nothing ran faster)."""
+        self.by_hash.update({c.config_hash(): c for c in candidates})
+        self.measure(default)
+        for config in candidates[1:]:
+            if not self.room(1):
+                break
+            self.measure(config)
+        alive = self.ranked(list(self.samples))
+        while len(alive) > 2 and self.room(len(alive) // 2):
+            alive = alive[:max(2, len(alive) // 2)]
+            for h in alive:
+                self.measure(self.by_hash[h])
+            alive = self.ranked(alive)
+        base = self.samples.get(default.config_hash())
+        winners = [self.by_hash[h] for h in alive if base and statistics.median(self.samples[h])
+                   > statistics.median(base) and h != default.config_hash()]
+        merged = combine(default, winners[:3]) if len(winners) > 1 else None
+        if merged is not None and self.room(1):
+            self.by_hash[merged.config_hash()] = merged
+            self.measure(merged)
+            if merged.config_hash() in self.samples:
+                alive = self.ranked(list(dict.fromkeys(alive + [merged.config_hash()])))
+        return self.by_hash[alive[0]] if alive else default
+
+
+def confirm_against_defaults(search: Search, default: RunConfig, best: RunConfig) -> dict:
+    """The final rounds: the search's winner (or, when nothing beat the defaults, run_cpu's
+    defaults) against PyTorch's defaults with the comparison rule, run_cpu's defaults in every
+    round; the recommendation and both comparisons with run_cpu's defaults, whatever won."""
     run_cpu = default.replace(launcher="run_cpu")
-    # the final rounds: the winner (or, when nothing beat the defaults, the defaults) against
-    # the defaults, with run_cpu's defaults in every round
     challenger = best if best.config_hash() != default.config_hash() else run_cpu
     run_cpu_speeds: dict[int, float | None] = {}
 
     def final(arm: str, i: int) -> float | None:
-        config = default if arm == "a" else challenger
-        r = runner(config)
-        bar.update()
+        r = search.runner(default if arm == "a" else challenger)
+        search.bar.update()
         if arm == "a" and challenger is not run_cpu:
-            c = runner(run_cpu)
-            bar.update()
+            c = search.runner(run_cpu)
+            search.bar.update()
             run_cpu_speeds[i] = c["samples_per_s"] if c["status"] == "ok" else None
         return r["samples_per_s"] if r["status"] == "ok" else None
 
-    confirmation = compare.run_adaptive(final, budget_s=max(left(), 1.0), seed=len(samples))
-    bar.close()
+    confirmation = compare.run_adaptive(final, budget_s=max(search.left(), 1.0), seed=len(search.samples))
     rounds = confirmation["rounds"]
     if challenger is run_cpu:  # nothing beat the defaults in the search
-        cpu = [r[1] for r in rounds]
-        vs_default, recommended = None, default
+        cpu, vs_default, recommended = [r[1] for r in rounds], None, default
         note = "no candidate beat PyTorch's defaults in the search: the defaults are recommended"
     else:
-        cpu = [run_cpu_speeds.get(i) for i in range(len(rounds))]
-        vs_default = confirmation
+        cpu, vs_default = [run_cpu_speeds.get(i) for i in range(len(rounds))], confirmation
         recommended = best if confirmation["verdict"] == "faster" else default
         note = "" if recommended is best else (
             f"{label(best)} measured fastest in the search, but confirmed against the defaults it is "
             f"{compare.describe(confirmation)}: the defaults are recommended")
-
-    def brief(c: dict | None) -> dict | None:
-        return None if c is None else {k: c[k] for k in ("ratio", "ci_low", "ci_high", "n", "verdict", "label")}
-
-    command = shlex.join(script) if script else None
-    lines = planning.command_lines(recommended, planning.Machine.this(), script)
-    # run_cpu's defaults ran in every round: both comparisons with them are reported whatever won
     won = recommended is not default  # the search winner, confirmed against the defaults
     speeds = {"recommended": [r[1] for r in rounds] if won else [r[0] for r in rounds],
               "default": [r[0] for r in rounds], "run_cpu": cpu}
-    return {"workload": workload, "preset": preset, "budget_min": budget_min,
-            "recommended": recommended.to_dict(), "recommended_label": label(recommended),
-            "changes": changes(recommended, default), "search_winner": label(best),
-            "speedup_vs_default": brief(vs_default), "search_winner_vs_default": brief(vs_default),
-            "speedup_vs_run_cpu": brief(compare.sequential_ratio(speeds["run_cpu"], speeds["recommended"])),
-            "run_cpu_vs_default": brief(compare.sequential_ratio(speeds["default"], speeds["run_cpu"])),
-            "rounds": confirmation["rounds"], "order": confirmation["order"], "stopped": confirmation["stopped"],
-            "samples_per_s": {k: statistics.median([v for v in vs if v]) if any(vs) else None
-                              for k, vs in speeds.items()},
-            "launch_command": lines["launch"], "shell_command": lines["shell"],
-            "candidates": [{"label": label(by_hash[h]), "runs": len(v), "samples_per_s": statistics.median(v)}
-                           for h, v in samples.items()],
-            "failed": [{"label": k, "reason": v} for k, v in failures.items() if k not in
-                       {label(by_hash[h]) for h in samples}],
-            "runs": len(run_s) + sum(2 if challenger is run_cpu else 3 for _ in rounds), "note": note,
-            **({"script": command, "metric": list(metrics), "in_the_script": scripts.IN_SCRIPT} if script else {})}
+    comparisons = {"speedup_vs_default": brief(vs_default), "search_winner_vs_default": brief(vs_default),
+                   "speedup_vs_run_cpu": brief(compare.sequential_ratio(speeds["run_cpu"], speeds["recommended"])),
+                   "run_cpu_vs_default": brief(compare.sequential_ratio(speeds["default"], speeds["run_cpu"]))}
+    return {"recommended": recommended, "rounds": rounds, "order": confirmation["order"], "note": note,
+            "stopped": confirmation["stopped"], "speeds": speeds, "comparisons": comparisons,
+            "challenger_is_run_cpu": challenger is run_cpu}
+
+
+def brief(c: dict | None) -> dict | None:
+    """A comparison as the recommendation keeps it (``decisions.Comparison``'s fields)."""
+    return None if c is None else Comparison.from_dict(c).to_dict()
 
 
 def label(config: RunConfig) -> str:
@@ -277,7 +310,7 @@ def format_tune(t: dict) -> str:
     what = t["script"] if t.get("script") else f"{t['workload']}[{t['preset']}]"
     lines = [f"recommended for {what}: {t['recommended_label']}",
              f"  changes from PyTorch's defaults: {t['changes'] or 'none'}",
-             f"  speedup over PyTorch's defaults: "
+             "  speedup over PyTorch's defaults: "
              + (ci(t['speedup_vs_default']) if t['speedup_vs_default'] else "none: the defaults are recommended"),
              f"  speedup over run_cpu's defaults: {ci(t['speedup_vs_run_cpu'])}",
              *([f"  run_cpu's defaults over PyTorch's defaults: {ci(t['run_cpu_vs_default'])}"]

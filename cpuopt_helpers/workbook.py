@@ -81,27 +81,28 @@ class Session:
             self.store.put_fact(self.machine, name, value)
         return value
 
-    def hand_on(self, config: RunConfig, step: str, evidence: dict | None = None, comparison: dict | None = None,
-                ladder: str | None = None) -> None:
+    def hand_on(self, config: RunConfig, step: str, evidence: dict | None = None,
+                comparison: Comparison | dict | None = None, ladder: str | None = None, stage: str | None = None) -> None:
         """Record the best configuration so far for a workload (the optimisation ladder),
         with the comparison that handed it on (ratio to the rung before, interval, verdict).
 
-        ``step`` is a stage's rung, or "<rung>: <detail>" for one of several rungs of a stage
-        (notebook 08's climb). Rungs are kept in the order of LADDER_STAGES, then of arrival:
-        a notebook re-run alone replaces its own rung and leaves the others where they were.
+        ``step`` names the rung; ``stage`` the ladder stage it belongs to (default: the step
+        itself; notebook 08's climb has several rungs a stage, e.g. "runtime: torch.compile" of
+        stage "runtime"). Rungs are kept in the order of LADDER_STAGES, then of arrival: a
+        notebook re-run alone replaces its own rung and leaves the others where they were.
         ``ladder`` names the ladder (default: the workload; notebook 08 keeps RetinaNet's
         601-class ladder apart).
         """
-        if stage_index(step) == len(LADDER_STAGES):
-            raise CpuoptError(f"unknown ladder stage {step!r}; use one of {', '.join(LADDER_STAGES)}")
+        stage = stage or step
+        if stage not in LADDER_STAGES:
+            raise CpuoptError(f"unknown ladder stage {stage!r}; use one of {', '.join(LADDER_STAGES)}")
         name = f"ladder/{ladder or config.workload}/{config.preset}"
-        ladder = self.store.get_fact(self.machine, name, [])
         kept = comparison.to_dict() if isinstance(comparison, Comparison) else \
             Comparison.from_dict(comparison).to_dict() if comparison else None
-        ladder = [s for s in ladder if s["step"] != step] + [
-            {"step": step, "config": config.to_dict(), "evidence": dict(evidence or {}, comparison=kept)}]
-        ladder.sort(key=lambda s: stage_index(s["step"]))
-        self.store.put_fact(self.machine, name, ladder)
+        rungs = [s for s in self.store.get_fact(self.machine, name, []) if s["step"] != step] + [
+            {"step": step, "stage": stage, "config": config.to_dict(), "evidence": dict(evidence or {}, comparison=kept)}]
+        rungs.sort(key=lambda s: stage_index(s.get("stage", s["step"])))
+        self.store.put_fact(self.machine, name, rungs)
 
     def settle(self, stage: str, decide, min_rounds: int = compare.MIN_ROUNDS, max_rounds: int = compare.MAX_ROUNDS,
                budget_min: float | None = None, resume: bool = True) -> Choice:
@@ -139,7 +140,7 @@ class Session:
         """
         ladder = self.store.get_fact(self.machine, f"ladder/{workload}/{preset}", [])
         if before is not None:
-            ladder = [s for s in ladder if stage_index(s["step"]) < stage_index(before)]
+            ladder = [s for s in ladder if stage_index(s.get("stage", s["step"])) < stage_index(before)]
         return RunConfig.from_dict(ladder[-1]["config"]) if ladder else RunConfig.for_preset(workload, preset)
 
 

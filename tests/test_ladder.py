@@ -18,7 +18,7 @@ def comparison(ratio, low, high, n=6, verdict="faster"):
             "sweep": f"s{ratio}", "margin": 0.05, "min_rounds": 5}
 
 
-def climb(session, workload="cnn"):
+def hand_on_rungs(session, workload="cnn"):
     base = RunConfig.for_preset(workload, "quick")
     threaded = base.replace(threads=1)
     session.hand_on(base, "baseline")
@@ -31,7 +31,7 @@ def climb(session, workload="cnn"):
 
 def test_rungs_in_stage_order_with_ratios_chained_to_the_baseline(tmp_path):
     session = Session(facts={"fingerprint": "m", "physical_cores": 2}, store=ResultStore(tmp_path / "r.sqlite"))
-    climb(session)
+    hand_on_rungs(session)
     rows = ladder.rungs(session.store, "m", "cnn", "quick", 2)
     assert [r.step for r in rows] == ["baseline", "threading", "allocator", "runtime"]
     assert [r.change for r in rows] == ["PyTorch's defaults", "threads=1", "kept", "allocator=jemalloc width=2"]
@@ -66,7 +66,7 @@ def test_cli_ladder_json_and_a_clear_error_without_one(tmp_path, monkeypatch, ca
     assert cli.main(["ladder", "--preset", "quick"]) == 2
     assert "no ladder for any workload on the quick preset" in capsys.readouterr().err
     facts = system.collect_facts()
-    climb(Session(facts=facts, store=ResultStore(tmp_path / "r.sqlite")))
+    hand_on_rungs(Session(facts=facts, store=ResultStore(tmp_path / "r.sqlite")))
     assert cli.main(["ladder", "--preset", "quick", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert list(out) == ["cnn"] and [r["step"] for r in out["cnn"]][-1] == "runtime"
@@ -133,7 +133,7 @@ class FakeClimb:
 
 
 def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_end_to_end_rounds(tmp_path):
-    from cpuopt_helpers.stages import case_study
+    from cpuopt_helpers.stages import climb
 
     facts = {"fingerprint": "m", "physical_cores": 2, "openmp": {"intel": "/x/libiomp5.so"},
              "allocators": {"jemalloc": "/x/libjemalloc.so.2", "tcmalloc": None},
@@ -144,9 +144,9 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
         setattr(session, name, getattr(fake, name))
     base = RunConfig.for_preset("retinanet", "quick", optimizer="lamb", threads=2, steps=3, warmup=1)
     session.hand_on(base.replace(allocator="jemalloc"), "allocator", ladder="retinanet")  # left from an earlier climb
-    result = case_study.climb(session, base, "retinanet", True, "t", 5, 5, None, 10, progress=lambda line: None)
+    result = climb.climb(session, base, "retinanet", True, "t", 5, 5, None, 10, progress=lambda line: None)
     by_rung = {r["rung"]: r for r in result["rungs"]}
-    assert [r["rung"] for r in result["rungs"]] == list(case_study.CLIMB_RUNGS)
+    assert [r["rung"] for r in result["rungs"]] == list(climb.CLIMB_RUNGS)
     assert by_rung["threading"]["handed_on"] is False  # pinning: no faster, not handed on
     assert by_rung["threading: OpenMP runtime"]["handed_on"] and by_rung["allocator"]["handed_on"] is False
     compiled = by_rung["runtime: torch.compile"]
@@ -165,23 +165,23 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     assert len(fake.confirmed) == 8  # every rung confirmed, whatever one screening round said; then the end
     assert fake.confirmed[-1] == (base, top, 10) and end["ratio"] == pytest.approx(1.3 * 1.2 * 1.5 * 1.5 * 1.1 * 1.1)
     rows = ladder.rungs(session.store, "m", "retinanet", "quick", 2)
-    assert [r.step for r in rows] == ["baseline", *case_study.CLIMB_RUNGS]  # the stale rung replaced
+    assert [r.step for r in rows] == ["baseline", *climb.CLIMB_RUNGS]  # the stale rung replaced
     assert [r.change for r in rows][1:3] == ["kept", "omp_runtime=intel"] and rows[1].kept
     assert rows[-1].end_to_end.n == 10 and rows[-1].vs_baseline["ratio"] == pytest.approx(end["ratio"])
-    lines = case_study.climb_findings(result)
+    lines = climb.climb_findings(result)
     assert "4.25x" in lines[-1] and "is reached" in lines[-1]
     # no bf16 fast path: the rung is skipped with the gate's reason, and the 601-class ladder stays apart
     session.facts = dict(facts, bf16={"accelerated": False, "reason": "no AVX512-BF16 or AMX"})
-    fp32 = case_study.climb(session, choosing.with_options(base, classes=601), "retinanet, 601 classes", True, "t",
+    fp32 = climb.climb(session, choosing.with_options(base, classes=601), "retinanet, 601 classes", True, "t",
                             5, 5, None, 10, train_steps=1000, progress=lambda line: None)
     assert "beyond a training run of 1,000 steps: not carried" in fp32["rungs"][4]["sentence"]
     assert fp32["top"].compile is None and not fp32["rungs"][4]["handed_on"]  # faster, but it would not pay
     assert "bf16: skipped: no bf16 fast path on this CPU (no AVX512-BF16 or AMX)" in fp32["rungs"][5]["sentence"]
     assert fp32["top"].dtype == "fp32" and dict(fp32["top"].options)["classes"] == "601"
-    assert "is not reached" in case_study.climb_findings(fp32)[-1]
+    assert "is not reached" in climb.climb_findings(fp32)[-1]
     assert ladder.workloads(session.store, "m", "quick", "retinanet") == ["retinanet", "retinanet, 601 classes"]
     with pytest.raises(CpuoptError, match="unknown rung"):
-        case_study.climb(session, base, "retinanet", True, "t", 5, 5, None, 10, rungs=("quantization",))
+        climb.climb(session, base, "retinanet", True, "t", 5, 5, None, 10, rungs=("quantization",))
 
 
 def test_the_end_to_end_verdict_is_found_below_rungs_that_kept_the_configuration():

@@ -156,13 +156,19 @@ def logged_calls(fn, calls: int) -> str:
 def kernel_time(row, text: str, repeats: int, calls: int) -> tuple[float | None, float, int]:
     """From the replay's own log of ``calls`` PyTorch calls: the median time of the replayed
     primitive itself (the primitive with the logged row's kind, direction, type, layouts and
-    shape, over its last ``repeats`` executions), and the time per call and count of the other
+    shape, over its last ``repeats`` executions; where this CPU blocks the layouts otherwise, the
+    one with the same kind, direction, type and shape), and the time per call and count of the other
     primitives the calls ran around it (reorders of inputs and outputs, which the training
     step may not pay)."""
     df = parse_log(io.StringIO(text)).exec if text.strip() else pd.DataFrame(columns=PRIMITIVE_KEY + ["time_ms"])
     if df.empty:
         return None, 0.0, 0
-    same = (df[PRIMITIVE_KEY].astype(str) == pd.Series({k: str(getattr(row, k)) for k in PRIMITIVE_KEY})).all(axis=1)
+    def matching(keys: list[str]) -> pd.Series:
+        return (df[keys].astype(str) == pd.Series({k: str(getattr(row, k)) for k in keys})).all(axis=1)
+
+    same = matching(PRIMITIVE_KEY)
+    if not same.any():  # a log from a CPU of another width (AVX-512's 16-wide blocked layouts, AVX2's 8-wide)
+        same = matching([k for k in PRIMITIVE_KEY if not k.endswith("_layout")])
     mine, others = df[same], df[~same]
     kernel = statistics.median(mine["time_ms"].tail(repeats)) if len(mine) else None
     return kernel, others["time_ms"].sum() / max(1, calls), len(others)

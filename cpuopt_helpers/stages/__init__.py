@@ -58,8 +58,6 @@ def stage(name: str) -> Stage:
     raise CpuoptError(f"unknown stage {name!r}; use one of {', '.join(s.name for s in STAGES)}")
 
 
-def stage_index(step: str) -> int:
-    """Where a rung ("<rung>" or "<rung>: <detail>") sits in the ladder; a name from an older
-    store goes last, in arrival order."""
-    rung = step.split(":")[0]
-    return LADDER_STAGES.index(rung) if rung in LADDER_STAGES else len(LADDER_STAGES)
+def stage_index(stage: str) -> int:
+    """Where a stage's rungs sit in the ladder; a name from an older store goes last, in arrival order."""
+    return LADDER_STAGES.index(stage) if stage in LADDER_STAGES else len(LADDER_STAGES)

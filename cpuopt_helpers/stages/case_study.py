@@ -4,13 +4,11 @@ same fixes on any workload that declares them (``cpuopt_helpers.fixes``).
 
 from __future__ import annotations
 
-import shutil
 
 import pandas as pd
 
 from cpuopt_helpers import compare, fixes
-from cpuopt_helpers.config import RunConfig, normalise, setting_label
-from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.stages.choosing import with_options
 from cpuopt_helpers.workloads import declared_options
@@ -140,164 +138,6 @@ def lamb_findings(bench: list[dict]) -> list[str]:
                              f"{r['torch']}: {k} {v['median_ms']:.1f} ms vs the loop's "
                              f"{r['kernels']['loop']['median_ms']:.1f} ms: {compare.describe(ratio)}.")
     return lines
-
-
-# The whole method on one workload, rung by rung (notebook 08's ladder, `make case-study`):
-# each rung's candidates are built from the configuration the rungs below handed on, screened
-# (one round: it ranks several candidates and checks their loss and memory), and the best
-# confirmed against that configuration with the comparison rule, whatever its one screening
-# round said; a rung whose winner is not confirmed faster leaves the configuration as it was. Rungs are stored in the
-# workbook's ladder under "<stage>" or "<stage>: <detail>" (Session.hand_on).
-# torch.compile is carried up only where it is confirmed faster and pays for its cold compile
-# within a training run of ``train_steps`` steps; from its rung on, every compiled run of the
-# climb shares one Inductor cache (TORCHINDUCTOR_CACHE_DIR in the configuration's env), as a
-# user's repeated launches would: the rung's first run compiles cold (its compile time), later
-# runs compile warm, in their untimed warm-up.
-CLIMB_RUNGS = ("threading", "threading: OpenMP runtime", "allocator", "runtime: channels-last",
-               "runtime: torch.compile", "bf16", "case-study fixes")
-PINNED = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
-TRAIN_STEPS = 5000  # the training run torch.compile must pay for its cold compile within (notebook 08's TRAIN_STEPS)
-
-
-def climb_candidates(rung: str, current: RunConfig, base: RunConfig, facts: dict, image_like: bool,
-                     compile_cache: str | None = None) -> tuple[dict[str, RunConfig], str]:
-    """One rung's candidates, each the current configuration with one change; or why it has none.
-    ``compile_cache``: the Inductor cache folder compiled candidates share (None: each run its own)."""
-    if rung == "threading":
-        return {"threads pinned to cores (OMP_PROC_BIND=close, OMP_PLACES=cores)":
-                current.replace(env=dict(current.env) | PINNED)}, ""
-    if rung == "threading: OpenMP runtime":
-        if not facts["openmp"].get("intel"):
-            return {}, "no Intel OpenMP runtime (libiomp5.so) was found; `pip install intel-openmp` provides one"
-        return {"Intel OpenMP": current.replace(omp_runtime="intel")}, ""
-    if rung == "allocator":
-        found = {name: current.replace(allocator=name) for name, path in facts["allocators"].items() if path}
-        return found, "" if found else "neither jemalloc nor tcmalloc was found (`make setup` installs both)"
-    if rung == "runtime: channels-last":
-        if not image_like:
-            return {}, "the workload is no image model"
-        return {"channels-last": current.replace(channels_last=True)}, ""
-    if rung == "runtime: torch.compile":
-        cache = {"TORCHINDUCTOR_CACHE_DIR": compile_cache} if compile_cache else {}
-        return {"torch.compile": current.replace(compile="default", warmup=max(current.warmup, 1),
-                                                 env=dict(current.env) | cache)}, ""
-    if rung == "bf16":
-        gate = facts["bf16"]
-        if not gate["accelerated"]:
-            return {}, f"no bf16 fast path on this CPU ({gate['reason']}): the ladder stays in fp32"
-        return {"bf16 autocast, loss in fp32": current.replace(dtype="bf16", bf16_loss=False)}, ""
-    if rung == "case-study fixes":
-        arms = configs(base, facts)[0]
-        fixed = arms.get("all fixes")
-        if fixed is None:
-            return {}, "the workload declares none of the fixes"
-
-        def on_top(fix: RunConfig) -> RunConfig:
-            return current.replace(options=dict(current.options) | dict(fix.options), optimizer_impl=fix.optimizer_impl)
-
-        found = {"the paper's fixes together": on_top(fixed)}
-        if FIX_NAMES[("frozen_bn", "folded")] in arms and dict(fixed.options).get("frozen_bn") != "folded":
-            # the paper fused FrozenBatchNorm2d; folding it away is the other fix for the same cost
-            found["the paper's fixes, FrozenBatchNorm2d folded into the conv"] = on_top(with_options(fixed, frozen_bn="folded"))
-        return found, ""
-    raise ValueError(f"unknown rung {rung!r}")
-
-
-def compile_sentence(table: pd.DataFrame, comparison: dict | None, train_steps: int) -> tuple[str, bool]:
-    """torch.compile's rung: its compile times, when it pays, and whether it is carried up (confirmed
-    faster and paying for its cold compile within ``train_steps`` steps)."""
-    from cpuopt_helpers.stages.extensions import breakeven_steps
-
-    rows = table.set_index("name")
-    if "torch.compile" not in rows.index or "baseline" not in rows.index:
-        return "runtime: torch.compile: no result to compare; not carried up the ladder.", False
-    c, b = rows.loc["torch.compile"], rows.loc["baseline"]
-    if pd.isna(c.get("compile_s")):
-        return "runtime: torch.compile: its run recorded no compile time; not carried up the ladder.", False
-    warm = f" ({c.compile_warm_s:.0f} s with a warm cache)" if pd.notna(c.get("compile_warm_s")) else ""
-    head = f"runtime: torch.compile: compiled in {c.compile_s:.0f} s{warm}"
-    if comparison is None:
-        return f"{head}; not confirmed (its screening produced no comparison); not carried up the ladder.", False
-    verdict = compare.describe(comparison)
-    if comparison["verdict"] != "faster":
-        return f"{head}; against eager in fresh rounds: {verdict}; not carried up the ladder.", False
-    pays = breakeven_steps(c.compile_s, b.step_ms, b.step_ms / comparison["ratio"])
-    carried = bool(pays is not None and pays <= train_steps)
-    return (f"{head}; against eager in fresh rounds: {verdict}; it pays for its cold compile after {pays:,.0f} "
-            f"steps, " + ("within" if carried else "beyond") + f" a training run of {train_steps:,} steps: "
-            + ("carried up the ladder (later runs compile from a warm cache in their untimed warm-up)." if carried
-               else "not carried up the ladder."), carried)
-
-
-def climb(session, base: RunConfig, ladder: str, image_like: bool, tag: str, min_rounds: int, max_rounds: int,
-          budget_min: float | None, final_rounds: int, resume: bool = True, screen_rounds: int = 1,
-          rungs: tuple[str, ...] = CLIMB_RUNGS, train_steps: int = TRAIN_STEPS, progress=print) -> dict:
-    """Climb the ladder from ``base`` (PyTorch's defaults), handing each rung on under ``ladder``;
-    then the top against the base in ``final_rounds`` fresh paired rounds (the end-to-end
-    verdict). ``rungs`` climbs some of CLIMB_RUNGS only, in their order; ``train_steps`` is the
-    training run torch.compile must pay for its compile time within. Returns the rungs
-    (name, sentence, config, comparison, screening table) and that comparison."""
-    unknown = set(rungs) - set(CLIMB_RUNGS)
-    if unknown:
-        raise CpuoptError(f"unknown rung(s) {', '.join(sorted(unknown))}; use some of {', '.join(CLIMB_RUNGS)}")
-    facts = session.facts
-    session.reset_ladder(ladder, base.preset)
-    session.hand_on(base, "baseline", {"workload": base.workload, "sentence": "PyTorch's defaults"}, ladder=ladder)
-    current, climbed = base, []
-    confirm = session.confirmer(f"{tag}/confirm", min_rounds, max_rounds, budget_min, resume)
-    cache = session.store.path.parent / "inductor" / "".join(ch if ch.isalnum() else "-" for ch in f"{tag}-{ladder}")
-    for rung in [r for r in CLIMB_RUNGS if r in rungs]:
-        if rung == "runtime: torch.compile":
-            shutil.rmtree(cache, ignore_errors=True)  # the rung's first run compiles cold: its compile time
-        candidates, why = climb_candidates(rung, current, base, facts, image_like, str(cache))
-        table, comparison, faster = pd.DataFrame(), None, False
-        if not candidates:
-            sentence = f"{rung}: skipped: {why}."
-        else:
-            arms = {"baseline": current} | candidates
-            results = session.sweep(list(arms.values()), rounds=screen_rounds, tag=f"{tag}/screen", resume=resume)
-            table = choosing.named_table(results, arms)
-            choice = choosing.choose(table.assign(setting=table["name"]), rung, confirm, screen_gate=False,
-                                     incumbent_name="the rung below", stage=rung)
-            comparison = choice.comparison.to_dict() if choice.comparison else None
-            sentence, faster = choice.sentence, choice.changed
-            if rung == "runtime: torch.compile":
-                sentence, faster = compile_sentence(table, comparison, train_steps)
-            if faster:
-                current = choice.config
-        session.hand_on(current, rung, {"workload": base.workload, "sentence": sentence},
-                        comparison if faster else None, ladder=ladder)
-        climbed.append({"rung": rung, "sentence": sentence, "config": current, "comparison": comparison,
-                        "handed_on": faster, "table": table})
-        progress(f"{ladder}: {sentence}")
-    end = None
-    if current.config_hash() != base.config_hash():
-        end = session.confirm(base, current, f"{tag}/end-to-end", final_rounds, final_rounds, None, resume)
-        last = next(r for r in reversed(climbed) if r["handed_on"])  # the top rung keeps the end-to-end verdict
-        session.hand_on(current, last["rung"], {"workload": base.workload, "sentence": last["sentence"],
-                                                "end_to_end": _brief(end)}, last["comparison"], ladder=ladder)
-    return {"ladder": ladder, "base": base, "top": current, "rungs": climbed, "end_to_end": end}
-
-
-def _brief(c: dict) -> dict:
-    return {k: c[k] for k in ("ratio", "ci_low", "ci_high", "n", "verdict", "label", "margin", "min_rounds", "sweep")
-            if k in c}
-
-
-PAPER_TARGET, PAPER_TARGET_LOW = 2.0, 1.8  # the paper's ~2x; an interval whose lower end clears 1.8
-
-
-def climb_findings(result: dict) -> list[str]:
-    """The climb's rungs in words, and its top against PyTorch's defaults beside the paper's 2x."""
-    name, end = result["ladder"], result["end_to_end"]
-    lines = [f"{name}: {r['sentence']}" for r in result["rungs"]]
-    if end is None:
-        return lines + [f"{name}: no rung was confirmed faster; PyTorch's defaults stay the best configuration measured."]
-    change = setting_label(result["top"].to_dict(), result["base"].to_dict())
-    met = end["ratio"] >= PAPER_TARGET and (end.get("ci_low") or 0) > PAPER_TARGET_LOW
-    return lines + [f"{name}: the top of the ladder ({change}) against PyTorch's defaults, {end['n']} fresh paired "
-                    f"rounds: {compare.describe(end)}; the paper's about 2x (here: at least {PAPER_TARGET:.1f}x with "
-                    f"the interval's lower end above {PAPER_TARGET_LOW}) is {'reached' if met else 'not reached'}."]
 
 
 UNFIXED = "frozen stages' backward computed (the paper's unfixed build)"

@@ -1,0 +1,218 @@
+"""The whole method on one workload, rung by rung (notebook 08's climb, `make case-study`).
+
+Each rung of ``CLIMB`` is a row: its name in the ladder, the stage it belongs to, and the
+function that builds its candidates from the configuration the rungs below handed on. The
+candidates are screened (one round: it ranks several and checks their loss and memory), and
+the best is confirmed against that configuration with the comparison rule, whatever its one
+screening round said; a rung whose winner is not confirmed faster leaves the configuration as
+it was.
+
+torch.compile is carried up only where it is confirmed faster and pays for its cold compile
+within a training run of ``train_steps`` steps; from its rung on, every compiled run of the
+climb shares one Inductor cache (TORCHINDUCTOR_CACHE_DIR in the configuration's env), as a
+user's repeated launches would: the rung's first run compiles cold (its compile time), later
+runs compile warm, in their untimed warm-up. The top is then compared with PyTorch's defaults
+in fresh paired rounds: the end-to-end verdict.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from typing import Callable
+
+import pandas as pd
+
+from cpuopt_helpers import compare
+from cpuopt_helpers.config import RunConfig, setting_label
+from cpuopt_helpers.decisions import Comparison
+from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.stages import case_study, choosing
+from cpuopt_helpers.stages.choosing import with_options
+
+PINNED = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
+TRAIN_STEPS = 5000  # the training run torch.compile must pay for its cold compile within (notebook 08's TRAIN_STEPS)
+
+
+@dataclass(frozen=True)
+class Climbing:
+    """Where a climb stands when a rung builds its candidates."""
+
+    current: RunConfig  # what the rungs below handed on
+    base: RunConfig  # PyTorch's defaults, where the climb started
+    facts: dict
+    image_like: bool
+    compile_cache: str | None = None  # the Inductor cache compiled candidates share (None: each run its own)
+
+
+Candidates = tuple[dict[str, RunConfig], str]  # name -> config, or none and why
+
+
+def pinned(c: Climbing) -> Candidates:
+    return {"threads pinned to cores (OMP_PROC_BIND=close, OMP_PLACES=cores)":
+            c.current.replace(env=dict(c.current.env) | PINNED)}, ""
+
+
+def intel_openmp(c: Climbing) -> Candidates:
+    if not c.facts["openmp"].get("intel"):
+        return {}, "no Intel OpenMP runtime (libiomp5.so) was found; `pip install intel-openmp` provides one"
+    return {"Intel OpenMP": c.current.replace(omp_runtime="intel")}, ""
+
+
+def allocators(c: Climbing) -> Candidates:
+    found = {name: c.current.replace(allocator=name) for name, path in c.facts["allocators"].items() if path}
+    return found, "" if found else "neither jemalloc nor tcmalloc was found (`make setup` installs both)"
+
+
+def channels_last(c: Climbing) -> Candidates:
+    if not c.image_like:
+        return {}, "the workload is no image model"
+    return {"channels-last": c.current.replace(channels_last=True)}, ""
+
+
+def compiled(c: Climbing) -> Candidates:
+    cache = {"TORCHINDUCTOR_CACHE_DIR": c.compile_cache} if c.compile_cache else {}
+    return {"torch.compile": c.current.replace(compile="default", warmup=max(c.current.warmup, 1),
+                                               env=dict(c.current.env) | cache)}, ""
+
+
+def bf16(c: Climbing) -> Candidates:
+    gate = c.facts["bf16"]
+    if not gate["accelerated"]:
+        return {}, f"no bf16 fast path on this CPU ({gate['reason']}): the ladder stays in fp32"
+    return {"bf16 autocast, loss in fp32": c.current.replace(dtype="bf16", bf16_loss=False)}, ""
+
+
+def fixes(c: Climbing) -> Candidates:
+    """The paper's fixes together on top of the current configuration; and, where the workload
+    declares it, the same with FrozenBatchNorm2d folded into the conv (the other fix for that cost)."""
+    arms = case_study.configs(c.base, c.facts)[0]
+    fixed = arms.get("all fixes")
+    if fixed is None:
+        return {}, "the workload declares none of the fixes"
+
+    def on_top(fix: RunConfig) -> RunConfig:
+        return c.current.replace(options=dict(c.current.options) | dict(fix.options), optimizer_impl=fix.optimizer_impl)
+
+    found = {"the paper's fixes together": on_top(fixed)}
+    if case_study.FIX_NAMES[("frozen_bn", "folded")] in arms and dict(fixed.options).get("frozen_bn") != "folded":
+        found["the paper's fixes, FrozenBatchNorm2d folded into the conv"] = on_top(with_options(fixed, frozen_bn="folded"))
+    return found, ""
+
+
+@dataclass(frozen=True)
+class ClimbRung:
+    """One rung of the climb: its name in the ladder, its stage, its candidates."""
+
+    name: str
+    stage: str  # the ladder stage it is stored under (stages.LADDER_STAGES)
+    candidates: Callable[[Climbing], Candidates]
+    compiles: bool = False  # its candidates compile: cold cache first, carried up only where it pays
+
+
+CLIMB = (
+    ClimbRung("threading", "threading", pinned),
+    ClimbRung("threading: OpenMP runtime", "threading", intel_openmp),
+    ClimbRung("allocator", "allocator", allocators),
+    ClimbRung("runtime: channels-last", "runtime", channels_last),
+    ClimbRung("runtime: torch.compile", "runtime", compiled, compiles=True),
+    ClimbRung("bf16", "bf16", bf16),
+    ClimbRung("case-study fixes", "case-study fixes", fixes),
+)
+CLIMB_RUNGS = tuple(r.name for r in CLIMB)
+
+
+def compile_sentence(table: pd.DataFrame, comparison: Comparison | None, train_steps: int) -> tuple[str, bool]:
+    """torch.compile's rung: its compile times, when it pays, and whether it is carried up (confirmed
+    faster and paying for its cold compile within ``train_steps`` steps)."""
+    from cpuopt_helpers.stages.extensions import breakeven_steps
+
+    rows = table.set_index("name")
+    if "torch.compile" not in rows.index or "baseline" not in rows.index:
+        return "runtime: torch.compile: no result to compare; not carried up the ladder.", False
+    c, b = rows.loc["torch.compile"], rows.loc["baseline"]
+    if pd.isna(c.get("compile_s")):
+        return "runtime: torch.compile: its run recorded no compile time; not carried up the ladder.", False
+    warm = f" ({c.compile_warm_s:.0f} s with a warm cache)" if pd.notna(c.get("compile_warm_s")) else ""
+    head = f"runtime: torch.compile: compiled in {c.compile_s:.0f} s{warm}"
+    if comparison is None:
+        return f"{head}; not confirmed (its screening produced no comparison); not carried up the ladder.", False
+    if not comparison.faster:
+        return f"{head}; against eager in fresh rounds: {comparison.describe()}; not carried up the ladder.", False
+    pays = breakeven_steps(c.compile_s, b.step_ms, b.step_ms / comparison.ratio)
+    carried = bool(pays is not None and pays <= train_steps)
+    return (f"{head}; against eager in fresh rounds: {comparison.describe()}; it pays for its cold compile after "
+            f"{pays:,.0f} steps, " + ("within" if carried else "beyond") + f" a training run of {train_steps:,} steps: "
+            + ("carried up the ladder (later runs compile from a warm cache in their untimed warm-up)." if carried
+               else "not carried up the ladder."), carried)
+
+
+def climb_rung(session, rung: ClimbRung, where: Climbing, tag: str, confirm, screen_rounds: int, resume: bool,
+               train_steps: int) -> dict:
+    """Screen one rung's candidates against the current configuration and confirm the best."""
+    candidates, why = rung.candidates(where)
+    if not candidates:
+        return {"rung": rung.name, "sentence": f"{rung.name}: skipped: {why}.", "config": where.current,
+                "comparison": None, "handed_on": False, "table": pd.DataFrame()}
+    arms = {"baseline": where.current} | candidates
+    results = session.sweep(list(arms.values()), rounds=screen_rounds, tag=f"{tag}/screen", resume=resume)
+    table = choosing.named_table(results, arms)
+    choice = choosing.choose(table.assign(setting=table["name"]), rung.name, confirm, screen_gate=False,
+                             incumbent_name="the rung below", stage=rung.stage)
+    sentence, faster = choice.sentence, choice.changed
+    if rung.compiles:
+        sentence, faster = compile_sentence(table, choice.comparison, train_steps)
+    return {"rung": rung.name, "sentence": sentence, "config": choice.config if faster else where.current,
+            "comparison": choice.comparison, "handed_on": faster, "table": table}
+
+
+def climb(session, base: RunConfig, ladder: str, image_like: bool, tag: str, min_rounds: int, max_rounds: int,
+          budget_min: float | None, final_rounds: int, resume: bool = True, screen_rounds: int = 1,
+          rungs: tuple[str, ...] = CLIMB_RUNGS, train_steps: int = TRAIN_STEPS, progress=print) -> dict:
+    """Climb the ladder from ``base`` (PyTorch's defaults), handing each rung on under ``ladder``;
+    then the top against the base in ``final_rounds`` fresh paired rounds (the end-to-end
+    verdict). ``rungs`` climbs some of CLIMB_RUNGS only, in their order; ``train_steps`` is the
+    training run torch.compile must pay for its compile time within. Returns the rungs
+    (name, sentence, config, comparison, screening table) and that comparison."""
+    unknown = set(rungs) - set(CLIMB_RUNGS)
+    if unknown:
+        raise CpuoptError(f"unknown rung(s) {', '.join(sorted(unknown))}; use some of {', '.join(CLIMB_RUNGS)}")
+    session.reset_ladder(ladder, base.preset)
+    session.hand_on(base, "baseline", {"workload": base.workload, "sentence": "PyTorch's defaults"}, ladder=ladder)
+    current, climbed = base, []
+    confirm = session.confirmer(f"{tag}/confirm", min_rounds, max_rounds, budget_min, resume)
+    cache = session.store.path.parent / "inductor" / "".join(ch if ch.isalnum() else "-" for ch in f"{tag}-{ladder}")
+    for rung in [r for r in CLIMB if r.name in rungs]:
+        if rung.compiles:
+            shutil.rmtree(cache, ignore_errors=True)  # the rung's first run compiles cold: its compile time
+        where = Climbing(current, base, session.facts, image_like, str(cache))
+        step = climb_rung(session, rung, where, tag, confirm, screen_rounds, resume, train_steps)
+        current = step["config"]
+        session.hand_on(current, rung.name, {"workload": base.workload, "sentence": step["sentence"]},
+                        step["comparison"] if step["handed_on"] else None, ladder=ladder, stage=rung.stage)
+        climbed.append(step)
+        progress(f"{ladder}: {step['sentence']}")
+    end = None
+    if current.config_hash() != base.config_hash():
+        end = session.confirm(base, current, f"{tag}/end-to-end", final_rounds, final_rounds, None, resume)
+        last = next(r for r in reversed(climbed) if r["handed_on"])  # the top rung keeps the end-to-end verdict
+        session.hand_on(current, last["rung"], {"workload": base.workload, "sentence": last["sentence"],
+                                                "end_to_end": Comparison.from_dict(end).to_dict()},
+                        last["comparison"], ladder=ladder, stage=next(r.stage for r in CLIMB if r.name == last["rung"]))
+    return {"ladder": ladder, "base": base, "top": current, "rungs": climbed, "end_to_end": end}
+
+
+PAPER_TARGET, PAPER_TARGET_LOW = 2.0, 1.8  # the paper's ~2x; an interval whose lower end clears 1.8
+
+
+def climb_findings(result: dict) -> list[str]:
+    """The climb's rungs in words, and its top against PyTorch's defaults beside the paper's 2x."""
+    name, end = result["ladder"], result["end_to_end"]
+    lines = [f"{name}: {r['sentence']}" for r in result["rungs"]]
+    if end is None:
+        return lines + [f"{name}: no rung was confirmed faster; PyTorch's defaults stay the best configuration measured."]
+    change = setting_label(result["top"].to_dict(), result["base"].to_dict())
+    met = end["ratio"] >= PAPER_TARGET and (end.get("ci_low") or 0) > PAPER_TARGET_LOW
+    return lines + [f"{name}: the top of the ladder ({change}) against PyTorch's defaults, {end['n']} fresh paired "
+                    f"rounds: {compare.describe(end)}; the paper's about 2x (here: at least {PAPER_TARGET:.1f}x with "
+                    f"the interval's lower end above {PAPER_TARGET_LOW}) is {'reached' if met else 'not reached'}."]
