@@ -729,13 +729,13 @@ def _tune(args) -> int:
 def _workbook(args) -> int:
     from pathlib import Path
 
-    from cpuopt_helpers import system, workbook
+    from cpuopt_helpers import pages, system, workbook
     from cpuopt_helpers.results import ResultStore
 
     if args.wb_command == "readme":
-        section = workbook.results_markdown(ResultStore(), system.collect_facts(), args.preset)
+        section = pages.results_markdown(ResultStore(), system.collect_facts(), args.preset)
         if args.write:
-            workbook.update_readme(Path(args.write), section)
+            pages.update_readme(Path(args.write), section)
         else:
             print(section)
         return 0

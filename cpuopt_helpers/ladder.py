@@ -1,6 +1,6 @@
 """The optimisation ladder as typed rungs: what each stage handed on, and by how much.
 
-The notebooks hand rungs on through ``workbook.Session.hand_on`` (kept in the method's
+The notebooks hand rungs on through ``session.Session.hand_on`` (kept in the method's
 order, ``stages.LADDER_STAGES``); this module reads them back for notebook 09, the
 README, the report and ``cpuopt ladder``. Each rung carries its configuration, its
 comparison with the rung before (the confirmation that handed it on: ratio, interval,

@@ -17,7 +17,7 @@ import pandas as pd
 
 from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.results import ResultStore
-from cpuopt_helpers.workbook import Session
+from cpuopt_helpers.session import Session
 
 # what each change multiplies samples/s by: some pay, some cost, some do nothing
 FACTORS = {("omp_runtime", "intel"): 1.25, ("kmp_blocktime", 0): 1.02, ("affinity", "none"): 0.9,

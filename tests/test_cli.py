@@ -121,7 +121,7 @@ def test_workbook_run_passes_workloads_and_parameters_to_every_notebook(monkeypa
 
 def test_list_parameters_read_what_papermill_hands_over():
     from cpuopt_helpers.errors import CpuoptError
-    from cpuopt_helpers.workbook import parameter_list
+    from cpuopt_helpers.session import parameter_list
 
     assert parameter_list(["cnn"]) == parameter_list('["cnn"]') == parameter_list("cnn") == ["cnn"]
     assert parameter_list(" cnn , mypkg.m:build ") == ["cnn", "mypkg.m:build"]

@@ -10,7 +10,7 @@ from cpuopt_helpers.config import RunConfig, setting_label
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.results import ResultStore
-from cpuopt_helpers.workbook import Session
+from cpuopt_helpers.session import Session
 
 
 def comparison(ratio, low, high, n=6, verdict="faster"):

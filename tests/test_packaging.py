@@ -28,7 +28,7 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 EXTRAS = ("workbook", "test")
 # Modules only the notebooks, the report and the accuracy runs use; the rest is what a plain
 # `pip install cpuopt-helpers` must be able to import.
-WORKBOOK_MODULES = {"plots", "report", "workbook", "accuracy"}
+WORKBOOK_MODULES = {"plots", "report", "workbook", "pages", "accuracy"}
 # Imported name -> distribution, where they differ; None: not a dependency (IPEX lives in its own runtime;
 # zentorch is installed by `make setup` on an AMD CPU only, the release built for the torch installed).
 DISTRIBUTIONS = {"sklearn": "scikit-learn", "intel_extension_for_pytorch": None, "zentorch": None}

@@ -204,7 +204,7 @@ def test_concurrent_writers_never_corrupt(tmp_path):
 def test_readme_quotes_a_notebooks_answer_from_its_last_cell(tmp_path):
     import nbformat
 
-    from cpuopt_helpers.workbook import notebook_answer
+    from cpuopt_helpers.pages import notebook_answer
 
     nb = nbformat.v4.new_notebook()
     first, last = nbformat.v4.new_code_cell("print('x')"), nbformat.v4.new_code_cell("for l in lines: print(l)")
@@ -218,7 +218,7 @@ def test_readme_quotes_a_notebooks_answer_from_its_last_cell(tmp_path):
 
 def test_readme_lists_every_confirmation_with_its_rounds(tmp_path):
     from cpuopt_helpers.results import run_comparison
-    from cpuopt_helpers.workbook import _confirmation_lines
+    from cpuopt_helpers.pages import _confirmation_lines
 
     store = ResultStore(tmp_path / "r.sqlite")
     a, b = RunConfig(workload="cnn", threads=2), RunConfig(workload="cnn", threads=2, allocator="jemalloc")
@@ -236,7 +236,7 @@ def test_the_readme_words_a_comparison_with_the_design_it_ran_under(tmp_path):
     wider per-look interval it would say something else than the notebook did."""
     from cpuopt_helpers import compare
     from cpuopt_helpers.results import run_comparison
-    from cpuopt_helpers.workbook import _confirmation_lines
+    from cpuopt_helpers.pages import _confirmation_lines
 
     store = ResultStore(tmp_path / "r.sqlite")
     a, b = RunConfig(workload="cnn", threads=2), RunConfig(workload="cnn", threads=2, allocator="jemalloc")

@@ -248,7 +248,7 @@ def test_a_compile_too_short_to_have_generated_a_kernel_is_said_so():
 
 def test_the_ladders_end_reuses_a_one_rung_comparison_and_not_several(tmp_path):
     from cpuopt_helpers.results import ResultStore
-    from cpuopt_helpers.workbook import Session
+    from cpuopt_helpers.session import Session
 
     session = Session(facts={"fingerprint": "m", "physical_cores": 2}, store=ResultStore(tmp_path / "r.sqlite"))
     start = RunConfig.for_preset("cnn", "quick").replace(threads=2)
@@ -274,7 +274,7 @@ def test_the_ladders_end_reuses_a_one_rung_comparison_and_not_several(tmp_path):
 def test_a_stage_rerun_alone_starts_from_its_own_base_and_keeps_the_ladders_order(tmp_path):
     from cpuopt_helpers.errors import CpuoptError
     from cpuopt_helpers.results import ResultStore
-    from cpuopt_helpers.workbook import Session
+    from cpuopt_helpers.session import Session
 
     session = Session(facts={"fingerprint": "m", "physical_cores": 2}, store=ResultStore(tmp_path / "r.sqlite"))
     base = RunConfig.for_preset("cnn", "quick")

@@ -1,0 +1,219 @@
+"""The results pages: the README's generated section, worded from the results store of this
+machine (the ladder, the confirmations of this run, the executed notebooks' answers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cpuopt_helpers import compare
+from cpuopt_helpers.config import setting_label
+from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.results import ResultStore
+
+RESULTS_START, RESULTS_END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def results_markdown(store: ResultStore, facts: dict, preset: str = "standard") -> str:
+    """The README's results section, generated from the store of a workbook run."""
+    from datetime import date
+
+    from cpuopt_helpers.stages import baseline, choosing
+
+    machine = facts["fingerprint"]
+    runs = last_sweep_runs(store, "01_baseline", machine, preset)
+    roof = store.get_fact(machine, f"roofline/{preset}")
+    if not runs or roof is None:
+        raise CpuoptError(f"no {preset} results for this machine in {store.path}; run `make run` first")
+    table = choosing.throughput_table(runs)
+    day = max(r["created_at"] for r in runs)[:10] if runs else date.today().isoformat()
+    lines = [
+        f"Measured on {day} by `make run` (preset `{preset}`) on **{facts['cpu_model']}**, "
+        f"{facts['physical_cores']} physical / {facts['logical_cores']} logical cores, {facts['memory_gib']} GiB, "
+        f"torch {facts['versions']['torch']}, oneDNN {facts['versions']['onednn']}.",
+        "",
+        "| workload | samples/s (median; range over runs) | step ms | forward | backward | optimizer | GFLOP/s | share of GEMM peak |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    peak = roof["gemm_gflops_best"]
+    for name, row in table.iterrows():
+        lines.append(f"| {name} | {row['samples_per_s']:.1f} ({row['low']:.1f}-{row['high']:.1f}, {row['runs']} runs) | "
+                     f"{row['step_ms']:.0f} | {row['forward_share']:.0%} | {row['backward_share']:.0%} | "
+                     f"{row['optimizer_share']:.0%} | {row['gflops']:.1f} | {row['gflops'] / peak:.0%} |")
+    lines += ["", *[f"- {line}" for line in baseline.system_findings(facts, roof)[:2]],
+              *[f"- {line}" for line in baseline.findings(table, peak)],
+              "", "![baseline](docs/01_baseline.png)"]
+    launchers = bool(last_sweep_runs(store, "04_launchers", machine, preset))
+    lines += _profile_lines(store, machine, table.index, preset) + _launcher_lines(store, machine, preset)
+    from cpuopt_helpers import ladder
+
+    ladders = list(table.index) + [n for n in ladder.workloads(store, machine, preset, "retinanet") if n not in table.index]
+    lines += _precision_lines(store, machine, preset) + _ladder_lines(store, facts, ladders, preset)
+    lines += _paper_lines(store, machine, preset)
+    lines += ["", "![thread scaling](docs/03_scaling.png)", *(["![launchers](docs/04_launchers.png)"] if launchers else []),
+              "![bf16 throughput](docs/06_throughput.png)", "![bf16 accuracy](docs/06_accuracy.png)"]
+    lines += _confirmation_lines(store, machine)
+    lines += _answer_lines(Path(store.path).parent / "notebooks")
+    return "\n".join(lines)
+
+
+def last_sweep_runs(store: ResultStore, tag: str, machine: str, preset: str | None = None) -> list[dict]:
+    """The results of the latest sweep with this tag (of this preset): a re-run notebook's
+    sweep replaces the earlier one in the README, never mixes with it."""
+    sweeps = [s for s in store.sweeps(kind="sweep", machine=machine) if s["tag"] == tag
+              and (preset is None or any(arm["preset"] == preset for arm in s["arms"]))]
+    return store.results(sweep=sweeps[-1]["id"]) if sweeps else []
+
+
+def _confirmation_lines(store: ResultStore, machine: str) -> list[str]:
+    """Every adaptive A/B of the run: what was confirmed against what, in how many rounds,
+    and why it stopped (the verdict, or the budget) - what the time budget allowed."""
+
+    rows = []
+    for sweep in store.sweeps(kind="ab", machine=machine):
+        runs = [r for r in store.results(sweep=sweep["id"]) if r["status"] == "ok"]
+        by = {(r["arm"], r["round"]): r["samples_per_s"] for r in runs}
+        rounds = sorted({k[1] for k in by if (0, k[1]) in by and (1, k[1]) in by})
+        if not rounds:
+            continue
+        design = store.get_fact(machine, f"ab/{sweep['id']}") or {}  # as it ran (older stores: the defaults)
+        result = compare.sequential_ratio([by[(0, i)] for i in rounds], [by[(1, i)] for i in rounds],
+                                          design.get("min_rounds", compare.MIN_ROUNDS),
+                                          design.get("max_rounds", compare.MAX_ROUNDS))
+        change = setting_label(sweep["arms"][1], sweep["arms"][0])
+        rows.append(f"| {(sweep['tag'] or '').split('/')[0]} | {sweep['arms'][0]['workload']} | {change} | "
+                    f"{compare.describe(result)} |")
+    if not rows:
+        return []
+    return ["", "Every confirmation of this run (a screening winner against the incumbent in fresh rounds, as many "
+            "as the notebook's MIN_ROUNDS, MAX_ROUNDS and BUDGET_MIN allowed): the rounds and the verdict, with the "
+            "interval of the comparison's own design.", "",
+            "| notebook | workload | change confirmed | ratio, interval, rounds: verdict |", "|---|---|---|---|", *rows]
+
+
+ANSWERS = {"05_ipex": ("IPEX and its upstream replacements (notebook 05)", ["05_runtimes"]),
+           "07_multi_instance": ("Multi-instance and DDP (notebook 07)", ["07_layouts", "07_convergence"]),
+           "08_case_study_retinanet": ("The RetinaNet case study (notebook 08)", ["08_ladder", "08_frozen_layers"]),
+           "09_summary": ("The ladder (notebook 09)", ["09_ladder"])}
+
+
+def notebook_answer(path: Path) -> list[str]:
+    """The findings a notebook printed in its last code cell (its answer), one per line."""
+    import nbformat
+
+    cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    text = "".join(o.get("text", "") for o in (cells[-1].get("outputs", []) if cells else [])
+                   if o.get("output_type") == "stream" and o.get("name") == "stdout")  # not progress bars
+    return [line for line in text.replace("\r", "\n").splitlines() if line.startswith("- ")]  # after progress bars
+
+
+def _answer_lines(folder: Path) -> list[str]:
+    """Each later notebook's answer, quoted from the executed notebook, with its figures."""
+    lines = []
+    for stem, (title, figures) in ANSWERS.items():
+        path = folder / f"{stem}.ipynb"
+        if not path.exists():
+            continue
+        lines += ["", f"{title}, as the executed notebook concluded:", "", *notebook_answer(path), ""]
+        lines += [f"![{f}](docs/{f}.png)" for f in figures]
+    return lines
+
+
+def _precision_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
+    from cpuopt_helpers.stages import choosing
+
+    runs = last_sweep_runs(store, "06_bf16", machine)
+    if not runs:
+        return []
+    lines = ["", "bf16 autocast against fp32 (notebook 06, loss in fp32; on a CPU without a bf16 fast path "
+             "it runs on the quick preset; screening rounds):", "", "| workload | setting | vs fp32 |", "|---|---|---|"]
+    for w in dict.fromkeys(r["config"]["workload"] for r in runs):
+        first = min((r for r in runs if r["config"]["workload"] == w), key=lambda r: r["arm"])["config"]
+        for _, row in choosing.compare_configs(runs, first, w).iterrows():
+            if isinstance(row.get("comparison"), dict):
+                lines.append(f"| {w} | {row['setting']} | {compare.describe(row['comparison'])} |")
+        for r in runs:
+            if r["config"]["workload"] == w and r["status"] == "unsupported" and r["round"] == 0:
+                reason = r["reason"].splitlines()[-1].replace("cpuopt worker: ", "")[:140]
+                lines.append(f"| {w} | {setting_label(r['config'], first)} | {reason} |")
+    return lines
+
+
+def _ladder_lines(store: ResultStore, facts: dict, workloads, preset: str) -> list[str]:
+    from cpuopt_helpers import compare, ladder
+
+    lines = ["", "The optimisation ladder: what each notebook handed on (a step that kept the previous "
+             "configuration says so), and the last rung over PyTorch's defaults (`cpuopt ladder` prints it).", "",
+             "| workload | ladder | over PyTorch's defaults |", "|---|---|---|"]
+    for w in workloads:
+        rungs = ladder.rungs(store, facts["fingerprint"], w, preset, facts["physical_cores"])
+        if not rungs:
+            continue
+        steps = " -> ".join(f"{r.step}: {r.change}" for r in rungs[1:])
+        chained, end = rungs[-1].vs_baseline, ladder.top_end_to_end(rungs)
+        over = (f"{end.describe()} (the top against the defaults in fresh paired rounds)" if end else
+                compare.describe(chained) if any(not r.kept for r in rungs[1:])
+                else "1.00x: every stage kept PyTorch's defaults")
+        lines.append(f"| {w} | baseline -> {steps} | {over} |" if steps else f"| {w} | baseline (nothing handed on) | |")
+    return lines if len(lines) > 5 else []
+
+
+def _paper_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
+    """Notebook 08's table: the paper's RetinaNet numbers beside this machine's."""
+    rows = store.get_fact(machine, f"case-study/paper/{preset}")
+    if not rows:
+        return []
+    lines = ["", "The paper's RetinaNet numbers beside this machine's (notebook 08; ratios, an interval where the run "
+             "had the rounds for one):", "", "| fix | the paper | here | why (this run's data) |", "|---|---|---|---|"]
+    for r in rows:
+        paper = f"{r['paper']:.2f}x" if r["paper"] and r["paper"] == r["paper"] else "-"  # None, or NaN from a table
+        lines.append(f"| {r['fix']} | {paper} | {r['here, worded']} | {r['why']} |")
+    return lines
+
+
+def _profile_lines(store: ResultStore, machine: str, workloads, preset: str) -> list[str]:
+    rows = [(w, store.get_fact(machine, f"profile/{w}/{preset}")) for w in workloads]
+    rows = [(w, p) for w, p in rows if p]
+    if not rows:
+        return []
+    lines = ["", "ProfileDNN (notebook 02): share of the measured step in oneDNN primitives, and the efficiency "
+             "ratio (replayed kernel-only time / measured step).", "",
+             "| workload | step ms | oneDNN coverage | efficiency ratio | operator spans per step |", "|---|---|---|---|---|"]
+    for w, p in rows:
+        eff = f"{p['efficiency']:.0%}" if p.get("efficiency") is not None else "n/a"
+        spans = f"{p['ops_per_step']:.0f}" if p.get("ops_per_step") is not None else "n/a"
+        lines.append(f"| {w} | {p['step_ms']:.1f} | {p['coverage']:.0%} | {eff} | {spans} |")
+    return lines
+
+
+def _launcher_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
+    from cpuopt_helpers.stages import choosing
+
+    runs = last_sweep_runs(store, "04_launchers", machine, preset)
+    if not runs:
+        return ["", "Launchers (notebook 04): the best setting against PyTorch's and `run_cpu`'s defaults was not "
+                f"measured in the {preset} preset (`make run PRESET=full` measures it)."]
+    lines = ["", "Threading, allocator and launchers (notebooks 03-04): the best setting handed on, as a ratio to "
+             "PyTorch's defaults measured in interleaved rounds, next to `run_cpu`'s defaults.", "",
+             "| workload | setting | vs PyTorch's defaults |", "|---|---|---|"]
+    notes = []
+    for w in dict.fromkeys(r["config"]["workload"] for r in runs):
+        default = min((r for r in runs if r["config"]["workload"] == w), key=lambda r: r["arm"])["config"]
+        table = choosing.compare_configs(runs, default, w)
+        for _, row in table.iterrows():
+            comparison = row.get("comparison") if isinstance(row.get("comparison"), dict) else None
+            name = ("PyTorch's defaults" if row["is_baseline"] else
+                    "run_cpu's defaults" if row["config"]["launcher"] == "run_cpu" else f"best: {row['setting']}")
+            lines.append(f"| {w} | {name} | {compare.describe(comparison) if comparison else '1.00x'} |")
+            if name.startswith("best") and comparison and comparison["verdict"] in ("slower", "no different",
+                                                                                   "equivalent"):
+                notes.append(f"- {w}: the setting handed on measured {comparison['ratio']:.2f}x PyTorch's defaults "
+                             f"in this later sweep ({comparison['verdict']}): its confirmed win in notebooks 03-04 "
+                             "did not replicate here.")
+    return lines + ([""] + notes if notes else [])
+
+
+def update_readme(readme: Path, section: str) -> None:
+    """Replace the text between the results markers of the README."""
+    text = readme.read_text()
+    start, end = text.index(RESULTS_START) + len(RESULTS_START), text.index(RESULTS_END)
+    readme.write_text(text[:start] + "\n" + section + "\n" + text[end:])
