@@ -373,19 +373,20 @@ def test_the_loss_backward_is_found_in_a_trace_by_autograd_sequence_numbers(tmp_
 def test_the_papers_comparisons_are_planned_or_left_out_with_the_reason():
     from cpuopt_helpers.config import RunConfig
     from cpuopt_helpers.profiledn import capture
+    from cpuopt_helpers.stages import profiling
 
     cnn = capture.Profile("cnn", RunConfig.for_preset("cnn", "quick"), {}, {}, "cnn.log", parsed=object(), projection=None)
     asked = {"channels-last": ["cnn"], "IPEX": ["cnn"], "bf16": ["cnn", "rnn"]}
     built = {"available": True, "torch": "2.8.0", "ipex": "2.8.0"}
-    pairs = capture.variant_pairs([cnn], asked, built, {"accelerated": True, "reason": "avx512_bf16"})
+    pairs = profiling.variant_pairs([cnn], asked, built, {"accelerated": True, "reason": "avx512_bf16"})
     planned = {p["variant"]: p for p in pairs if "skip" not in p}
     assert planned["channels-last"]["base"] is cnn and planned["channels-last"]["other"].channels_last
     ipex = planned["IPEX"]  # both arms in the IPEX runtime: one oneDNN build
     assert (ipex["base"].runtime, ipex["base"].ipex, ipex["other"].runtime, ipex["other"].ipex) == ("ipex", False, "ipex", True)
     assert planned["bf16"]["other"].dtype == "bf16" and planned["bf16"]["note"].startswith("bf16 has a fast path")
     assert [p["skip"] for p in pairs if "skip" in p] == ["rnn: not compared (bf16): it was not profiled above"]
-    missing = capture.variant_pairs([cnn], asked, {"available": False, "reason": "IPEX=0"}, {"accelerated": False})
+    missing = profiling.variant_pairs([cnn], asked, {"available": False, "reason": "IPEX=0"}, {"accelerated": False})
     assert "cnn: not compared with IPEX: IPEX=0" in [p.get("skip") for p in missing]
     assert "no fast path" in next(p for p in missing if p["variant"] == "bf16")["note"]
     with pytest.raises(CpuoptError, match="unknown comparison"):
-        capture.variant_pairs([cnn], {"fp16": ["cnn"]}, built, {})
+        profiling.variant_pairs([cnn], {"fp16": ["cnn"]}, built, {})

@@ -1,20 +1,19 @@
-"""Profile a workload end to end: a plain run, a traced run, the breakdown and the projection."""
+"""A workload's profile as data: what ran, what its oneDNN log says, its projection; the tables,
+shares and sentences made from profiles. The runs themselves are made by the profiling stage
+(``stages.profiling.profile_workload``)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 
 from cpuopt_helpers.config import RunConfig
-from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.profiledn.breakdown import breakdown, compare, compare_findings, findings
-from cpuopt_helpers.profiledn.parse import ParsedLog, parse_log
-from cpuopt_helpers.profiledn.replay import project_log, projection_findings
-from cpuopt_helpers.profiledn import wholestep
-from cpuopt_helpers.profiledn.trace import summarize_trace, trace_findings
+from cpuopt_helpers.profiledn.parse import ParsedLog
+from cpuopt_helpers.profiledn.replay import projection_findings
+from cpuopt_helpers.profiledn.trace import trace_findings
 
 
 @dataclass
@@ -54,45 +53,6 @@ class Profile:
 
 def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "_", text).strip("_")
-
-
-def profile_workload(session, config: RunConfig, log_dir: Path, label: str | None = None,
-                     repeats: int = 10, tag: str = "02_profiling", trace: bool = False,
-                     plain: dict | None = None) -> Profile:
-    """Measure the plain step, log the timed steps of a second run, parse and project.
-
-    ``plain``: a run of this configuration already measured (notebook 01's baseline), reused
-    for the step time instead of measuring it again. The replay runs on the plain run's
-    cores with its thread count. With ``trace=True`` a third run records its timed steps
-    with torch.profiler, and a fourth again without shapes (``wholestep.timing_path``). A
-    failed run gives a Profile with ``parsed=None``; its RunResult says why.
-    """
-    label = label or config.workload
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log = str(log_dir / f"{safe_name(label)}_{config.preset}.log")
-    if plain is None:
-        plain = session.run(config)
-        session.store.save_result(plain, tag=tag)
-    traced = session.run(config.replace(onednn_verbose=log))
-    session.store.save_result(traced, tag=tag)
-    if plain["status"] != "ok" or traced["status"] != "ok":
-        return Profile(label, config, plain, traced, log, None, None)
-    parsed = parse_log(log)
-    inst = plain["instances"][0]
-    projection = None
-    if not parsed.exec.empty:
-        projection = project_log(log, config.steps, plain["step_ms"]["median"], inst["torch_threads"],
-                                 inst["cores"], repeats)
-    summary = None
-    if trace:
-        path = str(log_dir / f"{safe_name(label)}_{config.preset}.trace.json")
-        traced_run = session.run(config.replace(trace=path))
-        session.store.save_result(traced_run, tag=tag)
-        if traced_run["status"] == "ok":
-            summary = summarize_trace(path)
-            # the same steps traced without shapes: the times whole-step projection uses
-            session.store.save_result(session.run(wholestep.timing_config(config, path)), tag=tag)
-    return Profile(label, config, plain, traced, log, parsed, projection, summary)
 
 
 def profile_table(profiles: list[Profile]) -> pd.DataFrame:
@@ -165,75 +125,6 @@ class Comparison:
                 f"({b / o:.2f}x in one run each; the optimisation notebooks measure it with repeats).")
         return [head] + ([self.note] if self.note else []) + compare_findings(
             self.base.parsed.exec, self.other.parsed.exec, self.labels, (self.base.steps, self.other.steps))
-
-
-VARIANTS = ("channels-last", "IPEX", "bf16")
-
-
-def variant_pairs(profiles: list[Profile], workloads: dict[str, list[str]], ipex: dict, bf16: dict) -> list[dict]:
-    """The paper's comparisons, planned: for each variant (``VARIANTS``) and each workload named
-    in ``workloads[variant]``, the reference and the variant's config, or why it is left out.
-
-    - channels-last: the profile above against the same config in NHWC;
-    - IPEX: torch 2.8 stock against torch 2.8 + ``ipex.optimize``, both in the IPEX runtime
-      (one oneDNN build, so what differs is IPEX's); where the runtime is built (``ipex``:
-      ``runtimes.ipex_facts()``);
-    - bf16: the profile above (fp32) against bf16 autocast; where the CPU has no bf16 fast
-      path (``bf16``: the gate) it still runs, and the log shows the kernels that serve it.
-    """
-    unknown = set(workloads) - set(VARIANTS)
-    if unknown:
-        raise CpuoptError(f"unknown comparison(s) {', '.join(sorted(unknown))}; use some of {', '.join(VARIANTS)}")
-    done = {p.label: p for p in profiles}
-    pairs = []
-    for variant in VARIANTS:
-        for w in workloads.get(variant, []):
-            base = done.get(w)
-            if base is None or not base.ok:
-                pairs.append({"workload": w, "variant": variant,
-                              "skip": f"{w}: not compared ({variant}): it was not profiled above"})
-                continue
-            config = base.config
-            if variant == "channels-last":
-                pairs.append({"workload": w, "variant": variant, "base": base, "labels": ("default", "channels_last"),
-                              "other": config.replace(channels_last=True), "note": ""})
-            elif variant == "IPEX":
-                if not ipex.get("available"):
-                    pairs.append({"workload": w, "variant": variant, "skip": f"{w}: not compared with IPEX: "
-                                  f"{ipex.get('reason') or 'the IPEX runtime is not built'}"})
-                    continue
-                pairs.append({"workload": w, "variant": variant, "base": config.replace(runtime="ipex"),
-                              "labels": ("torch_2.8", "torch_2.8_IPEX"),
-                              "other": config.replace(runtime="ipex", ipex=True),
-                              "note": f"Both in the IPEX runtime (torch {ipex.get('torch')}, IPEX {ipex.get('ipex')}): "
-                                      "one oneDNN build, so what differs is ipex.optimize's doing."})
-            else:
-                state = ("bf16 has a fast path here" if bf16.get("accelerated") else
-                         "bf16 has no fast path here, so expect reference or emulated kernels")
-                pairs.append({"workload": w, "variant": variant, "base": base, "labels": ("fp32", "bf16"),
-                              "other": config.replace(dtype="bf16"), "note": f"{state}: {bf16.get('reason', '')}"})
-    return pairs
-
-
-def compare_variants(session, pairs: list[dict], log_dir: Path, repeats: int = 10) -> tuple[list[Comparison], list[str]]:
-    """Profile what ``variant_pairs`` planned; the comparisons, and a line for each pair left out or failed."""
-    comparisons, notes = [], []
-    for pair in pairs:
-        if "skip" in pair:
-            notes.append(pair["skip"])
-            continue
-        w, (la, lb) = pair["workload"], pair["labels"]
-        base = pair["base"] if isinstance(pair["base"], Profile) else profile_workload(
-            session, pair["base"], log_dir, label=f"{w} {la}", repeats=repeats)
-        other = profile_workload(session, pair["other"], log_dir, label=f"{w} {lb}", repeats=repeats)
-        comparison = Comparison(base, other, (la, lb), pair["note"])
-        if comparison.ok:
-            comparisons.append(comparison)
-        else:
-            failed = next(p for p in (base, other) if not p.ok)
-            why = (failed.traced.get("reason") or failed.plain.get("reason") or "no log").strip().splitlines()
-            notes.append(f"{w}: {la} vs {lb} not compared: {failed.label} failed: {why[-1][:200] if why else ''}")
-    return comparisons, notes
 
 
 def answer(profiles: list[Profile], comparisons: list[Comparison]) -> list[str]:

@@ -176,11 +176,12 @@ def profile_case_study(session, configs: dict[str, RunConfig], log_dir, repeats:
     (its plain step time reused from a stored run under one of ``tags`` where there is one),
     and the comparisons of the first with each other one."""
     from cpuopt_helpers.profiledn import capture
+    from cpuopt_helpers.stages import profiling
 
     profiles = []
     for label, config in configs.items():
         plain = next((r for r in (session.stored_run(config, t) for t in tags) if r), None)
-        profiles.append(capture.profile_workload(session, config, log_dir, label=label, repeats=repeats,
+        profiles.append(profiling.profile_workload(session, config, log_dir, label=label, repeats=repeats,
                                                  tag="08_case_study/profile", plain=plain, trace=True))
     first, labels = profiles[0], list(configs)
     comparisons = [capture.Comparison(first, p, (labels[0], label)) for label, p in zip(labels[1:], profiles[1:])]

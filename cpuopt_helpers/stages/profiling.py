@@ -1,11 +1,22 @@
 """Stage 02, profiling (ProfileDNN): where does the step's time go in oneDNN, and how fast
-could its kernels run? The capture and projection live in profiledn/; this is what the
-notebook words from them.
+could its kernels run? The runs a profile needs (a plain run, a logged run, a trace) and the
+paper's comparisons (channels-last, IPEX, bf16) are made here, through the session; parsing,
+breakdown and projection live in profiledn/.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
+
+from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.profiledn import wholestep
+from cpuopt_helpers.profiledn.capture import Comparison, Profile, safe_name
+from cpuopt_helpers.profiledn.parse import parse_log
+from cpuopt_helpers.profiledn.replay import project_log
+from cpuopt_helpers.profiledn.trace import summarize_trace
 
 
 def slow_kernels(df: pd.DataFrame, top: int = 5) -> list[str]:
@@ -16,3 +27,111 @@ def slow_kernels(df: pd.DataFrame, top: int = 5) -> list[str]:
     total = by_impl["sum"].sum()
     return ["Slowest kernels: " + "; ".join(f"{kind} {impl} {row['sum'] / total:.0%} ({int(row['count'])} calls)"
                                             for (kind, impl), row in by_impl.head(top).iterrows()) + "."]
+
+
+def profile_workload(session, config: RunConfig, log_dir: Path, label: str | None = None,
+                     repeats: int = 10, tag: str = "02_profiling", trace: bool = False,
+                     plain: dict | None = None) -> Profile:
+    """Measure the plain step, log the timed steps of a second run, parse and project.
+
+    ``plain``: a run of this configuration already measured (notebook 01's baseline), reused
+    for the step time instead of measuring it again. The replay runs on the plain run's
+    cores with its thread count. With ``trace=True`` a third run records its timed steps
+    with torch.profiler, and a fourth again without shapes (``wholestep.timing_path``). A
+    failed run gives a Profile with ``parsed=None``; its RunResult says why.
+    """
+    label = label or config.workload
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = str(log_dir / f"{safe_name(label)}_{config.preset}.log")
+    if plain is None:
+        plain = session.run(config)
+        session.store.save_result(plain, tag=tag)
+    traced = session.run(config.replace(onednn_verbose=log))
+    session.store.save_result(traced, tag=tag)
+    if plain["status"] != "ok" or traced["status"] != "ok":
+        return Profile(label, config, plain, traced, log, None, None)
+    parsed = parse_log(log)
+    inst = plain["instances"][0]
+    projection = None
+    if not parsed.exec.empty:
+        projection = project_log(log, config.steps, plain["step_ms"]["median"], inst["torch_threads"],
+                                 inst["cores"], repeats)
+    summary = None
+    if trace:
+        path = str(log_dir / f"{safe_name(label)}_{config.preset}.trace.json")
+        traced_run = session.run(config.replace(trace=path))
+        session.store.save_result(traced_run, tag=tag)
+        if traced_run["status"] == "ok":
+            summary = summarize_trace(path)
+            # the same steps traced without shapes: the times whole-step projection uses
+            session.store.save_result(session.run(wholestep.timing_config(config, path)), tag=tag)
+    return Profile(label, config, plain, traced, log, parsed, projection, summary)
+
+
+VARIANTS = ("channels-last", "IPEX", "bf16")
+
+
+def variant_pairs(profiles: list[Profile], workloads: dict[str, list[str]], ipex: dict, bf16: dict) -> list[dict]:
+    """The paper's comparisons, planned: for each variant (``VARIANTS``) and each workload named
+    in ``workloads[variant]``, the reference and the variant's config, or why it is left out.
+
+    - channels-last: the profile above against the same config in NHWC;
+    - IPEX: torch 2.8 stock against torch 2.8 + ``ipex.optimize``, both in the IPEX runtime
+      (one oneDNN build, so what differs is IPEX's); where the runtime is built (``ipex``:
+      ``runtimes.ipex_facts()``);
+    - bf16: the profile above (fp32) against bf16 autocast; where the CPU has no bf16 fast
+      path (``bf16``: the gate) it still runs, and the log shows the kernels that serve it.
+    """
+    unknown = set(workloads) - set(VARIANTS)
+    if unknown:
+        raise CpuoptError(f"unknown comparison(s) {', '.join(sorted(unknown))}; use some of {', '.join(VARIANTS)}")
+    done = {p.label: p for p in profiles}
+    pairs = []
+    for variant in VARIANTS:
+        for w in workloads.get(variant, []):
+            base = done.get(w)
+            if base is None or not base.ok:
+                pairs.append({"workload": w, "variant": variant,
+                              "skip": f"{w}: not compared ({variant}): it was not profiled above"})
+                continue
+            config = base.config
+            if variant == "channels-last":
+                pairs.append({"workload": w, "variant": variant, "base": base, "labels": ("default", "channels_last"),
+                              "other": config.replace(channels_last=True), "note": ""})
+            elif variant == "IPEX":
+                if not ipex.get("available"):
+                    pairs.append({"workload": w, "variant": variant, "skip": f"{w}: not compared with IPEX: "
+                                  f"{ipex.get('reason') or 'the IPEX runtime is not built'}"})
+                    continue
+                pairs.append({"workload": w, "variant": variant, "base": config.replace(runtime="ipex"),
+                              "labels": ("torch_2.8", "torch_2.8_IPEX"),
+                              "other": config.replace(runtime="ipex", ipex=True),
+                              "note": f"Both in the IPEX runtime (torch {ipex.get('torch')}, IPEX {ipex.get('ipex')}): "
+                                      "one oneDNN build, so what differs is ipex.optimize's doing."})
+            else:
+                state = ("bf16 has a fast path here" if bf16.get("accelerated") else
+                         "bf16 has no fast path here, so expect reference or emulated kernels")
+                pairs.append({"workload": w, "variant": variant, "base": base, "labels": ("fp32", "bf16"),
+                              "other": config.replace(dtype="bf16"), "note": f"{state}: {bf16.get('reason', '')}"})
+    return pairs
+
+
+def compare_variants(session, pairs: list[dict], log_dir: Path, repeats: int = 10) -> tuple[list[Comparison], list[str]]:
+    """Profile what ``variant_pairs`` planned; the comparisons, and a line for each pair left out or failed."""
+    comparisons, notes = [], []
+    for pair in pairs:
+        if "skip" in pair:
+            notes.append(pair["skip"])
+            continue
+        w, (la, lb) = pair["workload"], pair["labels"]
+        base = pair["base"] if isinstance(pair["base"], Profile) else profile_workload(
+            session, pair["base"], log_dir, label=f"{w} {la}", repeats=repeats)
+        other = profile_workload(session, pair["other"], log_dir, label=f"{w} {lb}", repeats=repeats)
+        comparison = Comparison(base, other, (la, lb), pair["note"])
+        if comparison.ok:
+            comparisons.append(comparison)
+        else:
+            failed = next(p for p in (base, other) if not p.ok)
+            why = (failed.traced.get("reason") or failed.plain.get("reason") or "no log").strip().splitlines()
+            notes.append(f"{w}: {la} vs {lb} not compared: {failed.label} failed: {why[-1][:200] if why else ''}")
+    return comparisons, notes
