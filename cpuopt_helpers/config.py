@@ -249,7 +249,9 @@ class Knob:
 
     @property
     def default(self):
-        return RunConfig.__dataclass_fields__[self.field].default
+        """The field's default in RunConfig (None for a field it does not have yet)."""
+        field = RunConfig.__dataclass_fields__.get(self.field)
+        return field.default if field is not None else None
 
 
 def _intel(config: RunConfig) -> bool:

@@ -18,6 +18,7 @@ import pandas as pd
 from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.results import ResultStore
 from cpuopt_helpers.session import Session
+from tests.conftest import make_facts
 
 # what each change multiplies samples/s by: some pay, some cost, some do nothing
 FACTORS = {("omp_runtime", "intel"): 1.25, ("kmp_blocktime", 0): 1.02, ("affinity", "none"): 0.9,
@@ -56,10 +57,7 @@ class FakeSession(Session):
 
 def facts() -> dict:
     """A 2-core machine with both allocators, Intel's OpenMP and a bf16 fast path."""
-    return {"fingerprint": "golden", "physical_cores": 2, "logical_cores": 2, "sockets": 1,
-            "numa_nodes": {"0": [0, 1]}, "openmp": {"gnu": "bundled", "intel": "/lib/libiomp5.so"},
-            "allocators": {"jemalloc": "/lib/libjemalloc.so.2", "tcmalloc": "/lib/libtcmalloc_minimal.so.4"},
-            "bf16": {"accelerated": True, "path": "AMX", "reason": "made up"}, "cpu_vendor": "GenuineIntel"}
+    return make_facts(fingerprint="golden", bf16={"accelerated": True, "path": "AMX", "reason": "made up"})
 
 
 def record(session: Session, stage: str, choice) -> dict:

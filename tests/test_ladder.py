@@ -11,6 +11,7 @@ from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.results import ResultStore
 from cpuopt_helpers.session import Session
+from tests.conftest import make_facts
 
 
 def comparison(ratio, low, high, n=6, verdict="faster"):
@@ -30,7 +31,7 @@ def hand_on_rungs(session, workload="cnn"):
 
 
 def test_rungs_in_stage_order_with_ratios_chained_to_the_baseline(tmp_path):
-    session = Session(facts={"fingerprint": "m", "physical_cores": 2}, store=ResultStore(tmp_path / "r.sqlite"))
+    session = Session(facts=make_facts(), store=ResultStore(tmp_path / "r.sqlite"))
     hand_on_rungs(session)
     rows = ladder.rungs(session.store, "m", "cnn", "quick", 2)
     assert [r.step for r in rows] == ["baseline", "threading", "allocator", "runtime"]
@@ -80,7 +81,7 @@ def test_cli_ladder_json_and_a_clear_error_without_one(tmp_path, monkeypatch, ca
 
 def test_a_change_its_comparison_did_not_confirm_gets_no_borrowed_interval(tmp_path):
     store = ResultStore(tmp_path / "r.sqlite")
-    session = Session(facts={"fingerprint": "m", "physical_cores": 2}, store=store)
+    session = Session(facts=make_facts(), store=store)
     base = RunConfig.for_preset("cnn", "quick").replace(threads=2)
     one, jem = base.replace(threads=1), base.replace(threads=1, allocator="jemalloc")
     session.hand_on(base, "baseline")

@@ -10,15 +10,9 @@ from cpuopt_helpers import planning, system
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
 
-FIX = Path(__file__).parent / "fixtures"
-LIBS = {"jemalloc": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
-        "tcmalloc": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
-        "iomp": "/venv/lib/libiomp5.so"}
-
-
-def machine(numactl=True, taskset=True, libs=LIBS, fixture="lscpu_p_xeon_2s_smt.txt"):
-    topo = system.Topology(tuple(system.parse_lscpu_parse((FIX / fixture).read_text())))
-    return planning.Machine(topo, dict(libs), numactl, taskset)
+from tests.conftest import FIXTURES as FIX
+from tests.conftest import LIBS
+from tests.conftest import make_machine as machine
 
 
 def plan(config=RunConfig(), env=None, **kw):

@@ -7,6 +7,7 @@ import pytest
 from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig, setting_label
 from cpuopt_helpers.stages import allocator, case_study, choosing, extensions, summary, threads
+from tests.conftest import make_facts
 
 FACTS = {"physical_cores": 4, "logical_cores": 8, "sockets": 2, "openmp": {"intel": "/x/libiomp5.so"},
          "allocators": {"jemalloc": "/x/libjemalloc.so.2", "tcmalloc": None}}
@@ -250,7 +251,7 @@ def test_the_ladders_end_reuses_a_one_rung_comparison_and_not_several(tmp_path):
     from cpuopt_helpers.results import ResultStore
     from cpuopt_helpers.session import Session
 
-    session = Session(facts={"fingerprint": "m", "physical_cores": 2}, store=ResultStore(tmp_path / "r.sqlite"))
+    session = Session(facts=make_facts(), store=ResultStore(tmp_path / "r.sqlite"))
     start = RunConfig.for_preset("cnn", "quick").replace(threads=2)
     threaded = start.replace(threads=1)
     comparison = {"ratio": 1.3, "ci_low": 1.1, "ci_high": 1.5, "n": 6, "verdict": "faster", "label": "95% CI",
@@ -276,7 +277,7 @@ def test_a_stage_rerun_alone_starts_from_its_own_base_and_keeps_the_ladders_orde
     from cpuopt_helpers.results import ResultStore
     from cpuopt_helpers.session import Session
 
-    session = Session(facts={"fingerprint": "m", "physical_cores": 2}, store=ResultStore(tmp_path / "r.sqlite"))
+    session = Session(facts=make_facts(), store=ResultStore(tmp_path / "r.sqlite"))
     base = RunConfig.for_preset("cnn", "quick")
     threaded, allocated = base.replace(threads=1), base.replace(threads=1, allocator="jemalloc")
     session.hand_on(base, "baseline")

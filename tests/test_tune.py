@@ -8,12 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cpuopt_helpers import planning, system, tune
+from cpuopt_helpers import planning, tune
 from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.errors import CpuoptError
-
-FACTS = system.collect_facts()
-
 
 def fake_runner(gains: dict, noise: float = 0.02, seed: int = 0):
     """samples/s = 100 x the product of the gains of the fields a config changes, +-noise."""
@@ -30,9 +27,9 @@ def fake_runner(gains: dict, noise: float = 0.02, seed: int = 0):
     return run
 
 
-def test_search_finds_and_combines_the_settings_that_pay():
+def test_search_finds_and_combines_the_settings_that_pay(this_facts):
     gains = {("channels_last", True): 1.5, ("optimizer_impl", "foreach"): 1.2, ("allocator", "jemalloc"): 0.8}
-    t = tune.tune("cnn", budget_min=60, facts=FACTS, runner=fake_runner(gains), progress=False)
+    t = tune.tune("cnn", budget_min=60, facts=this_facts, runner=fake_runner(gains), progress=False)
     rec = t["recommended"]
     assert rec["channels_last"] is True and rec["optimizer_impl"] == "foreach" and rec["allocator"] != "jemalloc"
     assert t["speedup_vs_default"]["ci_low"] > 1.6 and t["speedup_vs_default"]["verdict"] == "faster"
@@ -42,19 +39,19 @@ def test_search_finds_and_combines_the_settings_that_pay():
     assert "channels_last=True" in t["launch_command"] and "OMP_NUM_THREADS=" in t["shell_command"]
 
 
-def test_nothing_that_pays_recommends_the_defaults():
-    t = tune.tune("cnn", budget_min=60, facts=FACTS, runner=fake_runner({}, noise=0.0), progress=False)
+def test_nothing_that_pays_recommends_the_defaults(this_facts):
+    t = tune.tune("cnn", budget_min=60, facts=this_facts, runner=fake_runner({}, noise=0.0), progress=False)
     assert t["changes"] == {} and t["speedup_vs_default"] is None and "defaults are recommended" in t["note"]
     # what is shown instead was measured: run_cpu's defaults against PyTorch's (0.9x in this fake machine)
     assert t["run_cpu_vs_default"]["ratio"] == pytest.approx(0.9) and t["run_cpu_vs_default"]["n"] >= 5
     assert "speedup over PyTorch's defaults: none: the defaults are recommended" in tune.format_tune(t)
     assert t["speedup_vs_run_cpu"]["ratio"] == pytest.approx(1 / 0.9)
     assert t["samples_per_s"]["recommended"] == t["samples_per_s"]["default"] == pytest.approx(100)
-    assert t["recommended"] == normalise(RunConfig.for_preset("cnn", "quick"), FACTS["physical_cores"]
+    assert t["recommended"] == normalise(RunConfig.for_preset("cnn", "quick"), this_facts["physical_cores"]
                                                      ).to_dict()
 
 
-def test_a_search_winner_that_does_not_confirm_still_reports_run_cpu():
+def test_a_search_winner_that_does_not_confirm_still_reports_run_cpu(this_facts):
     runner, runs = fake_runner({}, noise=0.01), {"lucky": 0}
 
     def lucky_in_the_search(config):  # channels_last measures 1.5x on its first three runs only
@@ -63,7 +60,7 @@ def test_a_search_winner_that_does_not_confirm_still_reports_run_cpu():
             runs["lucky"] += 1
             r = dict(r, samples_per_s=r["samples_per_s"] * 1.5)
         return r
-    t = tune.tune("cnn", budget_min=60, facts=FACTS, runner=lucky_in_the_search, progress=False)
+    t = tune.tune("cnn", budget_min=60, facts=this_facts, runner=lucky_in_the_search, progress=False)
     assert "channels_last=True" in t["search_winner"] and t["changes"] == {}
     assert t["speedup_vs_default"]["verdict"] != "faster" and "the defaults are recommended" in t["note"]
     # run_cpu's defaults ran in every final round (0.9x here): both comparisons with them are reported
@@ -73,7 +70,7 @@ def test_a_search_winner_that_does_not_confirm_still_reports_run_cpu():
     assert t["samples_per_s"]["recommended"] == t["samples_per_s"]["default"]
 
 
-def test_a_small_budget_still_ends_with_the_final_comparison():
+def test_a_small_budget_still_ends_with_the_final_comparison(this_facts):
     calls = []
     runner = fake_runner({("channels_last", True): 1.5})
 
@@ -83,7 +80,7 @@ def test_a_small_budget_still_ends_with_the_final_comparison():
         calls.append(config)
         time.sleep(0.05)
         return runner(config)
-    t = tune.tune("cnn", budget_min=0.002, facts=FACTS, runner=slow, progress=False)
+    t = tune.tune("cnn", budget_min=0.002, facts=this_facts, runner=slow, progress=False)
     assert len(calls) == 1 + 2 * len(t["rounds"]) and len(t["rounds"]) >= 5  # the defaults, then final rounds only
     assert t["run_cpu_vs_default"]["n"] == len(t["rounds"])
 
@@ -94,9 +91,9 @@ def test_ddp_recommendation_launches_under_torchrun():
     assert line.startswith("cpuopt launch --nproc-per-node 2 --ncores-per-instance 1 --allocator tcmalloc")
 
 
-def test_bad_budget_is_a_clear_error():
+def test_bad_budget_is_a_clear_error(this_facts):
     with pytest.raises(CpuoptError, match="budget"):
-        tune.tune("cnn", budget_min=0, facts=FACTS, runner=fake_runner({}), progress=False)
+        tune.tune("cnn", budget_min=0, facts=this_facts, runner=fake_runner({}), progress=False)
 
 
 @pytest.mark.slow
@@ -133,11 +130,11 @@ def test_dry_run_plans_the_search_for_a_server():
     assert "threads=7 instances=8 mode=ddp: cores 0-6 | 7-13 | 14-20 | 21-27 | 28-34 | 35-41 | 42-48 | 49-55" in text
 
 
-def test_the_search_includes_zentorch_on_an_amd_cpu_where_it_fits_this_torch(monkeypatch):
+def test_the_search_includes_zentorch_on_an_amd_cpu_where_it_fits_this_torch(monkeypatch, this_facts):
     from cpuopt_helpers import runtimes
 
     default = normalise(RunConfig.for_preset("cnn", "quick"), 2)
-    facts = {**FACTS, "physical_cores": 2}
+    facts = {**this_facts, "physical_cores": 2}
     monkeypatch.setattr(runtimes, "zentorch_status", lambda vendor: {"usable": True, "amd": vendor == "AuthenticAMD"})
     on_amd = tune.search_space(default, {**facts, "cpu_vendor": "AuthenticAMD"}, image_like=True)
     on_intel = tune.search_space(default, {**facts, "cpu_vendor": "GenuineIntel"}, image_like=True)
