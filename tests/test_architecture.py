@@ -196,3 +196,21 @@ def test_no_decision_matches_a_label_or_a_sentence():
     assert not found, found
     assert re.search(LABEL_MATCHES[0], 'base = table[table["setting"] == "baseline"]')  # the shapes are caught
     assert re.search(LABEL_MATCHES[2], 'if "launcher=run_cpu" in row["setting"]')
+
+
+def test_notebook_cells_are_short_and_hold_no_decision():
+    """Logic in the package, narrative in the notebook: a code cell fits on a screen (20 lines), and a
+    stage's decision is made by its module (``Session.settle`` or a stage function), never in a cell."""
+    import json
+
+    decisions = ("hand_on(", "reset_ladder(", ".confirm(", "confirmer(")
+    found = []
+    for book in sorted((PACKAGE.parent / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        for i, cell in enumerate(json.loads(book.read_text())["cells"]):
+            source = "".join(cell["source"])
+            if cell["cell_type"] != "code":
+                continue
+            if len(source.splitlines()) > 20 and "parameters" not in cell["metadata"].get("tags", []):
+                found.append(f"{book.name} cell {i}: {len(source.splitlines())} lines")
+            found += [f"{book.name} cell {i}: {call}" for call in decisions if call in source]
+    assert not found, found

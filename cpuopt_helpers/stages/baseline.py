@@ -57,3 +57,11 @@ def system_findings(facts: dict, roofline: dict) -> list[str]:
 def configs(workloads: list[str], preset: str) -> list[RunConfig]:
     """Each workload as PyTorch runs it by default, at the preset's sizes, steps and warm-up."""
     return [RunConfig.for_preset(w, preset) for w in workloads]
+
+
+def start_ladders(session, configs: list[RunConfig], table) -> None:
+    """Each workload that produced a result starts its ladder here: PyTorch's defaults, with the
+    samples/s it measured (the first rung of every ladder)."""
+    for config in configs:
+        if config.workload in table.index:
+            session.hand_on(config, "baseline", {"samples_per_s": float(table.loc[config.workload, "samples_per_s"])})

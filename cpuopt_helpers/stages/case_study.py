@@ -170,6 +170,40 @@ def frozen_time_findings(results: list[dict], base: RunConfig, arms: dict[str, R
     return lines
 
 
+def frozen_layers(session, arms: dict, layers: list[int], log_dir, preset: str) -> tuple[dict, list[str]]:
+    """For every workload that declares ``trainable_layers``: a 2-step run logged at each count of
+    trainable backbone stages, its step time and its convolutions by direction (the paper: the
+    frozen stages' backward); the tables, and a line for each run that failed."""
+    import pandas as pd
+
+    from cpuopt_helpers.profiledn import parse_log
+
+    tables, failed = {}, []
+    for workload in [w for w in arms if "trainable_layers" in declared_options(w)]:
+        rows = []
+        for count in layers:
+            path = str(log_dir / f"08_{workload.replace(':', '_')}_{preset}_tl{count}.log")
+            config = with_options(arms[workload]["baseline"], trainable_layers=count).replace(steps=2, onednn_verbose=path)
+            r = session.run(config)
+            if r["status"] != "ok":
+                failed.append(f"FAILED {r['label']} {r['reason'][:300]}")
+                continue
+            rows.append({"trainable_layers": count, "step_ms": r["step_ms"]["median"],
+                         **conv_counts(parse_log(path).exec, config.steps)})
+        tables[workload] = pd.DataFrame(rows)
+    return tables, failed
+
+
+def profile_specs(ladders: dict, climbs: dict) -> dict[str, RunConfig]:
+    """What notebook 08 profiles: RetinaNet before, after (the climb's top, else all fixes) and at 601
+    classes where that ladder was measured."""
+    after = climbs["retinanet"]["top"] if "retinanet" in climbs else ladders["retinanet"]["all fixes"]
+    specs = {"retinanet before": ladders["retinanet"]["baseline"], "retinanet after": after}
+    if "retinanet, 601 classes" in ladders:
+        specs["retinanet 601 classes"] = ladders["retinanet, 601 classes"]["baseline, 601 classes"]
+    return specs
+
+
 def profile_case_study(session, configs: dict[str, RunConfig], log_dir, repeats: int, tags: tuple[str, ...]):
     """ProfileDNN on the case study: each configuration's oneDNN log, breakdown and projection, and a
     torch.profiler trace of its real step (the loss's share of backward: trace.loss_backward)

@@ -24,7 +24,7 @@ from typing import Callable
 import pandas as pd
 
 from cpuopt_helpers import compare
-from cpuopt_helpers.config import RunConfig, setting_label
+from cpuopt_helpers.config import RunConfig, normalise, setting_label
 from cpuopt_helpers.decisions import Comparison
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import case_study, choosing
@@ -164,6 +164,14 @@ def climb_rung(session, rung: ClimbRung, where: Climbing, tag: str, confirm, scr
         sentence, faster = compile_sentence(table, choice.comparison, train_steps)
     return {"rung": rung.name, "sentence": sentence, "config": choice.config if faster else where.current,
             "comparison": choice.comparison, "handed_on": faster, "table": table}
+
+
+def start(preset: str, classes: int, steps: int, physical_cores: int) -> tuple[str, RunConfig]:
+    """Where RetinaNet's climb at ``classes`` classes starts: its ladder's name and PyTorch's defaults
+    (Lamb, as MLPerf trains it; one warm-up step)."""
+    config = RunConfig.for_preset("retinanet", preset, optimizer="lamb", steps=steps, warmup=1)
+    config = normalise(config if classes == 80 else with_options(config, classes=classes), physical_cores)
+    return ("retinanet" if classes == 80 else f"retinanet, {classes} classes"), config
 
 
 def climb(session, base: RunConfig, ladder: str, image_like: bool, tag: str, min_rounds: int, max_rounds: int,

@@ -38,6 +38,18 @@ def ipex_own_findings(results: list[dict], configs: dict, workload: str) -> list
             f"{compare.describe(paired(results, h['torch 2.8 (stock)'], h['torch 2.8 + IPEX']))}."]
 
 
+def runtimes_measured(ipex: dict, zentorch: dict, asked) -> tuple[bool, list[str]]:
+    """Whether zentorch is measured (``asked``: "auto", on an AMD CPU where it fits this torch;
+    True; False), and what notebook 05 says of both vendors' extensions before it measures."""
+    use = zentorch["usable"] and (zentorch["amd"] if asked == "auto" else bool(asked))
+    lines = [f"IPEX runtime: {ipex['path']}: torch {ipex['torch']}, IPEX {ipex['ipex']}, ISA {ipex.get('ipex_isa')}"
+             if ipex["available"] else f"IPEX runtime skipped: {ipex['reason']}; the torch 2.8 and IPEX rows are left out"]
+    if asked is True and not zentorch["usable"]:
+        lines.append(f"zentorch asked for (ZENTORCH = True) but it cannot run: {zentorch['reason']}")
+    lines.append(f"zentorch: {'measured: ' + str(zentorch['version']) if use else zentorch['reason']}")
+    return use, lines
+
+
 def configs(base: RunConfig, facts: dict, image_like: bool, ipex_available: bool,
             compile_modes: tuple[str, ...] = ("default", "max-autotune"),
             optimizers: tuple[str, ...] = OPTIMIZER_ARMS, zentorch: bool = False) -> dict[str, RunConfig]:

@@ -74,6 +74,21 @@ def one_rung_final(table: pd.DataFrame) -> dict | None:
     return dict(comparison, reused=changed.iloc[0]["step"]) if comparison and comparison.get("n") else None
 
 
+def ends(session, tables: dict, min_rounds: int, max_rounds: int, budget_min: float | None,
+         resume: bool = True) -> dict:
+    """Per workload, the ladder's end against its start in paired rounds (the one speedup claimed):
+    the rung's own comparison where one rung made the whole change (``one_rung_final``), else a
+    fresh comparison of the two configurations as run; none where nothing changed."""
+    finals = {}
+    for w, t in tables.items():
+        if one_rung_final(t):
+            finals[w] = one_rung_final(t)
+        elif len(t) > 1 and t.iloc[-1]["config"] != t.iloc[0]["config"]:  # configurations as run (threads spelled out)
+            finals[w] = session.confirm(RunConfig.from_dict(t.iloc[0]["config"]), RunConfig.from_dict(t.iloc[-1]["config"]),
+                                        "09_summary/ladder", min_rounds, max_rounds, budget_min, resume)
+    return finals
+
+
 def ladder_summary(tables: dict, finals: dict, price_per_hour: float) -> list[str]:
     """Per workload: the ladder's end against its start in fresh paired rounds (the one
     speedup claimed), the rung that paid most by its own confirmed comparison, and cost."""
