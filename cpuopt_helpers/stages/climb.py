@@ -25,7 +25,7 @@ import pandas as pd
 
 from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig, normalise, setting_label
-from cpuopt_helpers.decisions import Comparison
+from cpuopt_helpers.decisions import Arm, Comparison
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import case_study, choosing
 from cpuopt_helpers.stages.choosing import with_options
@@ -45,42 +45,42 @@ class Climbing:
     compile_cache: str | None = None  # the Inductor cache compiled candidates share (None: each run its own)
 
 
-Candidates = tuple[dict[str, RunConfig], str]  # name -> config, or none and why
+Candidates = tuple[tuple[Arm, ...], str]  # the rung's named candidates, or none and why
 
 
 def pinned(c: Climbing) -> Candidates:
-    return {"threads pinned to cores (OMP_PROC_BIND=close, OMP_PLACES=cores)":
-            c.current.replace(env=dict(c.current.env) | PINNED)}, ""
+    return (Arm("threads pinned to cores (OMP_PROC_BIND=close, OMP_PLACES=cores)",
+                c.current.replace(env=dict(c.current.env) | PINNED)),), ""
 
 
 def intel_openmp(c: Climbing) -> Candidates:
     if not c.facts["openmp"].get("intel"):
-        return {}, "no Intel OpenMP runtime (libiomp5.so) was found; `pip install intel-openmp` provides one"
-    return {"Intel OpenMP": c.current.replace(omp_runtime="intel")}, ""
+        return (), "no Intel OpenMP runtime (libiomp5.so) was found; `pip install intel-openmp` provides one"
+    return (Arm("Intel OpenMP", c.current.replace(omp_runtime="intel")),), ""
 
 
 def allocators(c: Climbing) -> Candidates:
-    found = {name: c.current.replace(allocator=name) for name, path in c.facts["allocators"].items() if path}
+    found = tuple(Arm(name, c.current.replace(allocator=name)) for name, path in c.facts["allocators"].items() if path)
     return found, "" if found else "neither jemalloc nor tcmalloc was found (`make setup` installs both)"
 
 
 def channels_last(c: Climbing) -> Candidates:
     if not c.image_like:
-        return {}, "the workload is no image model"
-    return {"channels-last": c.current.replace(channels_last=True)}, ""
+        return (), "the workload is no image model"
+    return (Arm("channels-last", c.current.replace(channels_last=True)),), ""
 
 
 def compiled(c: Climbing) -> Candidates:
     cache = {"TORCHINDUCTOR_CACHE_DIR": c.compile_cache} if c.compile_cache else {}
-    return {"torch.compile": c.current.replace(compile="default", warmup=max(c.current.warmup, 1),
-                                               env=dict(c.current.env) | cache)}, ""
+    return (Arm("torch.compile", c.current.replace(compile="default", warmup=max(c.current.warmup, 1),
+                                                   env=dict(c.current.env) | cache)),), ""
 
 
 def bf16(c: Climbing) -> Candidates:
     gate = c.facts["bf16"]
     if not gate["accelerated"]:
-        return {}, f"no bf16 fast path on this CPU ({gate['reason']}): the ladder stays in fp32"
-    return {"bf16 autocast, loss in fp32": c.current.replace(dtype="bf16", bf16_loss=False)}, ""
+        return (), f"no bf16 fast path on this CPU ({gate['reason']}): the ladder stays in fp32"
+    return (Arm("bf16 autocast, loss in fp32", c.current.replace(dtype="bf16", bf16_loss=False)),), ""
 
 
 def fixes(c: Climbing) -> Candidates:
@@ -89,14 +89,15 @@ def fixes(c: Climbing) -> Candidates:
     arms = case_study.configs(c.base, c.facts)[0]
     fixed = arms.get("all fixes")
     if fixed is None:
-        return {}, "the workload declares none of the fixes"
+        return (), "the workload declares none of the fixes"
 
     def on_top(fix: RunConfig) -> RunConfig:
         return c.current.replace(options=dict(c.current.options) | dict(fix.options), optimizer_impl=fix.optimizer_impl)
 
-    found = {"the paper's fixes together": on_top(fixed)}
+    found = (Arm("the paper's fixes together", on_top(fixed)),)
     if case_study.FIX_NAMES[("frozen_bn", "folded")] in arms and dict(fixed.options).get("frozen_bn") != "folded":
-        found["the paper's fixes, FrozenBatchNorm2d folded into the conv"] = on_top(with_options(fixed, frozen_bn="folded"))
+        found += (Arm("the paper's fixes, FrozenBatchNorm2d folded into the conv",
+                      on_top(with_options(fixed, frozen_bn="folded"))),)
     return found, ""
 
 
@@ -154,7 +155,7 @@ def climb_rung(session, rung: ClimbRung, where: Climbing, tag: str, confirm, scr
     if not candidates:
         return {"rung": rung.name, "sentence": f"{rung.name}: skipped: {why}.", "config": where.current,
                 "comparison": None, "handed_on": False, "table": pd.DataFrame()}
-    arms = {"baseline": where.current} | candidates
+    arms = {"baseline": where.current} | {arm.name: arm.config for arm in candidates}
     results = session.sweep(list(arms.values()), rounds=screen_rounds, tag=f"{tag}/screen", resume=resume)
     table = choosing.named_table(results, arms)
     choice = choosing.choose(table.assign(setting=table["name"]), rung.name, confirm, screen_gate=False,
