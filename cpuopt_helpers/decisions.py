@@ -29,6 +29,8 @@ class Comparison:
     margin: float = compare.MARGIN
     min_rounds: int = compare.MIN_ROUNDS
     sweep: str | None = None
+    sd: float | None = None  # of the paired log ratios: with ``level``, what ``compare.detectable_gain`` needs
+    level: float | None = None  # the confidence its verdict used (a sequential design's per-look level)
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "Comparison | None":

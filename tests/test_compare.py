@@ -150,3 +150,47 @@ def test_chain_without_steps_or_intervals():
     c = compare.chain([one, few])
     assert math.isnan(c["ci_low"]) and c["ratio"] == pytest.approx(one["ratio"] * few["ratio"])
     assert compare.describe(c).endswith("(chained over 2 rungs, one of them without an interval): too few rounds")
+
+
+def failing(measure, rng: random.Random, share: float = 0.05):
+    """The same machine where ``share`` of the runs fail at random (measure returns None)."""
+    return lambda arm, i: None if rng.random() < share else measure(arm, i)
+
+
+def test_random_failures_neither_end_comparisons_nor_cost_rounds():
+    # 5% of runs failing at random: a failed round is replaced, not counted, and only the same arm
+    # failing twice running stops a comparison (it ended 10% of A/A comparisons when any two did)
+    rng = random.Random(7)
+    aa = [compare.run_adaptive(failing(simulated_ab(1.0, rng), rng), seed=k) for k in range(2000)]
+    assert sum(r["stopped"] == "failed" for r in aa) / len(aa) <= 0.02
+    assert sum(r["verdict"] in ("faster", "slower") for r in aa) / len(aa) <= 0.06
+    assert all(r["n"] == sum(None not in x for x in r["rounds"]) for r in aa)
+    assert sum(r["failed_rounds"] for r in aa) > 0  # failures happened, and were replaced
+    # a fixed 5-round confirmation (the standard preset's): power for a true 30% gain despite the failures
+    five = [compare.run_adaptive(failing(simulated_ab(1.3, rng), rng), min_rounds=5, max_rounds=5, seed=k)
+            for k in range(2000)]
+    assert sum(r["verdict"] == "faster" for r in five) / len(five) >= 0.80
+    assert sum(r["verdict"] == "too few rounds" for r in five) / len(five) <= 0.02
+
+
+def test_an_arm_that_always_fails_stops_the_comparison_after_two_rounds():
+    r = compare.run_adaptive(lambda arm, i: None if arm == "b" else 10.0, seed=0)
+    assert r["stopped"] == "failed" and len(r["rounds"]) == 2 and r["n"] == 0
+    alternating = compare.run_adaptive(lambda arm, i: None if (arm == "b") == (i % 2 == 0) else 10.0 + i, seed=0)
+    assert alternating["stopped"] != "failed" and len(alternating["rounds"]) == 14  # different arms: noise, bounded
+
+
+def test_a_no_different_verdict_says_the_gain_it_could_have_detected():
+    # at the gain the formula names, simulated comparisons of that many rounds find it about 80% of the time
+    n, sd = 8, SIGMA_RUN * math.sqrt(2)
+    gain = compare.detectable_gain({"n": n, "sd": sd, "level": 0.95})
+    rng = random.Random(11)
+    found = 0
+    for _ in range(2000):
+        a = [40 * math.exp(rng.gauss(0, SIGMA_RUN)) for _ in range(n)]
+        b = [40 * (1 + gain) * math.exp(rng.gauss(0, SIGMA_RUN)) for _ in range(n)]
+        found += compare.paired_ratio(a, b)["verdict"] == "faster"
+    assert 0.72 <= found / 2000 <= 0.88, (gain, found)
+    result = compare.paired_ratio([10, 11, 9, 10, 12], [10.9, 10.1, 9.9, 9.2, 13.1])
+    assert result["verdict"] == "no different" and "it could have detected a gain of" in compare.describe(result)
+    assert compare.detectable_gain(compare.paired_ratio([10], [11])) is None  # one round: no claim
