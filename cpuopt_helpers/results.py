@@ -265,7 +265,8 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
                    max_rounds: int = compare.MAX_ROUNDS, budget_s: float | None = None, resume: bool = True,
                    progress: bool = True) -> dict:
     """The adaptive A/B of `compare.run_adaptive` on two configurations (b over a), each run
-    stored as it lands in a sweep of its own; a resumed comparison continues its rounds."""
+    stored as it lands in a sweep of its own; a resumed comparison continues after its stored
+    rounds (complete ones count; an incomplete one stays stored, unpaired)."""
     from tqdm.auto import tqdm
 
     code = code_version()
@@ -276,9 +277,11 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
     store.add_sweep(sweep, machine, tag, "ab", [a.to_dict(), b.to_dict()], code)
     store.put_fact(machine, f"ab/{sweep}", {"min_rounds": min_rounds, "max_rounds": max_rounds})
     stored = _stored(store, sweep) if resume else {}
-    done = []
-    while (0, len(done)) in stored and (1, len(done)) in stored:
-        done.append(tuple(stored[(arm, len(done))]["samples_per_s"] for arm in (0, 1)))
+    # every stored round, as it was measured: a round an interrupted run or a failure left
+    # incomplete stays unpaired (None), and new rounds take fresh numbers after the last one, so a
+    # stored run is never paired with a fresh one (their drift would not cancel)
+    done = [tuple(stored[(arm, i)]["samples_per_s"] if (arm, i) in stored else None for arm in (0, 1))
+            for i in range(max((i for _, i in stored), default=-1) + 1)]
     seed = int(sweep[:8], 16)
     bar = tqdm(total=max_rounds, initial=len(done), desc=f"{tag or 'compare'} A/B", unit="round",
                disable=not progress)
@@ -286,8 +289,6 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
 
     def measure(arm: str, round_: int) -> float | None:
         index = 0 if arm == "a" else 1
-        if (index, round_) in stored:
-            return stored[(index, round_)]["samples_per_s"]
         config = (a, b)[index]
         result = runner(config)
         position = compare.round_order(round_, seed).index(arm)

@@ -171,6 +171,36 @@ def test_comparison_stores_rounds_and_resumes_them(tmp_path):
     assert calls == [] and again["ratio"] == pytest.approx(out["ratio"])
 
 
+def test_a_resumed_comparison_never_pairs_a_stored_run_with_a_fresh_one(tmp_path):
+    """Interrupted after arm a of round 2: resumed, round 2 stays stored but unpaired and the rounds
+    go on from 3; every pair that counts ran back to back."""
+    from cpuopt_helpers.results import run_comparison
+
+    store = ResultStore(tmp_path / "r.sqlite")
+    a, b = RunConfig(workload="cnn"), RunConfig(workload="cnn", channels_last=True)
+    calls = []
+
+    class Interrupted(Exception):
+        pass
+
+    def runner(config):
+        calls.append(config)
+        if len(calls) == 6:  # round 2's second run: the kernel dies before it
+            raise Interrupted()
+        return fake_result(config, sps=(120.0 if config.channels_last else 100.0) * (1 + 0.01 * len(calls)))
+
+    with pytest.raises(Interrupted):
+        run_comparison(a, b, store, runner, tag="k", machine="m1", progress=False)
+    kept = sorted((r["round"], r["arm"]) for r in store.results(tag="k"))
+    assert kept[:4] == [(0, 0), (0, 1), (1, 0), (1, 1)] and [r for r, _ in kept[4:]] == [2]  # round 2: one run only
+    calls.clear()
+    again = run_comparison(a, b, store, lambda c: (calls.append(c), fake_result(c, sps=120.0 if c.channels_last
+                                                                                     else 100.0))[1],
+                           tag="k", machine="m1", progress=False)
+    assert None in again["rounds"][2] and again["n"] == len(again["rounds"]) - 1  # round 2 unpaired, not counted
+    assert len(calls) == 2 * (len(again["rounds"]) - 3)  # every new round ran both arms fresh
+
+
 def test_comparison_stops_when_an_arm_always_fails(tmp_path):
     from cpuopt_helpers.results import run_comparison
 
