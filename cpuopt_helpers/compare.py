@@ -195,6 +195,13 @@ def round_order(round_index: int, seed: int) -> tuple[str, str]:
     return ("a", "b") if (round_index + first) % 2 == 0 else ("b", "a")
 
 
+def extra_slot(round_index: int, seed: int, arms: int = 2) -> int:
+    """Where a third configuration runs inside a round of two arms (0: first, 1: between them,
+    2: last): a seeded random position each round, so that no slot's drift or warm cache always
+    falls on it (run_cpu's defaults in `cpuopt tune`'s final rounds)."""
+    return random.Random(f"{seed}/{round_index}").randrange(arms + 1)
+
+
 def arm_fails(rounds: Sequence[Sequence[float | None]]) -> bool:
     """An arm cannot run: it failed in the last two rounds, and in at least half of its runs so far.
     (The same arm failing twice running alone would end about 6% of 14-round comparisons where 5%

@@ -260,17 +260,24 @@ def confirm_against_defaults(search: Search, default: RunConfig, best: RunConfig
     run_cpu = default.replace(launcher="run_cpu")
     challenger = best if best.config_hash() != default.config_hash() else run_cpu
     run_cpu_speeds: dict[int, float | None] = {}
+    seed, slots, calls = len(search.samples), {}, {}
 
-    def final(arm: str, i: int) -> float | None:
-        r = search.runner(default if arm == "a" else challenger)
+    def run(config: RunConfig) -> float | None:
+        r = search.runner(config)
         search.bar.update()
-        if arm == "a" and challenger is not run_cpu:
-            c = search.runner(run_cpu)
-            search.bar.update()
-            run_cpu_speeds[i] = c["samples_per_s"] if c["status"] == "ok" else None
         return r["samples_per_s"] if r["status"] == "ok" else None
 
-    confirmation = compare.run_adaptive(final, budget_s=max(search.left(), 1.0), seed=len(search.samples))
+    def final(arm: str, i: int) -> float | None:
+        k = calls[i] = calls.get(i, -1) + 1  # the arm's place in the round: 0 or 1
+        slot = slots.setdefault(i, compare.extra_slot(i, seed))  # run_cpu's own place: before, between, after
+        if challenger is not run_cpu and slot == k:
+            run_cpu_speeds[i] = run(run_cpu)
+        speed = run(default if arm == "a" else challenger)
+        if challenger is not run_cpu and slot == 2 and k == 1:
+            run_cpu_speeds[i] = run(run_cpu)
+        return speed
+
+    confirmation = compare.run_adaptive(final, budget_s=max(search.left(), 1.0), seed=seed)
     rounds = confirmation["rounds"]
     if challenger is run_cpu:  # nothing beat the defaults in the search
         cpu, vs_default, recommended = [r[1] for r in rounds], None, default
@@ -287,7 +294,8 @@ def confirm_against_defaults(search: Search, default: RunConfig, best: RunConfig
     comparisons = {"speedup_vs_default": brief(vs_default), "search_winner_vs_default": brief(vs_default),
                    "speedup_vs_run_cpu": brief(compare.sequential_ratio(speeds["run_cpu"], speeds["recommended"])),
                    "run_cpu_vs_default": brief(compare.sequential_ratio(speeds["default"], speeds["run_cpu"]))}
-    return {"recommended": recommended, "rounds": rounds, "order": confirmation["order"], "note": note,
+    order = [o if challenger is run_cpu else o[:slots[i]] + "R" + o[slots[i]:] for i, o in enumerate(confirmation["order"])]
+    return {"recommended": recommended, "rounds": rounds, "order": order, "note": note,
             "stopped": confirmation["stopped"], "speeds": speeds, "comparisons": comparisons,
             "challenger_is_run_cpu": challenger is run_cpu}
 

@@ -34,7 +34,8 @@ def test_search_finds_and_combines_the_settings_that_pay(this_facts):
     assert rec["channels_last"] is True and rec["optimizer_impl"] == "foreach" and rec["allocator"] != "jemalloc"
     assert t["speedup_vs_default"]["ci_low"] > 1.6 and t["speedup_vs_default"]["verdict"] == "faster"
     assert t["speedup_vs_run_cpu"]["ratio"] > t["speedup_vs_default"]["ratio"]  # run_cpu's defaults are 0.9x here
-    assert t["speedup_vs_default"]["n"] >= 5 and set(t["order"]) == {"AB", "BA"}
+    assert t["speedup_vs_default"]["n"] >= 5 and {o.replace("R", "") for o in t["order"]} == {"AB", "BA"}
+    assert len({o.index("R") for o in t["order"]}) > 1  # run_cpu's defaults (R) take a random place, recorded
     assert t["launch_command"].startswith("cpuopt launch --ncores-per-instance")
     assert "channels_last=True" in t["launch_command"] and "OMP_NUM_THREADS=" in t["shell_command"]
 
