@@ -127,6 +127,21 @@ class Session:
         names = self.store.fact_names(self.machine, f"findings/{prefix}")
         return [Finding.from_dict(self.store.get_fact(self.machine, n)) for n in names]
 
+    def headline(self, ladder: str, preset: str, comparison: Comparison | dict) -> None:
+        """Keep the ladder's headline (its top against PyTorch's defaults in fresh rounds) on its
+        last rung that changed the configuration, as ``end_to_end``."""
+        from cpuopt_helpers.ladder import rungs as read_rungs
+
+        name = f"ladder/{ladder}/{preset}"
+        rungs = self.store.get_fact(self.machine, name, [])
+        changed = [i for i, r in enumerate(read_rungs(self.store, self.machine, ladder, preset,
+                                                      self.facts["physical_cores"])) if not (r.kept or r.first)]
+        if not changed:
+            return
+        top = rungs[changed[-1]]
+        top["evidence"] = dict(top.get("evidence") or {}, end_to_end=Comparison.from_dict(dict(comparison)).to_dict())
+        self.store.put_fact(self.machine, name, rungs)
+
     def reset_ladder(self, ladder: str, preset: str) -> None:
         """Forget a ladder's rungs (a climb that starts again from PyTorch's defaults)."""
         self.store.put_fact(self.machine, f"ladder/{ladder}/{preset}", [])

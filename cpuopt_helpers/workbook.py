@@ -43,7 +43,7 @@ PRESET_PARAMETERS = {
                  "05": {**CNN, "OPTIMIZER_ARMS": ["SGD fused"], "COMPILE_MODES": [], **CONFIRM},
                  "06": {**CNN, **CONFIRM}, "07": CONFIRM,
                  "08": {"STEPS": 3, "KERNEL_ROUNDS": 5, "DISCREPANCY": False, **CONFIRM, "BUDGET_MIN": 4.5},
-                 "09": {"WORKLOADS": ["cnn", "retinanet"], **CONFIRM}},
+                 "09": {"WORKLOADS": ["cnn", "retinanet"], "BUDGET_MIN": 3.0}},
     "full": {"03": SCREEN_TWICE, "04": {"LAUNCHER_ROUNDS": 5, **SCREEN_TWICE},
              "05": {"COMPILE_MODES": ["default", "max-autotune"], **SCREEN_TWICE},
              "06": SCREEN_TWICE, "07": SCREEN_TWICE, "08": SCREEN_TWICE},

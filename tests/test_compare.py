@@ -126,8 +126,8 @@ def test_t_quantile_without_scipy_matches_scipy():
 
 def test_a_chained_interval_covers_the_product_of_three_rungs():
     """Three independent rungs (1.10x, 0.95x, 1.20x), each a fixed-n comparison of 6 paired
-    rounds with a log ratio sd of 0.14: the chained 95% interval covers their product (1.254)
-    in at least 94% of 2,000 ladders, and is not so wide that it nearly always does."""
+    rounds with a log ratio sd of 0.14: the chained 95% interval (Welch-Satterthwaite) covers their
+    product (1.254) in 94-97% of 2,000 ladders; adding half-widths in quadrature covered 98-99.6%."""
     rng = random.Random(7)
     truths = (1.10, 0.95, 1.20)
     covered = 0
@@ -139,7 +139,7 @@ def test_a_chained_interval_covers_the_product_of_three_rungs():
             steps.append(compare.paired_ratio(a, b, min_rounds=5))
         c = compare.chain(steps)
         covered += c["ci_low"] <= math.prod(truths) <= c["ci_high"]
-    assert 0.94 <= covered / 2000 <= 0.995
+    assert 0.94 <= covered / 2000 <= 0.97
 
 
 def test_chain_without_steps_or_intervals():

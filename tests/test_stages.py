@@ -4,7 +4,6 @@ import math
 
 import pytest
 
-from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig, setting_label
 from cpuopt_helpers.stages import allocator, case_study, choosing, extensions, summary, threads
 from tests.conftest import make_facts
@@ -247,7 +246,8 @@ def test_a_compile_too_short_to_have_generated_a_kernel_is_said_so():
     assert any("compiled in 30 s from a cold cache" in line for line in lines)
 
 
-def test_the_ladders_end_reuses_a_one_rung_comparison_and_not_several(tmp_path):
+def test_the_headline_is_the_top_against_the_defaults_in_fresh_rounds_and_is_kept_on_the_ladder(tmp_path):
+    from cpuopt_helpers import ladder
     from cpuopt_helpers.results import ResultStore
     from cpuopt_helpers.session import Session
 
@@ -255,21 +255,28 @@ def test_the_ladders_end_reuses_a_one_rung_comparison_and_not_several(tmp_path):
     start = RunConfig.for_preset("cnn", "quick").replace(threads=2)
     threaded = start.replace(threads=1)
     comparison = {"ratio": 1.3, "ci_low": 1.1, "ci_high": 1.5, "n": 6, "verdict": "faster", "label": "95% CI",
-                  "sweep": "s1", "margin": 0.05, "min_rounds": 5, "order": ["ab"] * 6}
+                  "sweep": "s1", "margin": 0.05, "min_rounds": 5}
+    asked = []
 
-    def final():
-        return summary.one_rung_final(summary.ladder_table(session.store, "m", "cnn", "quick", None, 1.0, 2))
+    def confirm(a, b, tag, min_rounds, max_rounds, budget_min, resume):
+        asked.append((a.threads, b.threads, min_rounds, max_rounds))
+        return dict(comparison, ratio=1.2, ci_low=1.05, ci_high=1.37, n=min_rounds, label="95% CI")
+
+    session.confirm = confirm
+
+    def tables():
+        return {"cnn": summary.ladder_table(session.store, "m", "cnn", "quick", None, 1.0, 2)}
 
     session.hand_on(start, "baseline")
-    assert final() is None  # nothing changed: nothing to claim
+    assert summary.ends(session, tables(), 5, None) == {} and asked == []  # nothing changed: nothing to claim
     session.hand_on(threaded, "threading", comparison=comparison)
-    got = final()
-    assert got["reused"] == "threading" and got["ratio"] == 1.3 and "order" not in got
-    assert "1.30x (95% CI: 1.10-1.50, 6 rounds): faster" in compare.describe(got)
     session.hand_on(threaded, "allocator", comparison=dict(comparison, verdict="no different"))  # kept it
-    assert final()["reused"] == "threading"
-    session.hand_on(threaded.replace(dtype="bf16"), "bf16", comparison=comparison)  # two changes: run anew
-    assert final() is None
+    finals = summary.ends(session, tables(), 5, None)
+    # one rung made the whole change, yet its own (selected) confirmation is not reused: fresh, fixed rounds
+    assert asked == [(2, 1, 5, 5)] and finals["cnn"]["ratio"] == 1.2
+    rows = ladder.rungs(session.store, "m", "cnn", "quick", 2)
+    assert rows[1].end_to_end.ratio == 1.2 and rows[2].end_to_end is None  # on the rung that changed it
+    assert summary.ends(session, tables(), 5, None)["cnn"]["ratio"] == 1.2 and len(asked) == 1  # kept, not re-run
 
 
 def test_a_stage_rerun_alone_starts_from_its_own_base_and_keeps_the_ladders_order(tmp_path):

@@ -59,33 +59,27 @@ def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict
     return table
 
 
-def one_rung_final(table: pd.DataFrame) -> dict | None:
-    """The ladder's end against its start where one rung made the whole change: that rung's
-    own comparison, which paired exactly these two configurations in fresh rounds, so it is
-    reused rather than run again (None where several rungs changed something)."""
-    if len(table) < 2:
-        return None
-    changed = table.iloc[1:][~table["kept"].iloc[1:].astype(bool)]
-    if len(changed) != 1 or changed.iloc[0]["config"] != table.iloc[-1]["config"]:
-        return None
-    comparison = changed.iloc[0]["comparison"]
-    if not changed.iloc[0]["confirmed"]:  # a change its comparison did not confirm between these two
-        return None
-    return dict(comparison, reused=changed.iloc[0]["step"]) if comparison and comparison.get("n") else None
+def ends(session, tables: dict, rounds: int, budget_min: float | None, resume: bool = True) -> dict:
+    """Per workload, the headline: the ladder's top against its start (PyTorch's defaults) in
+    ``rounds`` fresh paired rounds, a fixed number, so its interval is the plain 95% t interval
+    (never a rung's own confirmation, which was selected: it reads high). Stored on the top rung
+    as ``end_to_end`` (``cpuopt ladder --json``); a climb's own end-to-end comparison (notebook
+    08, ``make case-study``) is kept, not measured again. None where nothing changed."""
+    from cpuopt_helpers import ladder
 
-
-def ends(session, tables: dict, min_rounds: int, max_rounds: int, budget_min: float | None,
-         resume: bool = True) -> dict:
-    """Per workload, the ladder's end against its start in paired rounds (the one speedup claimed):
-    the rung's own comparison where one rung made the whole change (``one_rung_final``), else a
-    fresh comparison of the two configurations as run; none where nothing changed."""
     finals = {}
     for w, t in tables.items():
-        if one_rung_final(t):
-            finals[w] = one_rung_final(t)
-        elif len(t) > 1 and t.iloc[-1]["config"] != t.iloc[0]["config"]:  # configurations as run (threads spelled out)
-            finals[w] = session.confirm(RunConfig.from_dict(t.iloc[0]["config"]), RunConfig.from_dict(t.iloc[-1]["config"]),
-                                        "09_summary/ladder", min_rounds, max_rounds, budget_min, resume)
+        if len(t) < 2 or t.iloc[-1]["config"] == t.iloc[0]["config"]:  # configurations as run (threads spelled out)
+            continue
+        rungs = ladder.rungs(session.store, session.machine, w, t.iloc[0]["config"]["preset"],
+                             session.facts["physical_cores"])
+        kept = ladder.top_end_to_end(rungs)
+        if kept is not None:
+            finals[w] = kept.to_dict()
+            continue
+        finals[w] = session.confirm(RunConfig.from_dict(t.iloc[0]["config"]), RunConfig.from_dict(t.iloc[-1]["config"]),
+                                    "09_summary/headline", rounds, rounds, budget_min, resume)
+        session.headline(w, t.iloc[0]["config"]["preset"], finals[w])
     return finals
 
 
@@ -98,9 +92,8 @@ def ladder_summary(tables: dict, finals: dict, price_per_hour: float) -> list[st
             continue
         last = t.iloc[-1]
         final = finals.get(w)
-        where = (f"in the paired rounds of its one rung ({final['reused']})" if final and final.get("reused")
-                 else "in fresh paired rounds")
-        head = (f"{w}: the ladder's end over PyTorch's defaults, {where}: {compare.describe(final)}"
+        head = (f"{w}: the ladder's top over PyTorch's defaults, in {final['n']} fresh paired rounds: "
+                f"{compare.describe(final)}"
                 if final else f"{w}: nothing was handed on beyond PyTorch's defaults")
         confirmed = t[t["verdict"] == "faster"]
         if len(confirmed):
