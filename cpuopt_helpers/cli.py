@@ -332,13 +332,13 @@ def _doctor(args) -> int:
     from cpuopt_helpers import runtimes, system
 
     facts = system.collect_facts()
-    facts["ipex_runtime"] = runtimes.ipex_facts()
+    facts = facts.replace(ipex_runtime=runtimes.ipex_facts())
     from cpuopt_helpers.results import ResultStore
     from cpuopt_helpers.stages.extensions import EXTENSION_FACT
 
-    facts["vendor_extension"] = runtimes.vendor_extension(facts.get("cpu_vendor"), facts["ipex_runtime"],
-                                                          ResultStore().get_fact(facts["fingerprint"], EXTENSION_FACT))
-    print(json.dumps(facts, indent=2) if args.json else system.format_facts(facts))
+    facts = facts.replace(vendor_extension=runtimes.vendor_extension(
+        facts.cpu_vendor, facts.ipex_runtime, ResultStore().get_fact(facts.fingerprint, EXTENSION_FACT)))
+    print(json.dumps(facts.to_dict(), indent=2) if args.json else system.format_facts(facts))
     return 0
 
 
@@ -369,9 +369,9 @@ def _ladder(args) -> int:
     from cpuopt_helpers.results import ResultStore
 
     store, facts = ResultStore(), system.collect_facts()
-    machine = facts["fingerprint"]
+    machine = facts.fingerprint
     names = ladder.workloads(store, machine, args.preset, args.workload)
-    found = {w: ladder.rungs(store, machine, w, args.preset, facts["physical_cores"]) for w in names}
+    found = {w: ladder.rungs(store, machine, w, args.preset, facts.physical_cores) for w in names}
     found = {w: rows for w, rows in found.items() if rows}
     if not found:
         raise CpuoptError(f"no ladder for {args.workload or 'any workload'} on the {args.preset} preset on this machine "
@@ -421,7 +421,7 @@ def _compare(args) -> int:
         planning.build_plan(config, planning.Machine.this())  # a bad option fails before anything is measured
     facts = system.collect_facts()
     result = run_comparison(configs[0], configs[1], ResultStore(), lambda c: launch.run(c, facts), tag="cli-compare",
-                            machine=facts["fingerprint"], min_rounds=args.min_rounds, max_rounds=args.max_rounds,
+                            machine=facts.fingerprint, min_rounds=args.min_rounds, max_rounds=args.max_rounds,
                             budget_s=args.budget_min * 60 if args.budget_min else None, resume=False,
                             progress=not args.json)
     return report_comparison(result, f"{configs[1].label()} over {configs[0].label()}", args.json)
@@ -455,7 +455,7 @@ def _compare_script(args) -> int:
         planning.build_plan(config, machine, command=command)  # bad options fail before anything runs
     facts = system.collect_facts()
     result = run_comparison(a, b, ResultStore(), lambda c: scripts.run_script(c, command, reading, facts),
-                            tag="cli-compare-script", machine=facts["fingerprint"], min_rounds=args.min_rounds,
+                            tag="cli-compare-script", machine=facts.fingerprint, min_rounds=args.min_rounds,
                             max_rounds=args.max_rounds, budget_s=args.budget_min * 60 if args.budget_min else None,
                             resume=False, progress=not args.json)
     return report_comparison(dict(result, script=args.script), f"{scripts.label(b)} over {scripts.label(a)}, "
@@ -695,10 +695,8 @@ def print_whole_step(args, out: dict, result: dict, ceilings, plain_ms: float | 
 
 
 def _tune(args) -> int:
-    from cpuopt_helpers import system, tune
+    from cpuopt_helpers import scripts, system, tune
     from cpuopt_helpers.results import ResultStore
-
-    from cpuopt_helpers import scripts
 
     if args.allow_instances and not args.script:
         raise CpuoptError("--allow-instances is for --script (a workload's search always includes several ranks)")
@@ -720,7 +718,7 @@ def _tune(args) -> int:
     if args.metric or args.metric_lower:
         raise CpuoptError("--metric reads a --script's output; a workload reports its own samples/s")
     facts = system.collect_facts()
-    ladder = ResultStore().get_fact(facts["fingerprint"], f"ladder/{args.workload}/{args.preset}", [])
+    ladder = ResultStore().get_fact(facts.fingerprint, f"ladder/{args.workload}/{args.preset}", [])
     result = tune.tune(args.workload, args.budget_min, args.preset, facts, ladder, progress=not args.json)
     print(json.dumps(result, indent=2) if args.json else tune.format_tune(result))
     return 0

@@ -226,7 +226,7 @@ def arm_fails(rounds: Sequence[Sequence[float | None]]) -> bool:
 def run_adaptive(measure: Callable[[str, int], float | None], done: Sequence[tuple[float, float]] = (),
                  min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS, budget_s: float | None = None,
                  confidence: float = CONFIDENCE, margin: float = MARGIN, seed: int = 0,
-                 clock: Callable[[], float] = time.monotonic, on_round=None) -> dict:
+                 clock: Callable[[], float] = time.monotonic, on_round=None, reserved: bool = False) -> dict:
     """An adaptive, counterbalanced A/B: ``measure(arm, round) -> throughput`` ("a" or "b"; None
     when that run failed).
 
@@ -237,7 +237,8 @@ def run_adaptive(measure: Callable[[str, int], float | None], done: Sequence[tup
     the next round would not fit in ``budget_s``, or when an arm cannot run (``arm_fails``:
     ``stopped`` "failed"; failures of different arms, or rare ones, are noise).
     Returns ``sequential_ratio``'s dict plus the rounds, their order, how many failed, and why
-    it stopped.
+    it stopped. ``reserved``: the caller kept time for ``min_rounds`` rounds (``cpuopt tune``'s
+    final rounds), so the budget ends the comparison only after them.
     """
     rounds = [tuple(r) for r in done]
     order = [round_order(i, seed) for i in range(len(rounds))]
@@ -256,7 +257,8 @@ def run_adaptive(measure: Callable[[str, int], float | None], done: Sequence[tup
             stopped = "failed"  # one arm cannot run: more rounds cannot help
             break
         per_round = (sum(spent) / len(spent)) if spent else 0.0
-        if budget_s is not None and spent and clock() - start + per_round > budget_s:
+        if budget_s is not None and spent and clock() - start + per_round > budget_s and not (
+                reserved and complete < min_rounds):
             stopped = "budget"
             break
         t0, i = clock(), len(rounds)

@@ -46,6 +46,7 @@ from cpuopt_helpers.config import PLACEMENT_FIELDS, RunConfig
 from cpuopt_helpers.planning import LaunchPlan, Machine, build_plan
 from cpuopt_helpers.provenance import (PREVIOUS_RUN_MEMORY_S, _load1, _read_text, code_version, machine_state,
                                        measuring_env, run_threads, steal_pct, usable_cpus)
+from cpuopt_helpers.system import Facts
 from cpuopt_helpers.worker import RESULT_KEY, UNSUPPORTED_EXIT
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ def flops_cache_file(config: RunConfig) -> str | None:
     return str(build_dir() / "cache" / "flops" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json")
 
 
-def run_plan(plan: LaunchPlan, facts: dict | None = None) -> dict:
+def run_plan(plan: LaunchPlan, facts: Facts | None = None) -> dict:
     """Start every instance together, wait up to the timeout, and build the RunResult."""
     config = plan.config
     workdir = tempfile.mkdtemp(prefix="cpuopt-run-")
@@ -242,7 +243,7 @@ class Watch:
         return status, f"{reason}; stderr tail of instance {bad}:\n{_tail(errs[bad])}"
 
 
-def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict], facts: dict | None,
+def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict], facts: Facts | None,
                 machine: dict | None = None) -> dict:
     """Combine per-instance results into one RunResult (the DESIGN.md contract; see the module docstring).
 
@@ -262,7 +263,7 @@ def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict
         "caller_env": measuring_env(os.environ),
         "argv": [list(i.argv) for i in plan.instances], "pinning": plan.pinning,
         "warnings": list(plan.warnings), "versions": {},
-        "system": (facts or {}).get("fingerprint"),
+        "system": facts.fingerprint if facts else None,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     if status != "ok" or not instances:
@@ -331,7 +332,7 @@ def measured(config: RunConfig, instances: list[dict]) -> dict:
     return out
 
 
-def run(config: RunConfig, facts: dict | None = None) -> dict:
+def run(config: RunConfig, facts: Facts | None = None) -> dict:
     """Plan and run one configuration on this machine."""
     return run_plan(build_plan(config, Machine.this()), facts)
 

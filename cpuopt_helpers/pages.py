@@ -9,17 +9,18 @@ from cpuopt_helpers import compare
 from cpuopt_helpers.config import setting_label
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.results import ResultStore
+from cpuopt_helpers.system import Facts
 
 RESULTS_START, RESULTS_END = "<!-- results:start -->", "<!-- results:end -->"
 
 
-def results_markdown(store: ResultStore, facts: dict, preset: str = "standard") -> str:
+def results_markdown(store: ResultStore, facts: Facts, preset: str = "standard") -> str:
     """The README's results section, generated from the store of a workbook run."""
     from datetime import date
 
     from cpuopt_helpers.stages import baseline, choosing
 
-    machine = facts["fingerprint"]
+    machine = facts.fingerprint
     runs = last_sweep_runs(store, "01_baseline", machine, preset)
     roof = store.get_fact(machine, f"roofline/{preset}")
     if not runs or roof is None:
@@ -27,9 +28,9 @@ def results_markdown(store: ResultStore, facts: dict, preset: str = "standard") 
     table = choosing.throughput_table(runs)
     day = max(r["created_at"] for r in runs)[:10] if runs else date.today().isoformat()
     lines = [
-        f"Measured on {day} by `make run` (preset `{preset}`) on **{facts['cpu_model']}**, "
-        f"{facts['physical_cores']} physical / {facts['logical_cores']} logical cores, {facts['memory_gib']} GiB, "
-        f"torch {facts['versions']['torch']}, oneDNN {facts['versions']['onednn']}.",
+        f"Measured on {day} by `make run` (preset `{preset}`) on **{facts.cpu_model}**, "
+        f"{facts.physical_cores} physical / {facts.logical_cores} logical cores, {facts.memory_gib} GiB, "
+        f"torch {facts.versions['torch']}, oneDNN {facts.versions['onednn']}.",
         "",
         "| workload | samples/s (median; range over runs) | step ms | forward | backward | optimizer | GFLOP/s | share of GEMM peak |",
         "|---|---|---|---|---|---|---|---|",
@@ -138,14 +139,14 @@ def _precision_lines(store: ResultStore, machine: str, preset: str) -> list[str]
     return lines
 
 
-def _ladder_lines(store: ResultStore, facts: dict, workloads, preset: str) -> list[str]:
+def _ladder_lines(store: ResultStore, facts: Facts, workloads, preset: str) -> list[str]:
     from cpuopt_helpers import compare, ladder
 
     lines = ["", "The optimisation ladder: what each notebook handed on (a step that kept the previous "
              "configuration says so), and the last rung over PyTorch's defaults (`cpuopt ladder` prints it).", "",
              "| workload | ladder | over PyTorch's defaults |", "|---|---|---|"]
     for w in workloads:
-        rungs = ladder.rungs(store, facts["fingerprint"], w, preset, facts["physical_cores"])
+        rungs = ladder.rungs(store, facts.fingerprint, w, preset, facts.physical_cores)
         if not rungs:
             continue
         steps = " -> ".join(f"{r.step}: {r.change}" for r in rungs[1:])

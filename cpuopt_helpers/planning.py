@@ -77,14 +77,14 @@ class Machine:
         there; for lscpu text the libraries are this machine's, and numactl is taken to work
         (a server's usual case; where it does not, the launch there falls back to taskset).
         """
-        topo, facts = system.read_topology_file(path)
-        if not facts:
+        topo, doctor = system.read_topology_file(path)
+        if not doctor:
             return cls(topo, this_libraries(), True, True, source=path)
-        numactl = facts.get("numactl") or {}
-        libraries = {**(facts.get("allocators") or {}), "iomp": (facts.get("openmp") or {}).get("intel")}
+        numactl = doctor.get("numactl") or {}
+        libraries = {**(doctor.get("allocators") or {}), "iomp": (doctor.get("openmp") or {}).get("intel")}
         return cls(topo, libraries, bool(numactl.get("works")), True,
                    numactl.get("reason", "") if numactl.get("present") and not numactl.get("works") else "",
-                   source=path, facts=facts)
+                   source=path, facts=doctor)
 
 
 def this_libraries() -> dict:

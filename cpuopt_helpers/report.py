@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from cpuopt_helpers.results import ResultStore
+from cpuopt_helpers.system import Facts
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1200px; color: #222; }
@@ -36,18 +37,17 @@ window.addEventListener("load", () => {
 """
 
 
-def _facts_rows(facts: dict) -> list[tuple[str, str]]:
-    v = facts.get("versions", {})
-    isa = ", ".join(k for k, on in facts.get("isa", {}).items() if on) or "none of those checked"
-    bf16 = facts.get("bf16", {})
-    return [("CPU", facts.get("cpu_model", "?")),
-            ("cores", f"{facts.get('physical_cores')} physical, {facts.get('logical_cores')} logical, "
-                      f"{facts.get('sockets')} socket(s), NUMA nodes {facts.get('numa_nodes')}"),
-            ("ISA", isa), ("memory", f"{facts.get('memory_gib')} GiB"),
+def _facts_rows(facts: Facts) -> list[tuple[str, str]]:
+    v, bf16 = facts.versions, facts.bf16
+    isa = ", ".join(k for k, on in facts.isa.items() if on) or "none of those checked"
+    return [("CPU", facts.cpu_model),
+            ("cores", f"{facts.physical_cores} physical, {facts.logical_cores} logical, "
+                      f"{facts.sockets} socket(s), NUMA nodes {facts.numa_nodes}"),
+            ("ISA", isa), ("memory", f"{facts.memory_gib} GiB"),
             ("software", f"python {v.get('python')}, torch {v.get('torch')}, oneDNN {v.get('onednn')}"),
             ("bf16", f"{'accelerated' if bf16.get('accelerated') else 'not accelerated'}: {bf16.get('reason', '')}"),
-            ("allocators", ", ".join(f"{k}: {p or 'missing'}" for k, p in facts.get("allocators", {}).items())),
-            ("machine id", facts.get("fingerprint", "?"))]
+            ("allocators", ", ".join(f"{k}: {p or 'missing'}" for k, p in facts.allocators.items())),
+            ("machine id", facts.fingerprint or "?")]
 
 
 def results_rows(store: ResultStore) -> list[dict]:
@@ -66,18 +66,18 @@ def results_rows(store: ResultStore) -> list[dict]:
     return rows
 
 
-def answer_rows(store: ResultStore, facts: dict) -> list[list[str]]:
+def answer_rows(store: ResultStore, facts: Facts) -> list[list[str]]:
     """Per ladder in the store: workload, preset, what its last rung changed, the speedup
     over PyTorch's defaults (chained from the confirmed rungs, with its interval), the command."""
     from cpuopt_helpers import compare, ladder
     from cpuopt_helpers.config import RunConfig
     from cpuopt_helpers.planning import command_lines
 
-    machine = facts.get("fingerprint", "")
+    machine = facts.fingerprint
     rows = []
     for name in store.fact_names(machine, "ladder/"):
         _, workload, preset = name.split("/")
-        rungs = ladder.rungs(store, machine, workload, preset, facts.get("physical_cores") or 1)
+        rungs = ladder.rungs(store, machine, workload, preset, facts.physical_cores or 1)
         if not rungs:
             continue
         changes = [r.change for r in rungs[1:] if not r.kept]
@@ -114,7 +114,7 @@ def render_notebooks(notebooks: list[Path], target: Path) -> list[tuple[str, str
     return links
 
 
-def build_report(build: Path, facts: dict, store: ResultStore | None = None, title: str = "cpuopt report") -> Path:
+def build_report(build: Path, facts: Facts, store: ResultStore | None = None, title: str = "cpuopt report") -> Path:
     """Write BUILD/report/index.html (and its figures and notebook pages); return its path."""
     report = build / "report"
     figures_out = report / "figures"

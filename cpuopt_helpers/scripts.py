@@ -40,6 +40,7 @@ from cpuopt_helpers import launch, planning, throughput
 from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import multi_instance, threads
+from cpuopt_helpers.system import Facts
 
 SCRIPT = "script"  # RunConfig.workload of a script run; the command's hash is its one option
 WALL_TIME = "the wall time of the whole command (start-up, data loading and warm-up included)"
@@ -127,7 +128,7 @@ class Reading:
         return 1.0 / wall_s, WALL_TIME
 
 
-def run_script(config: RunConfig, command: list[str], reading: Reading, facts: dict | None = None,
+def run_script(config: RunConfig, command: list[str], reading: Reading, facts: Facts | None = None,
                machine: planning.Machine | None = None, timeout_s: float | None = 1800) -> dict:
     """Run the script once under ``config`` (several copies, each in its own working directory,
     where ``config.instances`` > 1); a result shaped as the worker's (storable, comparable)."""
@@ -146,7 +147,7 @@ def run_script(config: RunConfig, command: list[str], reading: Reading, facts: d
               "pinning": plan.pinning, "argv": [list(i.argv) for i in plan.instances],
               "env": {k: v for k, v in plan.instances[0].env.items() if k != "PYTHONPATH"},
               "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "system": (facts or {}).get("fingerprint"), "samples_per_s": None, "metric": None}
+              "system": facts.fingerprint if facts else None, "samples_per_s": None, "metric": None}
     which = outcome["failed"] or 0
     tail = "\n".join(outputs[which].splitlines()[-15:])
     copy = f"copy {which} of {len(outputs)}: " if copies else ""
@@ -164,7 +165,7 @@ def run_script(config: RunConfig, command: list[str], reading: Reading, facts: d
                 copies=[{"index": i, "samples_per_s": v} for i, (v, _) in enumerate(readings)])
 
 
-def stored_runner(command: list[str], reading: Reading, facts: dict, store, tag: str = "cli-tune-script"):
+def stored_runner(command: list[str], reading: Reading, facts: Facts, store, tag: str = "cli-tune-script"):
     """``run_script`` for the tuner, each run also written to the results store (the report's
     table shows it), in one sweep per search."""
     sweep = f"{tag}-{command_hash(command)}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
@@ -179,17 +180,17 @@ def stored_runner(command: list[str], reading: Reading, facts: dict, store, tag:
     return run
 
 
-def search_space(default: RunConfig, facts: dict, instances: bool = False) -> list[RunConfig]:
+def search_space(default: RunConfig, facts: Facts, instances: bool = False) -> list[RunConfig]:
     """The launch-level knobs, one change at a time: threads, allocator, OpenMP runtime and its
     KMP_BLOCKTIME, no pinning; with ``instances`` (opt-in, see the module's docstring) also
     several copies on disjoint cores, the layouts notebook 07 measures."""
-    physical = facts["physical_cores"]
+    physical = facts.physical_cores
     out = [default.replace(threads=t) for t in threads.thread_counts(physical, physical) if t != default.threads]
     if instances:
         out += [default.replace(threads=t, instances=n) for t, n in multi_instance.layouts(
             multi_instance.machine_of(facts)) if n > 1]
-    out += [default.replace(allocator=a) for a, path in facts["allocators"].items() if path]
-    if facts["openmp"].get("intel"):
+    out += [default.replace(allocator=a) for a, path in facts.allocators.items() if path]
+    if facts.openmp.get("intel"):
         out += [default.replace(omp_runtime="intel"), default.replace(omp_runtime="intel", kmp_blocktime=1)]
     out.append(default.replace(affinity="none"))
     return out

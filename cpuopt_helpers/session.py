@@ -26,12 +26,12 @@ class Session:
     The notebook kernel never measures itself: every run goes through the launcher.
     """
 
-    facts: dict = field(default_factory=system.collect_facts)
+    facts: system.Facts = field(default_factory=system.collect_facts)
     store: ResultStore = field(default_factory=ResultStore)
 
     @property
     def machine(self) -> str:
-        return self.facts["fingerprint"]
+        return self.facts.fingerprint
 
     def run(self, config: RunConfig) -> dict:
         return launch.run(config, self.facts)
@@ -52,7 +52,7 @@ class Session:
         from cpuopt_helpers.provenance import code_version, measuring_env
 
         code, env = code_version().get("measuring_hash"), measuring_env(os.environ)
-        wanted = validate(config, self.facts["logical_cores"], self.facts["physical_cores"], check_workload=False)
+        wanted = validate(config, self.facts.logical_cores, self.facts.physical_cores, check_workload=False)
         runs = [r for r in self.store.results(tag=tag, machine=self.machine)  # results hold the validated config
                 if r["status"] == "ok" and r["config_hash"] == wanted.config_hash()
                 and (r.get("code_version") or {}).get("measuring_hash") == code and r.get("caller_env") == env]
@@ -135,7 +135,7 @@ class Session:
         name = f"ladder/{ladder}/{preset}"
         rungs = self.store.get_fact(self.machine, name, [])
         changed = [i for i, r in enumerate(read_rungs(self.store, self.machine, ladder, preset,
-                                                      self.facts["physical_cores"])) if not (r.kept or r.first)]
+                                                      self.facts.physical_cores)) if not (r.kept or r.first)]
         if not changed:
             return
         top = rungs[changed[-1]]

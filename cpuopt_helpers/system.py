@@ -23,6 +23,7 @@ Boost Max 3.0), so a clock threshold would misread servers as hybrid.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import glob
 import hashlib
@@ -34,7 +35,7 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cpuopt_helpers.errors import CpuoptError
@@ -344,15 +345,15 @@ def read_topology_file(path: str) -> tuple[Topology, dict]:
         raise CpuoptError(f"cannot read topology file {path}: {why}; {what}") from None
     if text.lstrip().startswith(("{", "[")):
         try:
-            facts = json.loads(text)
+            doctor = json.loads(text)
         except json.JSONDecodeError as exc:
             raise CpuoptError(f"topology file {path} is not valid JSON ({exc.msg}, line {exc.lineno}); "
                               f"{what}") from None
-        if not isinstance(facts, dict) or not isinstance(facts.get("topology"), dict):
+        if not isinstance(doctor, dict) or not isinstance(doctor.get("topology"), dict):
             raise CpuoptError(f"topology file {path} is JSON without the topology section of `cpuopt doctor --json` "
                               f"(an older cpuopt, or another tool); {what}")
         try:
-            return Topology.from_dict(facts["topology"]), facts
+            return Topology.from_dict(doctor["topology"]), doctor
         except CpuoptError as exc:
             raise CpuoptError(f"topology file {path}: {exc}") from None
     try:
@@ -671,8 +672,47 @@ def fingerprint(facts: dict) -> str:
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def collect_facts() -> dict:
-    """Everything `cpuopt doctor` reports about this machine, as plain JSON-able data."""
+@dataclass(frozen=True)
+class Facts:
+    """What `cpuopt doctor` knows of a machine. Read here with ``collect_facts``; another
+    machine's come from its `cpuopt doctor --json` (``from_dict``: unknown keys are dropped,
+    missing ones take the defaults below, e.g. no bf16 fast path)."""
+
+    fingerprint: str = ""
+    hostname: str = ""
+    cpu_model: str = "unknown"
+    cpu_vendor: str = ""
+    physical_cores: int = 1
+    logical_cores: int = 1
+    sockets: int = 1
+    numa_nodes: dict = field(default_factory=dict)  # node -> its CPUs ({"0": [0, 1]})
+    usable_cpus: int = 1
+    topology: dict = field(default_factory=dict)  # Topology.to_dict(), with cgroup limits and notes
+    isa: dict = field(default_factory=dict)  # flag -> present
+    memory_gib: float | None = None
+    allocators: dict = field(default_factory=dict)  # jemalloc / tcmalloc -> library path or None
+    openmp: dict = field(default_factory=dict)  # gnu / intel -> library
+    numactl: dict = field(default_factory=dict)  # present, works, reason
+    versions: dict = field(default_factory=dict)  # python, torch, oneDNN, ...
+    missing: dict = field(default_factory=dict)  # what is not installed -> how to install it
+    bf16: dict = field(default_factory=lambda: {"accelerated": False, "path": None, "reason": "not read"})
+    ipex_runtime: dict | None = None  # `cpuopt doctor` adds the IPEX runtime's probe
+    vendor_extension: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Facts":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> "Facts":
+        return dataclasses.replace(self, **changes)
+
+
+def collect_facts() -> Facts:
+    """Everything `cpuopt doctor` reports about this machine (``Facts``; ``to_dict()`` is its JSON)."""
     topo = topology()
     cpuinfo = _read("/proc/cpuinfo")
     versions = {"python": platform.python_version(), **torch_facts()}
@@ -684,52 +724,41 @@ def collect_facts() -> dict:
         missing["iomp"] = INSTALL_HINTS["iomp"]
     if not numactl["present"]:
         missing["numactl"] = INSTALL_HINTS["numactl"]
-    facts = {
-        "hostname": platform.node(),
-        "cpu_model": parse_cpu_model(cpuinfo),
-        "cpu_vendor": parse_cpu_vendor(cpuinfo),
-        "physical_cores": topo.physical_cores,
-        "logical_cores": topo.logical_cores,
-        "sockets": topo.sockets,
-        "numa_nodes": {str(k): v for k, v in topo.numa_nodes.items()},
-        "usable_cpus": topo.logical_cores,
-        "topology": {**topo.to_dict(), "cgroup": read_cgroup_limits(), "notes": topology_notes(topo)},
-        "isa": parse_isa_flags(cpuinfo),
-        "memory_gib": parse_meminfo_gib(_read("/proc/meminfo")),
-        "allocators": allocators,
-        "openmp": openmp,
-        "numactl": numactl,
-        "versions": versions,
-        "missing": missing,
-    }
-    facts["bf16"] = bf16_gate(facts["isa"], versions["onednn_bf16_supported"], onednn_isa())
-    facts["fingerprint"] = fingerprint(facts)
-    return facts
+    isa = parse_isa_flags(cpuinfo)
+    facts = Facts(
+        hostname=platform.node(), cpu_model=parse_cpu_model(cpuinfo), cpu_vendor=parse_cpu_vendor(cpuinfo),
+        physical_cores=topo.physical_cores, logical_cores=topo.logical_cores, sockets=topo.sockets,
+        numa_nodes={str(k): v for k, v in topo.numa_nodes.items()}, usable_cpus=topo.logical_cores,
+        topology={**topo.to_dict(), "cgroup": read_cgroup_limits(), "notes": topology_notes(topo)},
+        isa=isa, memory_gib=parse_meminfo_gib(_read("/proc/meminfo")), allocators=allocators, openmp=openmp,
+        numactl=numactl, versions=versions, missing=missing,
+        bf16=bf16_gate(isa, versions["onednn_bf16_supported"], onednn_isa()))
+    return facts.replace(fingerprint=fingerprint(facts.to_dict()))
 
 
-def format_facts(facts: dict) -> str:
+def format_facts(facts: Facts) -> str:
     """The human-readable doctor report."""
-    isa = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in facts["isa"].items())
-    v = facts["versions"]
+    isa = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in facts.isa.items())
+    v = facts.versions
     lines = [
-        f"CPU          {facts['cpu_model']}",
-        f"cores        {facts['physical_cores']} physical, {facts['logical_cores']} logical, "
-        f"{facts['sockets']} socket(s), NUMA nodes {facts['numa_nodes']}",
+        f"CPU          {facts.cpu_model}",
+        f"cores        {facts.physical_cores} physical, {facts.logical_cores} logical, "
+        f"{facts.sockets} socket(s), NUMA nodes {facts.numa_nodes}",
         *[f"{n['fact']:<12} {n['value']}\n{'':<12} -> {n['threads']}"
-          for n in facts.get("topology", {}).get("notes", [])],
+          for n in facts.topology.get("notes", [])],
         f"ISA          {isa}",
-        f"memory       {facts['memory_gib']} GiB",
+        f"memory       {facts.memory_gib} GiB",
         f"software     python {v['python']}, torch {v['torch']}, oneDNN {v['onednn']}, MKL {v['mkl']}, "
         f"OpenMP {v['openmp_runtime']}, capability {v['cpu_capability']}",
-        f"bf16         {'accelerated (' + facts['bf16']['path'] + ')' if facts['bf16']['accelerated'] else 'not accelerated'}:"
-        f" {facts['bf16']['reason']}",
+        f"bf16         {'accelerated (' + facts.bf16['path'] + ')' if facts.bf16['accelerated'] else 'not accelerated'}:"
+        f" {facts.bf16['reason']}",
     ]
-    for kind, path in facts["allocators"].items():
+    for kind, path in facts.allocators.items():
         lines.append(f"{kind:<12} {path or 'not found'}")
-    lines.append(f"{'intel omp':<12} {facts['openmp']['intel'] or 'not found'}")
-    n = facts["numactl"]
+    lines.append(f"{'intel omp':<12} {facts.openmp['intel'] or 'not found'}")
+    n = facts.numactl
     lines.append(f"{'numactl':<12} {'works' if n['works'] else ('present but refused: ' + n['reason'] if n['present'] else 'not found')}")
-    ipex = facts.get("ipex_runtime")
+    ipex = facts.ipex_runtime
     if ipex:
         if ipex["available"]:
             isa = ipex.get("ipex_isa") or {}
@@ -737,11 +766,11 @@ def format_facts(facts: dict) -> str:
                          f"ISA {isa.get('current', '?')} (highest {isa.get('highest', '?')})")
         else:
             lines.append(f"{'ipex':<12} not available: {ipex['reason']}")
-    if facts.get("vendor_extension"):
-        lines.append(f"{'extension':<12} {facts['vendor_extension']}")
-    if facts["missing"]:
+    if facts.vendor_extension:
+        lines.append(f"{'extension':<12} {facts.vendor_extension}")
+    if facts.missing:
         lines.append("missing      install with:")
-        lines += [f"  {kind:<10} {hint}" for kind, hint in facts["missing"].items()]
+        lines += [f"  {kind:<10} {hint}" for kind, hint in facts.missing.items()]
     else:
         lines.append("missing      nothing")
     return "\n".join(lines)

@@ -30,46 +30,46 @@ import statistics
 import time
 
 from cpuopt_helpers import compare, launch, planning, runtimes, system
-from cpuopt_helpers.stages import choosing, multi_instance, threads
 from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.decisions import Comparison
 from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.stages import choosing, multi_instance, threads
+from cpuopt_helpers.system import Facts
 
 FINAL_ROUNDS = compare.MIN_ROUNDS  # rounds kept for the confirmation when the search stops
 
 
-def search_space(default: RunConfig, facts: dict, image_like: bool) -> list[RunConfig]:
+def search_space(default: RunConfig, facts: Facts, image_like: bool) -> list[RunConfig]:
     """One change at a time from the defaults (each a rung the notebooks measure)."""
-    physical = facts["physical_cores"]
+    physical = facts.physical_cores
     out = [default.replace(threads=t) for t in threads.thread_counts(physical, physical) if t != default.threads]
     out += [default.replace(threads=t, instances=n, mode="ddp") for t, n in multi_instance.layouts(
         multi_instance.machine_of(facts)) if n > 1]
-    out += [default.replace(allocator=a) for a, path in facts["allocators"].items() if path]
-    if facts["openmp"].get("intel"):
+    out += [default.replace(allocator=a) for a, path in facts.allocators.items() if path]
+    if facts.openmp.get("intel"):
         out.append(default.replace(omp_runtime="intel"))
     if image_like:
         out.append(default.replace(channels_last=True))
     out += [default.replace(optimizer_impl=i) for i in ("foreach", "fused")]
     out.append(default.replace(compile="default", warmup=max(default.warmup, 1)))
-    if facts.get("cpu_vendor") == "AuthenticAMD" and runtimes.zentorch_status(facts["cpu_vendor"])["usable"]:
+    if facts.cpu_vendor == "AuthenticAMD" and runtimes.zentorch_status(facts.cpu_vendor)["usable"]:
         out.append(default.replace(compile="zentorch", warmup=max(default.warmup, 1)))  # AMD's backend (notebook 05)
-    if facts["bf16"]["accelerated"]:
+    if facts.bf16["accelerated"]:
         out.append(default.replace(dtype="bf16"))
     return out
 
 
-def machine_facts(machine: planning.Machine) -> dict:
+def machine_facts(machine: planning.Machine) -> system.Facts:
     """What the search space needs to know about a machine read from --topology: its topology
     and counts, its libraries, and bf16 where its doctor JSON says (lscpu text does not: no bf16)."""
     topo = machine.topology
-    return {**machine.facts, "physical_cores": topo.physical_cores, "logical_cores": topo.logical_cores,
-            "sockets": topo.sockets, "topology": topo.to_dict(),
-            "allocators": {k: machine.libraries.get(k) for k in ("jemalloc", "tcmalloc")},
-            "openmp": {"intel": machine.libraries.get("iomp")},
-            "bf16": machine.facts.get("bf16") or {"accelerated": False}}
+    return system.Facts.from_dict({**machine.facts, "bf16": machine.facts.get("bf16") or {"accelerated": False}}).replace(
+        physical_cores=topo.physical_cores, logical_cores=topo.logical_cores, sockets=topo.sockets,
+        topology=topo.to_dict(), allocators={k: machine.libraries.get(k) for k in ("jemalloc", "tcmalloc")},
+        openmp={"intel": machine.libraries.get("iomp")})
 
 
-def search_plan(workload: str, preset: str, facts: dict, machine: planning.Machine, script: list[str] | None = None,
+def search_plan(workload: str, preset: str, facts: Facts, machine: planning.Machine, script: list[str] | None = None,
                 instances: bool = False) -> list[dict]:
     """What the search would measure first, measuring nothing (`cpuopt tune --dry-run`): every
     candidate with its instances' cores on ``machine``, this one or another's (--topology);
@@ -77,12 +77,12 @@ def search_plan(workload: str, preset: str, facts: dict, machine: planning.Machi
     from cpuopt_helpers import scripts
 
     if script:
-        default = scripts.script_config(script, facts["physical_cores"])
+        default = scripts.script_config(script, facts.physical_cores)
         candidates = [default] + scripts.search_space(default, facts, instances)
     else:
         from cpuopt_helpers.workloads import build_workload
 
-        default = normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
+        default = normalise(RunConfig.for_preset(workload, preset), facts.physical_cores)
         image_like = bool(getattr(build_workload(workload, preset), "image_like", False))
         candidates = [default] + search_space(default, facts, image_like)
     rows = []
@@ -123,7 +123,7 @@ def combine(default: RunConfig, winners: list[RunConfig]) -> RunConfig | None:
         return None
 
 
-def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | None = None,
+def tune(workload: str, budget_min: float, preset: str = "quick", facts: Facts | None = None,
          ladder: list[dict] | None = None, runner=None, progress: bool = True, script: list[str] | None = None,
          reading=None, instances: bool = False) -> dict:
     """Search within the budget; measure the recommendation against both defaults.
@@ -167,19 +167,19 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: dict | 
             **({"script": command, "metric": list(search.metrics), "in_the_script": scripts.IN_SCRIPT} if script else {})}
 
 
-def starting_candidates(workload: str, preset: str, facts: dict, ladder: list[dict] | None, script: list[str] | None,
+def starting_candidates(workload: str, preset: str, facts: Facts, ladder: list[dict] | None, script: list[str] | None,
                         instances: bool) -> tuple[RunConfig, list[RunConfig]]:
     """PyTorch's defaults (checked against this machine before anything is measured) and the
     search's candidates: the defaults first, the ladder handed on, then one change at a time."""
     from cpuopt_helpers import scripts
 
     if script:
-        default = scripts.script_config(script, facts["physical_cores"])
+        default = scripts.script_config(script, facts.physical_cores)
         planning.build_plan(default, planning.Machine.this(), command=script)  # bad machine: fail before measuring
         return default, choosing.unique([default] + scripts.search_space(default, facts, instances))
     from cpuopt_helpers.workloads import build_workload
 
-    default = normalise(RunConfig.for_preset(workload, preset), facts["physical_cores"])
+    default = normalise(RunConfig.for_preset(workload, preset), facts.physical_cores)
     planning.build_plan(default, planning.Machine.this())  # bad workload or machine: fail before measuring
     image_like = bool(getattr(build_workload(workload, preset), "image_like", False))
     handed_on = [RunConfig.from_dict(s["config"]) for s in (ladder or []) if s["config"]["workload"] == workload]
@@ -277,7 +277,7 @@ def confirm_against_defaults(search: Search, default: RunConfig, best: RunConfig
             run_cpu_speeds[i] = run(run_cpu)
         return speed
 
-    confirmation = compare.run_adaptive(final, budget_s=max(search.left(), 1.0), seed=seed)
+    confirmation = compare.run_adaptive(final, budget_s=max(search.left(), 1.0), seed=seed, reserved=True)
     rounds = confirmation["rounds"]
     if challenger is run_cpu:  # nothing beat the defaults in the search
         cpu, vs_default, recommended = [r[1] for r in rounds], None, default

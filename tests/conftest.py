@@ -13,7 +13,7 @@ LIBS = {"jemalloc": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
         "iomp": "/venv/lib/libiomp5.so"}
 
 
-def make_facts(**changes) -> dict:
+def make_facts(**changes):
     """The facts of a made-up 2-core, 1-socket machine with both allocators, Intel's OpenMP and a
     bf16 fast path; ``changes`` replace any of them (e.g. ``bf16={"accelerated": False, ...}``)."""
     facts = {"fingerprint": "m", "cpu_model": "made-up CPU", "cpu_vendor": "GenuineIntel",
@@ -21,7 +21,9 @@ def make_facts(**changes) -> dict:
              "openmp": {"gnu": "bundled with torch (libgomp)", "intel": LIBS["iomp"]},
              "allocators": {"jemalloc": LIBS["jemalloc"], "tcmalloc": LIBS["tcmalloc"]},
              "bf16": {"accelerated": True, "path": "amx", "reason": "AMX"}}
-    return {**facts, **changes}
+    from cpuopt_helpers.system import Facts
+
+    return Facts.from_dict({**facts, **changes})
 
 
 def make_machine(fixture: str = "lscpu_p_xeon_2s_smt.txt", numactl: bool = True, taskset: bool = True,
@@ -46,7 +48,7 @@ def machine():
 
 
 @pytest.fixture(scope="session")
-def this_facts() -> dict:
+def this_facts():
     """This machine's facts (`cpuopt doctor`), read once per test session."""
     from cpuopt_helpers import system
 

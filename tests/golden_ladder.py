@@ -36,11 +36,11 @@ class FakeSession(Session):
     def run(self, config: RunConfig) -> dict:
         from cpuopt_helpers.config import validate
 
-        config = validate(config, self.facts["logical_cores"], self.facts["physical_cores"], check_workload=False)
+        config = validate(config, self.facts.logical_cores, self.facts.physical_cores, check_workload=False)
         key = config.config_hash()
         self.calls[key] = self.calls.get(key, 0) + 1
         noise = random.Random(f"{key}/{self.calls[key]}").gauss(0, NOISE)
-        speed = 100.0 * config.threads * config.instances / self.facts["physical_cores"]
+        speed = 100.0 * config.threads * config.instances / self.facts.physical_cores
         for (field, value), factor in FACTORS.items():
             if getattr(config, field) == value:
                 speed *= factor
@@ -107,7 +107,7 @@ def climb(tmp_path, workload: str = "cnn") -> dict:
     res = sweep(plan6, "06")
     accuracy = pd.DataFrame({"final_accuracy": [0.95, 0.948]}, index=pd.Index(["fp32", "bf16"], name="mode"))
     settle("bf16", "06/confirm", choosing.compare_configs(res, plan6[0].to_dict(), workload),
-           lambda t, c: precision.choose(t, accuracy, session.facts["bf16"], workload, c))
+           lambda t, c: precision.choose(t, accuracy, session.facts.bf16, workload, c))
 
     plan7 = multi_instance.configs(session.best_config(workload, preset, before="multi-instance"), session.facts)
     res = sweep(plan7, "07")

@@ -40,10 +40,10 @@ def test_gate_needs_onednn_to_agree_and_conversion_only_is_not_a_fast_path():
 @pytest.mark.slow
 def test_doctor_reports_the_gate_for_this_machine():
     facts = system.collect_facts()
-    gate = facts["bf16"]
+    gate = facts.bf16
     assert set(gate) == {"accelerated", "path", "reason"} and gate["reason"]
-    native = facts["isa"]["avx512_bf16"] or (facts["isa"]["amx_bf16"] and facts["isa"]["amx_tile"])
-    assert gate["accelerated"] == (native and facts["versions"]["onednn_bf16_supported"])
+    native = facts.isa["avx512_bf16"] or (facts.isa["amx_bf16"] and facts.isa["amx_tile"])
+    assert gate["accelerated"] == (native and facts.versions["onednn_bf16_supported"])
 
 
 @pytest.mark.slow
@@ -111,7 +111,7 @@ def test_a_bf16_setting_whose_loss_drifts_is_not_handed_on():
 
 
 def test_the_bf16_stage_compares_against_the_layout_handed_on():
-    facts = {"physical_cores": 2, "bf16": {"accelerated": True}}
+    facts = system.Facts(physical_cores=2, bf16={"accelerated": True})
     for handed_on in (False, True):
         base = RunConfig.for_preset("cnn", "standard", threads=2, channels_last=handed_on)
         configs = precision.configs(base, facts, channels_last=True)

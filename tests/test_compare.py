@@ -101,6 +101,9 @@ def test_budget_stops_and_resume_continues_from_stored_rounds():
     clock = iter(range(0, 10_000, 10))
     r = compare.run_adaptive(lambda arm, i: 10.0 + (i % 3), budget_s=25, clock=lambda: next(clock))
     assert r["stopped"] == "budget" and r["n"] < 5 and r["verdict"] == "too few rounds"
+    clock = iter(range(0, 10_000, 10))  # time kept for the minimum rounds (tune's final rounds): it runs them
+    r = compare.run_adaptive(lambda arm, i: 10.0 + (i % 3), budget_s=25, clock=lambda: next(clock), reserved=True)
+    assert r["n"] == 5  # (and equivalent there)
     calls = []
     done = [(10.0, 12.0)] * 4
     r = compare.run_adaptive(lambda arm, i: (calls.append(i), 10.0 if arm == "a" else 12.1)[1], done=done)

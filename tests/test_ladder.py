@@ -8,9 +8,9 @@ import pytest
 from cpuopt_helpers import cli, ladder, planning
 from cpuopt_helpers.config import RunConfig, setting_label
 from cpuopt_helpers.errors import CpuoptError
-from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.results import ResultStore
 from cpuopt_helpers.session import Session
+from cpuopt_helpers.stages import choosing
 from tests.conftest import make_facts
 
 
@@ -136,9 +136,7 @@ class FakeClimb:
 def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_end_to_end_rounds(tmp_path):
     from cpuopt_helpers.stages import climb
 
-    facts = {"fingerprint": "m", "physical_cores": 2, "openmp": {"intel": "/x/libiomp5.so"},
-             "allocators": {"jemalloc": "/x/libjemalloc.so.2", "tcmalloc": None},
-             "bf16": {"accelerated": True, "path": "amx", "reason": "AMX"}}
+    facts = make_facts(allocators={"jemalloc": "/x/libjemalloc.so.2", "tcmalloc": None})
     session = Session(facts=facts, store=ResultStore(tmp_path / "r.sqlite"))
     fake = FakeClimb(session)
     for name in ("sweep", "confirmer", "confirm"):
@@ -172,7 +170,7 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     lines = climb.climb_findings(result)
     assert "4.25x" in lines[-1] and "is reached" in lines[-1]
     # no bf16 fast path: the rung is skipped with the gate's reason, and the 601-class ladder stays apart
-    session.facts = dict(facts, bf16={"accelerated": False, "reason": "no AVX512-BF16 or AMX"})
+    session.facts = facts.replace(bf16={"accelerated": False, "reason": "no AVX512-BF16 or AMX"})
     fp32 = climb.climb(session, choosing.with_options(base, classes=601), "retinanet, 601 classes", True, "t",
                             5, 5, None, 10, train_steps=1000, progress=lambda line: None)
     assert "beyond a training run of 1,000 steps: not carried" in fp32["rungs"][4]["sentence"]

@@ -10,6 +10,7 @@ import pytest
 
 from cpuopt_helpers import cli, planning, scripts, throughput, tune
 from cpuopt_helpers.errors import CpuoptError
+from tests.conftest import make_facts
 
 EXAMPLE = "examples/train_script.py"
 
@@ -109,8 +110,7 @@ def test_bad_script_input_is_one_line_and_exit_2(argv, message, capsys):
     assert message in err and len(err.strip().splitlines()) == 1 and out == ""
 
 
-FACTS = {"fingerprint": "m", "physical_cores": 2, "logical_cores": 2, "openmp": {"intel": "/x/libiomp5.so"},
-         "allocators": {"jemalloc": "/x/libjemalloc.so.2", "tcmalloc": None}, "bf16": {"accelerated": False}}
+FACTS = make_facts(allocators={"jemalloc": "/x/libjemalloc.so.2", "tcmalloc": None}, bf16={"accelerated": False})
 
 
 def test_tuning_a_script_searches_launch_options_and_leaves_failed_runs_out_with_their_reason():

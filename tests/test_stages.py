@@ -4,12 +4,13 @@ import math
 
 import pytest
 
+from cpuopt_helpers.system import Facts
 from cpuopt_helpers.config import RunConfig, setting_label
 from cpuopt_helpers.stages import allocator, case_study, choosing, extensions, summary, threads
 from tests.conftest import make_facts
 
-FACTS = {"physical_cores": 4, "logical_cores": 8, "sockets": 2, "openmp": {"intel": "/x/libiomp5.so"},
-         "allocators": {"jemalloc": "/x/libjemalloc.so.2", "tcmalloc": None}}
+FACTS = make_facts(physical_cores=4, logical_cores=8, sockets=2, openmp={"intel": "/x/libiomp5.so"},
+                   allocators={"jemalloc": "/x/libjemalloc.so.2", "tcmalloc": None})
 
 
 def test_thread_counts():
@@ -33,7 +34,7 @@ def test_threading_configs_cover_every_setting_once():
     assert {c.kmp_blocktime for c in configs if c.omp_runtime == "intel"} == {0, 1, 200}
     assert any(c.oversubscribe and c.threads == 16 for c in configs)
     assert {c.loader_workers for c in configs} == {0, 1, 4}
-    one_socket = dict(FACTS, sockets=1, openmp={"intel": None})
+    one_socket = FACTS.replace(sockets=1, openmp={"intel": None})
     configs = threads.configs(RunConfig.for_preset("cnn", "quick"), one_socket)
     assert not any(c.affinity == "scatter" or c.omp_runtime == "intel" for c in configs)
 
@@ -330,7 +331,7 @@ def test_layout_choice_confirms_ddp_and_says_what_memory_it_holds():
     from cpuopt_helpers.stages import multi_instance
 
     base = RunConfig.for_preset("cnn", "quick")
-    configs = multi_instance.configs(base, {"physical_cores": 2})
+    configs = multi_instance.configs(base, Facts(physical_cores=2))
     assert [(c.threads, c.instances, c.mode) for c in configs] == [
         (1, 1, "independent"), (1, 2, "independent"), (1, 2, "ddp"), (2, 1, "independent")]
     speeds = {(1, 1, "independent"): 10.0, (1, 2, "independent"): 19.0, (1, 2, "ddp"): 18.0, (2, 1, "independent"): 15.0}

@@ -98,34 +98,36 @@ def test_doctor_json_reports_this_machine():
     for key in ("physical_cores", "logical_cores", "sockets", "numa_nodes", "isa", "allocators", "openmp",
                 "numactl", "versions", "missing"):
         assert key in facts
-    assert facts["logical_cores"] == len(os.sched_getaffinity(0))
-    assert 1 <= facts["physical_cores"] <= facts["logical_cores"]
+    facts = system.Facts.from_dict(facts)
+    assert facts.logical_cores == len(os.sched_getaffinity(0))
+    assert 1 <= facts.physical_cores <= facts.logical_cores
     cpuinfo = Path("/proc/cpuinfo").read_text()
-    assert facts["isa"]["avx2"] == (" avx2 " in cpuinfo)
-    assert facts["isa"]["avx512f"] == (" avx512f " in cpuinfo)
-    assert facts["versions"]["torch"].startswith("2.13.0")
-    assert facts["versions"]["onednn"]
+    assert facts.isa["avx2"] == (" avx2 " in cpuinfo)
+    assert facts.isa["avx512f"] == (" avx512f " in cpuinfo)
+    assert facts.versions["torch"].startswith("2.13.0")
+    assert facts.versions["onednn"]
     # every missing piece comes with the command that installs it
-    for kind, path in facts["allocators"].items():
-        assert (path is None) == (kind in facts["missing"])
+    for kind, path in facts.allocators.items():
+        assert (path is None) == (kind in facts.missing)
         assert path is None or os.path.exists(path)
 
 
 def test_doctor_text_lists_install_commands_for_missing():
-    facts = {"cpu_model": "X", "physical_cores": 2, "logical_cores": 2, "sockets": 1, "numa_nodes": {"0": [0, 1]},
+    facts = system.Facts.from_dict({
+             "cpu_model": "X", "physical_cores": 2, "logical_cores": 2, "sockets": 1, "numa_nodes": {"0": [0, 1]},
              "isa": {"avx2": True}, "memory_gib": 1.0,
              "versions": {"python": "3.11", "torch": "2.13", "onednn": "3.12", "mkl": None,
                           "openmp_runtime": "gnu", "cpu_capability": "AVX2", "onednn_bf16_supported": False},
              "allocators": {"jemalloc": None, "tcmalloc": "/x/libtcmalloc.so.4"}, "openmp": {"intel": None},
              "numactl": {"present": False, "works": False, "reason": "numactl not installed"},
              "missing": {"jemalloc": system.INSTALL_HINTS["jemalloc"], "numactl": system.INSTALL_HINTS["numactl"]},
-             "bf16": system.bf16_gate({"avx2": True}, False, None)}
+             "bf16": system.bf16_gate({"avx2": True}, False, None)})
     text = system.format_facts(facts)
     assert "apt-get install libjemalloc2" in text and "apt-get install numactl" in text
     assert "jemalloc     not found" in text
     assert "bf16         not accelerated: no AVX512-BF16, AMX or AVX-NE-CONVERT" in text
     container = kernel_view("container_quota_v2", affinity=set(range(8)))
-    text = system.format_facts(dict(facts, topology={"notes": system.topology_notes(container)}))
+    text = system.format_facts(facts.replace(topology={"notes": system.topology_notes(container)}))
     assert "quota        cgroup CPU quota 2.5 CPUs\n             -> more than 2 busy thread(s) get throttled" in text
 
 

@@ -12,6 +12,7 @@ from cpuopt_helpers import planning, tune
 from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.errors import CpuoptError
 
+
 def fake_runner(gains: dict, noise: float = 0.02, seed: int = 0):
     """samples/s = 100 x the product of the gains of the fields a config changes, +-noise."""
     rng = random.Random(seed)
@@ -48,7 +49,7 @@ def test_nothing_that_pays_recommends_the_defaults(this_facts):
     assert "speedup over PyTorch's defaults: none: the defaults are recommended" in tune.format_tune(t)
     assert t["speedup_vs_run_cpu"]["ratio"] == pytest.approx(1 / 0.9)
     assert t["samples_per_s"]["recommended"] == t["samples_per_s"]["default"] == pytest.approx(100)
-    assert t["recommended"] == normalise(RunConfig.for_preset("cnn", "quick"), this_facts["physical_cores"]
+    assert t["recommended"] == normalise(RunConfig.for_preset("cnn", "quick"), this_facts.physical_cores
                                                      ).to_dict()
 
 
@@ -135,12 +136,12 @@ def test_the_search_includes_zentorch_on_an_amd_cpu_where_it_fits_this_torch(mon
     from cpuopt_helpers import runtimes
 
     default = normalise(RunConfig.for_preset("cnn", "quick"), 2)
-    facts = {**this_facts, "physical_cores": 2}
+    facts = this_facts.replace(physical_cores=2)
     monkeypatch.setattr(runtimes, "zentorch_status", lambda vendor: {"usable": True, "amd": vendor == "AuthenticAMD"})
-    on_amd = tune.search_space(default, {**facts, "cpu_vendor": "AuthenticAMD"}, image_like=True)
-    on_intel = tune.search_space(default, {**facts, "cpu_vendor": "GenuineIntel"}, image_like=True)
+    on_amd = tune.search_space(default, facts.replace(cpu_vendor="AuthenticAMD"), image_like=True)
+    on_intel = tune.search_space(default, facts.replace(cpu_vendor="GenuineIntel"), image_like=True)
     assert [c.compile for c in on_amd if c.compile] == ["default", "zentorch"]
     assert [c.compile for c in on_intel if c.compile] == ["default"]
     monkeypatch.setattr(runtimes, "zentorch_status", lambda vendor: {"usable": False, "amd": True})
-    assert "zentorch" not in [c.compile for c in tune.search_space(default, {**facts, "cpu_vendor": "AuthenticAMD"},
+    assert "zentorch" not in [c.compile for c in tune.search_space(default, facts.replace(cpu_vendor="AuthenticAMD"),
                                                                    image_like=True)]

@@ -5,6 +5,7 @@ from importlib import metadata
 
 import pytest
 
+from cpuopt_helpers.system import Facts
 from cpuopt_helpers import planning, runtimes, system
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
@@ -83,7 +84,7 @@ def test_a_zentorch_run_that_cannot_start_is_refused_before_any_process(monkeypa
 
 def test_notebook_05_compares_zentorch_with_eager_and_inductor_or_says_why_not():
     base = RunConfig(threads=2)
-    configs = extensions.configs(base, {"physical_cores": 2}, False, False, ("default",), (), zentorch=True)
+    configs = extensions.configs(base, Facts(physical_cores=2), False, False, ("default",), (), zentorch=True)
     assert configs[extensions.ZENTORCH].compile == "zentorch" and "torch.compile (default)" in configs
     stock, inductor, zen = configs["torch (stock)"], configs["torch.compile (default)"], configs[extensions.ZENTORCH]
     curve = [2.0, 1.5, 1.0]
@@ -101,7 +102,7 @@ def test_notebook_05_compares_zentorch_with_eager_and_inductor_or_says_why_not()
         dict(result(zen, 0, None, arm=2), status="failed", reason="Traceback ...\nRuntimeError: zentorch: unsupported op")]
     lines = extensions.zentorch_findings(failed, configs, choosing.named_table(failed, configs), "cnn", {})
     assert lines == ["cnn: zentorch: its training run failed, measured: RuntimeError: zentorch: unsupported op."]
-    plain = extensions.configs(base, {"physical_cores": 2}, False, False, (), ())
+    plain = extensions.configs(base, Facts(physical_cores=2), False, False, (), ())
     not_tried = {"reason": "not tried: this CPU is GenuineIntel, and zentorch is AMD's backend"}
     assert extensions.zentorch_findings([], plain, choosing.named_table([], plain), "cnn", not_tried) == [
         "cnn: zentorch: not tried: this CPU is GenuineIntel, and zentorch is AMD's backend."]

@@ -9,12 +9,12 @@ import pandas as pd
 from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.stages.choosing import unique
-
+from cpuopt_helpers.system import Facts
 
 JEMALLOC_DEFAULT_CONF = (("MALLOC_CONF", ""),)  # jemalloc with its own defaults, not run_cpu's tuning
 
 
-def configs(base: RunConfig, facts: dict) -> tuple[list[RunConfig], dict]:
+def configs(base: RunConfig, facts: Facts) -> tuple[list[RunConfig], dict]:
     """Notebook 04: glibc, jemalloc with run_cpu's MALLOC_CONF and without, tcmalloc.
 
     Returns the configurations that can run here and, for each missing allocator, the
@@ -22,25 +22,25 @@ def configs(base: RunConfig, facts: dict) -> tuple[list[RunConfig], dict]:
     """
     from cpuopt_helpers.system import INSTALL_HINTS
 
-    base = normalise(base, facts["physical_cores"]).replace(allocator="default")
+    base = normalise(base, facts.physical_cores).replace(allocator="default")
     base = base.replace(env={k: v for k, v in base.env if k != "MALLOC_CONF"})
     configs, missing = [base], {}
-    if facts["allocators"].get("jemalloc"):
+    if facts.allocators.get("jemalloc"):
         configs += [base.replace(allocator="jemalloc"),
                     base.replace(allocator="jemalloc", env=dict(base.env) | dict(JEMALLOC_DEFAULT_CONF))]
     else:
         missing["jemalloc"] = INSTALL_HINTS["jemalloc"]
-    if facts["allocators"].get("tcmalloc"):
+    if facts.allocators.get("tcmalloc"):
         configs.append(base.replace(allocator="tcmalloc"))
     else:
         missing["tcmalloc"] = INSTALL_HINTS["tcmalloc"]
     return configs, missing
 
 
-def launcher_configs(best: RunConfig, facts: dict) -> list[RunConfig]:
+def launcher_configs(best: RunConfig, facts: Facts) -> list[RunConfig]:
     """PyTorch's defaults, run_cpu's defaults and the best setting found, to be interleaved."""
     default = RunConfig.for_preset(best.workload, best.preset)
-    default = normalise(default.replace(steps=best.steps, warmup=best.warmup), facts["physical_cores"])
+    default = normalise(default.replace(steps=best.steps, warmup=best.warmup), facts.physical_cores)
     return unique([default, default.replace(launcher="run_cpu"), best])
 
 

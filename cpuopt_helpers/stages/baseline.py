@@ -8,6 +8,7 @@ import pandas as pd
 
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.stages.choosing import PHASES
+from cpuopt_helpers.system import Facts
 
 
 def findings(table: pd.DataFrame, peak_gflops: float | None) -> list[str]:
@@ -30,26 +31,26 @@ def findings(table: pd.DataFrame, peak_gflops: float | None) -> list[str]:
     return lines
 
 
-def system_findings(facts: dict, roofline: dict) -> list[str]:
+def system_findings(facts: Facts, roofline: dict) -> list[str]:
     """Sentences about the machine and its ceilings, from the facts and measurements."""
-    isa = facts["isa"]
+    isa = facts.isa
     wide = "AVX-512" if isa.get("avx512f") else "AVX2" if isa.get("avx2") else "no AVX2"
     balance = roofline["gemm_gflops_best"] / roofline["copy_gbs_best"]
     lines = [
-        f"{facts['cpu_model']}: {facts['physical_cores']} physical / {facts['logical_cores']} logical cores "
-        f"on {facts['sockets']} socket(s) and {len(facts['numa_nodes'])} NUMA node(s); widest vector ISA: {wide}.",
+        f"{facts.cpu_model}: {facts.physical_cores} physical / {facts.logical_cores} logical cores "
+        f"on {facts.sockets} socket(s) and {len(facts.numa_nodes)} NUMA node(s); widest vector ISA: {wide}.",
         f"Measured ceilings on {roofline['threads']} threads: fp32 GEMM {roofline['gemm_gflops_best']:.0f} GFLOP/s, "
         f"memory copy {roofline['copy_gbs_best']:.1f} GB/s; a kernel needs about {balance:.0f} FLOP per byte "
         "moved to be compute-bound here.",
     ]
     bf16_isa = [f for f in ("amx_bf16", "avx512_bf16", "avx_ne_convert") if isa.get(f)]
     lines.append(f"bf16: CPU flags {', '.join(bf16_isa) if bf16_isa else 'none of amx_bf16/avx512_bf16/avx_ne_convert'}; "
-                 f"oneDNN reports bf16 support: {'yes' if facts['versions']['onednn_bf16_supported'] else 'no'}.")
-    missing = facts["missing"]
+                 f"oneDNN reports bf16 support: {'yes' if facts.versions['onednn_bf16_supported'] else 'no'}.")
+    missing = facts.missing
     lines.append("Missing: " + ("; ".join(f"{k} ({v})" for k, v in missing.items()) if missing
                                 else "nothing; every allocator and OpenMP runtime can be measured."))
-    if facts["numactl"]["present"] and not facts["numactl"]["works"]:
-        lines.append(f"numactl is installed but refused here ({facts['numactl']['reason']}); "
+    if facts.numactl["present"] and not facts.numactl["works"]:
+        lines.append(f"numactl is installed but refused here ({facts.numactl['reason']}); "
                      "runs pin with taskset or sched_setaffinity instead.")
     return lines
 

@@ -4,15 +4,14 @@ same fixes on any workload that declares them (``cpuopt_helpers.fixes``).
 
 from __future__ import annotations
 
-
 import pandas as pd
 
 from cpuopt_helpers import compare, fixes
 from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.stages.choosing import with_options
+from cpuopt_helpers.system import Facts
 from cpuopt_helpers.workloads import declared_options
-
 
 FIX_NAMES = {("frozen_bn", "separate"): "frozen batch norm", ("frozen_bn", "fused"): "fused FrozenBatchNorm2d",
              ("frozen_bn", "folded"): "FrozenBatchNorm2d folded into the conv",
@@ -26,7 +25,7 @@ HOW_TO_DECLARE = {
 }
 
 
-def configs(base: RunConfig, facts: dict, compiled_region: bool = False) -> tuple[dict[str, RunConfig], list[str]]:
+def configs(base: RunConfig, facts: Facts, compiled_region: bool = False) -> tuple[dict[str, RunConfig], list[str]]:
     """Notebook 08's settings for the base's workload, and what does not apply to it.
 
     The baseline has none of the fixes (the workload's option defaults, even where a fix was
@@ -35,7 +34,7 @@ def configs(base: RunConfig, facts: dict, compiled_region: bool = False) -> tupl
     RetinaNet trains with Lamb as in the paper, so multi-tensor and fused Lamb are fixes there
     (and for any workload whose handed-on optimizer is Lamb). ``compiled_region`` adds conv +
     frozen BN + ReLU as compiled regions (``frozen_bn=compiled``), whose runs each compile."""
-    base = normalise(base, facts["physical_cores"]).replace(options={})
+    base = normalise(base, facts.physical_cores).replace(options={})
     if base.workload == "retinanet":
         base = base.replace(optimizer="lamb")
     lamb = base.optimizer == "lamb"

@@ -29,6 +29,7 @@ from cpuopt_helpers.decisions import Arm, Comparison
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import case_study, choosing
 from cpuopt_helpers.stages.choosing import with_options
+from cpuopt_helpers.system import Facts
 
 PINNED = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
 TRAIN_STEPS = 5000  # the training run torch.compile must pay for its cold compile within (notebook 08's TRAIN_STEPS)
@@ -40,7 +41,7 @@ class Climbing:
 
     current: RunConfig  # what the rungs below handed on
     base: RunConfig  # PyTorch's defaults, where the climb started
-    facts: dict
+    facts: Facts
     image_like: bool
     compile_cache: str | None = None  # the Inductor cache compiled candidates share (None: each run its own)
 
@@ -54,13 +55,13 @@ def pinned(c: Climbing) -> Candidates:
 
 
 def intel_openmp(c: Climbing) -> Candidates:
-    if not c.facts["openmp"].get("intel"):
+    if not c.facts.openmp.get("intel"):
         return (), "no Intel OpenMP runtime (libiomp5.so) was found; `pip install intel-openmp` provides one"
     return (Arm("Intel OpenMP", c.current.replace(omp_runtime="intel")),), ""
 
 
 def allocators(c: Climbing) -> Candidates:
-    found = tuple(Arm(name, c.current.replace(allocator=name)) for name, path in c.facts["allocators"].items() if path)
+    found = tuple(Arm(name, c.current.replace(allocator=name)) for name, path in c.facts.allocators.items() if path)
     return found, "" if found else "neither jemalloc nor tcmalloc was found (`make setup` installs both)"
 
 
@@ -77,7 +78,7 @@ def compiled(c: Climbing) -> Candidates:
 
 
 def bf16(c: Climbing) -> Candidates:
-    gate = c.facts["bf16"]
+    gate = c.facts.bf16
     if not gate["accelerated"]:
         return (), f"no bf16 fast path on this CPU ({gate['reason']}): the ladder stays in fp32"
     return (Arm("bf16 autocast, loss in fp32", c.current.replace(dtype="bf16", bf16_loss=False)),), ""

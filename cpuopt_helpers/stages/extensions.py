@@ -12,7 +12,7 @@ from cpuopt_helpers.decisions import Choice
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.stages.choosing import paired
-
+from cpuopt_helpers.system import Facts
 
 OPTIMIZER_ARMS = ("SGD foreach", "SGD fused", "AdamW (default)", "AdamW fused")
 NOTHING_COMPILED_S = 1.0  # a cold compile faster than this generated no kernel (Inductor's C++ alone takes seconds)
@@ -50,7 +50,7 @@ def runtimes_measured(ipex: dict, zentorch: dict, asked) -> tuple[bool, list[str
     return use, lines
 
 
-def configs(base: RunConfig, facts: dict, image_like: bool, ipex_available: bool,
+def configs(base: RunConfig, facts: Facts, image_like: bool, ipex_available: bool,
             compile_modes: tuple[str, ...] = ("default", "max-autotune"),
             optimizers: tuple[str, ...] = OPTIMIZER_ARMS, zentorch: bool = False) -> dict[str, RunConfig]:
     """Notebook 05: stock torch 2.8, torch 2.8 + IPEX, stock torch (this venv), and this
@@ -60,7 +60,7 @@ def configs(base: RunConfig, facts: dict, image_like: bool, ipex_available: bool
     The AdamW pair measures the fused optimizer where it matters most (SGD's update is
     one multiply-add per weight).
     """
-    base = normalise(base, facts["physical_cores"]).replace(runtime="main", ipex=False, compile=None,
+    base = normalise(base, facts.physical_cores).replace(runtime="main", ipex=False, compile=None,
                                                             optimizer="sgd", optimizer_impl="default")
     configs = {"torch (stock)": base}
     if ipex_available:

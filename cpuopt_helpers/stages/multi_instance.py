@@ -12,6 +12,7 @@ from cpuopt_helpers import compare, planning, stats, system
 from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.decisions import Choice, Finding, as_comparison
 from cpuopt_helpers.stages.choosing import MEMORY_WARNING, paired, unique
+from cpuopt_helpers.system import Facts
 
 
 def rank_threads(node_cores: int, nodes: int, physical: int) -> list[int]:
@@ -60,10 +61,10 @@ def layouts(machine: int | system.Topology | str | Path) -> list[tuple[int, int]
     return out
 
 
-def machine_of(facts: dict) -> system.Topology | int:
+def machine_of(facts: Facts) -> system.Topology | int:
     """What ``layouts`` takes from a machine's facts: the topology `cpuopt doctor` records, else
     (facts saved before it did) the physical core count."""
-    return system.Topology.from_dict(facts["topology"]) if "topology" in facts else facts["physical_cores"]
+    return system.Topology.from_dict(facts.topology) if facts.topology else facts.physical_cores
 
 
 def layout_plan(topology: system.Topology | str | Path) -> pd.DataFrame:
@@ -81,11 +82,11 @@ def layout_plan(topology: system.Topology | str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def configs(base: RunConfig, facts: dict, batch_policy: str = "per_rank") -> list[RunConfig]:
+def configs(base: RunConfig, facts: Facts, batch_policy: str = "per_rank") -> list[RunConfig]:
     """Notebook 07: every layout as independent instances and, from two ranks, as one DDP job.
 
     One rank is the same process either way, so it runs once (independent)."""
-    base = normalise(base, facts["physical_cores"]).replace(cores=None, batch_policy=batch_policy)
+    base = normalise(base, facts.physical_cores).replace(cores=None, batch_policy=batch_policy)
     configs = []
     for threads, ranks in layouts(machine_of(facts)):
         for mode in ("independent", "ddp") if ranks > 1 else ("independent",):

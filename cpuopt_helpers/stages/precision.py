@@ -11,16 +11,17 @@ from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.decisions import Choice, Finding
 from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.stages.choosing import unique
+from cpuopt_helpers.system import Facts
 
 
-def configs(base: RunConfig, facts: dict, channels_last: bool) -> list[RunConfig]:
+def configs(base: RunConfig, facts: Facts, channels_last: bool) -> list[RunConfig]:
     """Notebook 06: fp32 and bf16 (autocast, loss in fp32), with channels-last off and on.
 
     Without a bf16 fast path the comparison runs on the quick preset with few steps, so
     that a 10-20x slower bf16 still finishes: it is measured, not skipped.
     """
-    base = normalise(base, facts["physical_cores"]).replace(dtype="fp32", bf16_loss=False)
-    if not facts["bf16"]["accelerated"]:
+    base = normalise(base, facts.physical_cores).replace(dtype="fp32", bf16_loss=False)
+    if not facts.bf16["accelerated"]:
         base = base.replace(preset="quick", steps=5, warmup=1)
     # the layout handed on first: the first config (fp32 in it) is the reference every ratio and
     # the hand-on's confirmation is taken against, so that the ladder's rung before is exactly it

@@ -72,7 +72,7 @@ def ends(session, tables: dict, rounds: int, budget_min: float | None, resume: b
         if len(t) < 2 or t.iloc[-1]["config"] == t.iloc[0]["config"]:  # configurations as run (threads spelled out)
             continue
         rungs = ladder.rungs(session.store, session.machine, w, t.iloc[0]["config"]["preset"],
-                             session.facts["physical_cores"])
+                             session.facts.physical_cores)
         kept = ladder.top_end_to_end(rungs)
         if kept is not None:
             finals[w] = kept.to_dict()

@@ -9,6 +9,7 @@ import pandas as pd
 from cpuopt_helpers import compare, stats
 from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.stages.choosing import unique
+from cpuopt_helpers.system import Facts
 
 
 def thread_counts(physical: int, logical: int) -> list[int]:
@@ -19,16 +20,16 @@ def thread_counts(physical: int, logical: int) -> list[int]:
     return counts
 
 
-def configs(base: RunConfig, facts: dict, image_like: bool = True) -> list[RunConfig]:
+def configs(base: RunConfig, facts: Facts, image_like: bool = True) -> list[RunConfig]:
     """Notebook 03: thread scaling, affinity, OpenMP runtime and KMP_BLOCKTIME, OMP_PROC_BIND,
     oversubscription and DataLoader workers, each against the base configuration."""
-    physical, logical = facts["physical_cores"], facts["logical_cores"]
+    physical, logical = facts.physical_cores, facts.logical_cores
     base = normalise(base, physical)
     configs = [base] + [base.replace(threads=t) for t in thread_counts(physical, logical)]
-    if facts["sockets"] > 1:  # on one socket scatter hands out the same cores as compact
+    if facts.sockets > 1:  # on one socket scatter hands out the same cores as compact
         configs.append(base.replace(affinity="scatter"))
     configs.append(base.replace(affinity="none"))
-    if facts["openmp"].get("intel"):
+    if facts.openmp.get("intel"):
         configs += [base.replace(omp_runtime="intel", kmp_blocktime=b) for b in (0, 1, 200)]
     configs.append(base.replace(env={"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}))
     configs.append(base.replace(threads=2 * logical, oversubscribe=True))
