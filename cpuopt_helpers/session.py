@@ -28,6 +28,7 @@ class Session:
 
     facts: system.Facts = field(default_factory=system.collect_facts)
     store: ResultStore = field(default_factory=ResultStore)
+    _told: set = field(default_factory=set, init=False, repr=False)  # the notes this session has replaced
 
     @property
     def machine(self) -> str:
@@ -38,7 +39,8 @@ class Session:
 
     def __post_init__(self):
         if self.store.moved_aside:
-            print(f"note: the results store held an older schema; it was moved aside to {self.store.moved_aside}")
+            print(f"note: the results store was of an older schema or unreadable; it was moved aside to "
+                  f"{self.store.moved_aside}, and a new one started")
 
     def sweep(self, configs, rounds: int = 1, tag: str | None = None, resume: bool = True) -> list[dict]:
         """Rounds of several configs (the order shuffled inside each), each result stored as it lands."""
@@ -126,6 +128,31 @@ class Session:
         """The stored findings whose stage starts with ``prefix``, as records."""
         names = self.store.fact_names(self.machine, f"findings/{prefix}")
         return [Finding.from_dict(self.store.get_fact(self.machine, n)) for n in names]
+
+    def tell(self, findings: list, preset: str) -> None:
+        """Print a notebook's findings, one ``- sentence`` a line, and keep them as records: the
+        fact ``notes/{stage}/{preset}`` holds a stage's findings (``notes`` reads them back).
+
+        A session's first ``tell`` of a stage replaces what an earlier run kept; a later one (the
+        next workload, the next cell) adds to it, replacing the findings of the same workload and
+        kind, so a cell run twice keeps its findings once. A plain string (ProfileDNN's lines,
+        until they are records) is printed, not kept."""
+        told: dict[str, list[Finding]] = {}
+        for finding in findings:
+            print("-", finding if isinstance(finding, str) else finding.sentence)
+            if not isinstance(finding, str):
+                told.setdefault(finding.stage, []).append(finding)
+        for stage, new in told.items():
+            name = f"notes/{stage}/{preset}"
+            fresh = {(f.workload, f.kind) for f in new}
+            kept = [f for f in self.notes(stage, preset) if (f.workload, f.kind) not in fresh] \
+                if name in self._told else []
+            self.store.put_fact(self.machine, name, [f.to_dict() for f in kept + new])
+            self._told.add(name)
+
+    def notes(self, stage: str, preset: str) -> list[Finding]:
+        """A stage's findings that its notebook told (``tell``), as records, in the order told."""
+        return [Finding.from_dict(d) for d in self.store.get_fact(self.machine, f"notes/{stage}/{preset}", [])]
 
     def headline(self, ladder: str, preset: str, comparison: Comparison | dict) -> None:
         """Keep the ladder's headline (its top against PyTorch's defaults in fresh rounds) on its

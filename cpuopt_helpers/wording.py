@@ -1,8 +1,10 @@
 """Findings in words: the one place a decision's record becomes a sentence.
 
 ``render(finding)`` looks up the finding's ``kind`` in ``TEMPLATES`` (kind -> function of the
-finding's values and comparison). Notebooks, the ladder and the README print what this
-module writes, so prose and numbers never diverge; tests check the records instead.
+finding's values, its workload among them, and its comparison). Notebooks, the ladder and the
+README print what this module writes, so prose and numbers never diverge; tests check the
+records instead. The entries are grouped by the stage that makes them: first the decisions
+(``choose``), then each stage's descriptive findings (``*_findings``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,88 @@ def _kept(template: str) -> Callable[[dict, object], str]:
     return render
 
 
+def _who(v: dict) -> str:
+    """"cnn: " where the finding names its workload (a sentence that reads without one too)."""
+    return f"{v['workload']}: " if v.get("workload") else ""
+
+
+def _baseline(v: dict, c) -> str:
+    if v.get("gflops") is None:
+        work = "GFLOP/s unknown (its FLOPs could not be counted)"
+    else:
+        share = f", {v['gflops'] / v['peak_gflops']:.0%} of the measured fp32 GEMM peak" if v.get("peak_gflops") else ""
+        work = f"{v['gflops']:.1f} GFLOP/s achieved{share}"
+    return (f"{v['workload']}: {v['samples_per_s']:.1f} samples/s (median of {v['runs']} runs, range "
+            f"{v['low']:.1f}-{v['high']:.1f}); {v['phase']} takes {v['phase_share']:.0%} of a "
+            f"{v['step_ms']:.1f} ms step; {work}.")
+
+
+def _epochs(v: dict, c) -> str:
+    if v["epochs"] is not None:
+        return f"global batch {v['global_batch']}: {v['epochs']} epochs to {v['target']:.0%} test accuracy"
+    return f"global batch {v['global_batch']}: did not reach {v['target']:.0%} (final {v['final_accuracy']:.1%})"
+
+
+def _larger_batch(v: dict, c) -> str:
+    small, large = v["small_epochs"], v["large_epochs"]
+    trend = "more" if large > small else "fewer" if large < small else "as many"
+    return (f"a {v['factor']}x larger global batch needed {trend} epochs ({small} -> {large}): adding ranks at a "
+            "fixed per-rank batch grows the global batch, so "
+            + ("lower the per-rank batch as ranks are added." if trend == "more" else
+               "on this dataset that cost did not show."))
+
+
+def _compile_breakeven(v: dict, c) -> str:
+    warm = f", {v['compile_warm_s']:.0f} s again with a warm cache" if v.get("compile_warm_s") is not None else ""
+    return (f"{v['workload']}: {v['name']} compiled in {v['compile_s']:.0f} s from a cold cache{warm}; "
+            + (f"it pays for itself after {v['steps']:,.0f} steps." if v["steps"] else
+               "its steps are not faster, so it never pays for itself."))
+
+
+def _frozen_convs(v: dict, c) -> str:
+    (hi, lo), (w_hi, w_lo), (d_hi, d_lo), (ms_hi, ms_lo) = (v["trainable_layers"], v["backward_weights_convs"],
+                                                          v["backward_data_convs"], v["onednn_ms"])
+    return (f"{_who(v)}trainable_layers {hi} -> {lo}: backward-weights convolutions per step {w_hi:.0f} -> {w_lo:.0f}, "
+            f"backward-data {d_hi:.0f} -> {d_lo:.0f}; their oneDNN time {ms_hi:.1f} -> {ms_lo:.1f} ms per step: stock "
+            "PyTorch skips the weight gradients of frozen stages and the data gradients below the lowest trainable "
+            "one (the paper's IPEX build did not, until fixed).")
+
+
+def _focal_limit(v: dict, c) -> str:
+    ms, limit = v["median_ms"], v["limit_ms"]
+    return (f"focal loss at {v['shape']}: the fastest kernel ({v['kernel']}) takes {ms:.2f} ms forward + backward; "
+            f"moving the least it must ({v['bytes_per_logit']} x {v['element_bytes']} B a logit: logits and targets "
+            f"read twice, the gradient written) at the measured copy bandwidth of {v['copy_gbs']:.1f} GB/s takes "
+            f"{limit:.2f} ms: {ms / limit:.1f}x the physical limit "
+            f"({'within' if v['within'] else 'beyond'} the 2x the case study aims for).")
+
+
+def _compiled(v: dict) -> str:
+    warm = f" ({v['compile_warm_s']:.0f} s with a warm cache)" if v.get("compile_warm_s") is not None else ""
+    return f"runtime: torch.compile: compiled in {v['compile_s']:.0f} s{warm}"
+
+
+def _compile_pays(v: dict, c) -> str:
+    carried = v["carried"]
+    return (f"{_compiled(v)}; against eager in fresh rounds: {describe(c)}; it pays for its cold compile after "
+            f"{v['pays_after']:,.0f} steps, " + ("within" if carried else "beyond")
+            + f" a training run of {v['train_steps']:,} steps: "
+            + ("carried up the ladder (later runs compile from a warm cache in their untimed warm-up)." if carried
+               else "not carried up the ladder."))
+
+
+def _climb_rung(v: dict, c) -> str:
+    """A rung's own finding (kind and values, its comparison the outer one's), after the ladder's name."""
+    said = v["said"]
+    return f"{v['ladder']}: {TEMPLATES[said['kind']]({'workload': v['workload'], **said['values']}, c)}"
+
+
+def _climb_top(v: dict, c) -> str:
+    return (f"{v['ladder']}: the top of the ladder ({v['change']}) against PyTorch's defaults, {c.n} fresh paired "
+            f"rounds: {describe(c)}; the paper's about 2x (here: at least {v['target']:.1f}x with the interval's "
+            f"lower end above {v['target_low']}) is {'reached' if v['met'] else 'not reached'}.")
+
+
 TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     # settings.choose: screening, then the winner confirmed against the incumbent
     "no result": lambda v, c: f"{v['what']}: no setting produced a result.",
@@ -79,6 +163,126 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "ddp confirmed": lambda v, c: (
         f"{v['what']}: {_where(v)} over one rank x {v['single_threads']} threads, in fresh rounds: {c.describe()}"
         + (": handed on." if c.faster else "; one rank on all cores is kept.")),
+    # stages.baseline: the machine (system_findings) and each workload at PyTorch's defaults (findings)
+    "machine": lambda v, c: (
+        f"{v['cpu_model']}: {v['physical_cores']} physical / {v['logical_cores']} logical cores on {v['sockets']} "
+        f"socket(s) and {v['numa_nodes']} NUMA node(s); widest vector ISA: {v['widest_isa']}."),
+    "ceilings": lambda v, c: (
+        f"Measured ceilings on {v['threads']} threads: fp32 GEMM {v['gemm_gflops']:.0f} GFLOP/s, memory copy "
+        f"{v['copy_gbs']:.1f} GB/s; a kernel needs about {v['gemm_gflops'] / v['copy_gbs']:.0f} FLOP per byte "
+        "moved to be compute-bound here."),
+    "bf16 flags": lambda v, c: (
+        f"bf16: CPU flags {', '.join(v['flags']) if v['flags'] else 'none of amx_bf16/avx512_bf16/avx_ne_convert'}; "
+        f"oneDNN reports bf16 support: {'yes' if v['onednn_bf16'] else 'no'}."),
+    "missing tools": lambda v, c: "Missing: " + ("; ".join(f"{k} ({why})" for k, why in v["missing"].items())
+                                                 if v["missing"] else
+                                                 "nothing; every allocator and OpenMP runtime can be measured."),
+    "numactl refused": lambda v, c: (f"numactl is installed but refused here ({v['reason']}); runs pin with taskset "
+                                     "or sched_setaffinity instead."),
+    "no baseline result": lambda v, c: "No workload produced a result; see the failures above.",
+    "baseline throughput": _baseline,
+    "gemm gap": lambda v, c: (
+        f"Furthest from the GEMM ceiling: {v['furthest']} ({v['furthest_share']:.0%}); closest: {v['closest']} "
+        f"({v['closest_share']:.0%}). The gap is the room that the next notebooks try to win."),
+    "noisy runs": lambda v, c: v["warning"],  # stats.spread_warning's sentence, as the baseline table holds it
+    # stages.threads: thread scaling, and each setting against the baseline
+    "one thread count": lambda v, c: f"{v['workload']}: only one thread count measured.",
+    "thread scaling": lambda v, c: (
+        f"{v['workload']}: {v['threads']} threads give {v['samples_per_s']:.1f} samples/s, "
+        f"{v['samples_per_s'] / v['first_samples_per_s']:.2f}x of {v['first_threads']} thread(s) "
+        f"({v['efficiency']:.0%} of ideal linear scaling); the fastest count is {v['fastest_threads']}."),
+    "no baseline comparison": lambda v, c: f"{v['workload']}: no comparison with the baseline was possible.",
+    "setting over baseline": lambda v, c: f"{v['workload']}: {v['setting']}: {describe(c)}.",
+    # stages.allocator: peak memory, the launchers against PyTorch's defaults, what is handed on where
+    "peak memory": lambda v, c: (
+        f"{v['workload']}: peak RSS {v['baseline_mb']:.0f} MB with glibc; "
+        + "; ".join(f"{s} {mb:.0f} MB ({mb / v['baseline_mb'] - 1:+.0%})" for s, mb in v["settings"]) + "."),
+    "run_cpu over defaults": lambda v, c: (f"{v['workload']}: run_cpu's defaults over PyTorch's defaults: "
+                                           f"{describe(c)}."),
+    "best over defaults": lambda v, c: (f"{v['workload']}: the best setting ({v['setting']}) over PyTorch's defaults: "
+                                        f"{describe(c)}."),
+    "defaults best": lambda v, c: (f"{v['workload']}: the best setting is PyTorch's defaults; compared with run_cpu "
+                                   "only."),
+    "allocator handed on": lambda v, c: f"{v['allocator']} is handed on for {', '.join(v['workloads'])}.",
+    "allocators missing": lambda v, c: "Not measured (not installed): " + ", ".join(v["missing"]) + ".",
+    # stages.extensions: IPEX in its own runtime, this torch's replacements, compile times, zentorch
+    "no runtime result": lambda v, c: f"{v['workload']}: no configuration produced a result.",
+    "ipex over its torch": lambda v, c: f"{v['workload']}: IPEX over its own stock torch 2.8: {describe(c)}.",
+    "stock over ipex": lambda v, c: f"{v['workload']}: stock torch (this venv) over torch 2.8 + IPEX: {describe(c)}.",
+    "fastest upstream": lambda v, c: (f"{v['workload']}: fastest with this torch in screening: {v['name']} at "
+                                      f"{v['samples_per_s']:.1f} samples/s, {describe(c)} against stock."),
+    "upstream over ipex": lambda v, c: f"{v['workload']}: {v['name']} over torch 2.8 + IPEX: {describe(c)}.",
+    "fused adamw": lambda v, c: f"{v['workload']}: fused AdamW over the default AdamW: {describe(c)}.",
+    "compiled nothing": lambda v, c: (
+        f"{v['workload']}: {v['name']} took {v['compile_s']:.2f} s from a cold cache, too short for any kernel to "
+        "have been generated: the step ran (almost) all eagerly (torch.compile leaves nn.LSTM/GRU to eager unless "
+        "torch._dynamo.config.allow_rnn is set), so its ratio is eager's against eager's."),
+    "compile breakeven": _compile_breakeven,
+    "zentorch not measured": lambda v, c: (f"{v['workload']}: zentorch: "
+                                           f"{v.get('reason') or 'not measured here (ZENTORCH = False)'}."),
+    "zentorch failed": lambda v, c: f"{v['workload']}: zentorch: its training run failed, measured: {v['error']}.",
+    "zentorch over eager": lambda v, c: f"{v['workload']}: zentorch over stock eager: {describe(c)}.",
+    "zentorch over inductor": lambda v, c: f"{v['workload']}: zentorch over Inductor ({v['mode']}): {describe(c)}.",
+    "zentorch without inductor": lambda v, c: (f"{v['workload']}: zentorch against Inductor: Inductor is not measured "
+                                               "in this run (COMPILE_MODES = [])."),
+    "zentorch loss drift": lambda v, c: (
+        f"{v['workload']}: zentorch's loss over the steps lies {v['drift']:.1%} from the eager run's "
+        + (f"(within the {v['tolerance']:.0%} a setting may drift: it trains the same)." if v["within"] else
+           f"(beyond {v['tolerance']:.0%}: it does not train the same; no candidate).")),
+    # stages.precision: the bf16 gate, bf16 against fp32, accuracy on the digits
+    "bf16 gate": lambda v, c: (f"bf16 fast path on this CPU: {'yes, ' + v['path'] if v['accelerated'] else 'no'} "
+                               f"({v['reason']})."),
+    "bf16 over fp32": lambda v, c: f"{v['workload']}: {v['setting']} over fp32: {describe(c)}.",
+    "digits accuracy": lambda v, c: (
+        f"digits, {v['mode']}: final test accuracy {v['accuracy']:.1%} vs {v['fp32_accuracy']:.1%} in fp32 "
+        f"({(v['accuracy'] - v['fp32_accuracy']) * 100:+.1f} points); final loss {v['loss']:.4f}."),
+    # stages.multi_instance: the best layouts, DDP against independent instances, convergence
+    # (a table with no result says "no layout", as choose does)
+    "best layout": lambda v, c: (
+        f"{v['workload']}, {v['mode']}: best multi-rank layout {v['ranks']} ranks x {v['threads']} threads at "
+        f"{v['samples_per_s']:.1f} samples/s = {v['normalised']:.2f}x the single-rank reference "
+        f"(ideal {v['ideal']:.0f}x, efficiency {v['efficiency']:.0%})."),
+    "ddp over independent": lambda v, c: (
+        f"{v['workload']}: DDP over independent instances at {v['ranks']} x {v['threads']}: {describe(c)} "
+        "(the difference is the gradient all-reduce)."),
+    "ddp in sync": lambda v, c: (f"{v['workload']}: parameters identical on every rank after training in "
+                                 f"{v['in_sync']} of {v['layouts']} DDP layouts."),
+    "epochs to target": _epochs,
+    "larger global batch": _larger_batch,
+    # stages.case_study: the frozen layers, the focal-loss and Lamb kernels
+    "frozen layers unlogged": lambda v, c: f"{_who(v)}frozen layers: fewer than two settings were logged.",
+    "frozen layers convolutions": _frozen_convs,
+    "frozen backward skipped": lambda v, c: (
+        f"{_who(v)}skipping the frozen stages' backward (stock PyTorch) over computing it (the paper's unfixed "
+        f"build, emulated): {describe(c)} (the paper: +16%)."),
+    "trainable layers": lambda v, c: f"{_who(v)}{v['name']} over the default {v['default']}: {describe(c)}.",
+    "focal kernel": lambda v, c: (f"focal loss at {v['shape']} ({v['elements']:,} logits): {v['kernel']} forward + "
+                                  f"backward over the reference, paired calls: {describe(c)}."),
+    "focal backward share": lambda v, c: (
+        f"{v['shape']}: the reference focal loss's backward alone takes {v['reference_ms']:.1f} ms, "
+        f"{v['reference_ms'] / v['backward_ms']:.1%} of the measured backward phase ({v['backward_ms']:.0f} ms)."),
+    "focal limit": _focal_limit,
+    "lamb not run": lambda v, c: f"IPEX's fused Lamb: {v['reason']}",
+    "lamb kernel": lambda v, c: (
+        f"Lamb on RetinaNet[{v['preset']}]'s {v['elements']:,} trainable parameters, torch {v['torch']}: "
+        f"{v['kernel']} {v['median_ms']:.1f} ms vs the loop's {v['loop_ms']:.1f} ms: {describe(c)}."),
+    # stages.summary: each arm of a table against its first (the case study's fixes against the baseline)
+    "no case study result": lambda v, c: "case study: no configuration produced a result.",
+    "arm over first": lambda v, c: f"{v['name']} over {v['first']}: {describe(c)}.",
+    # stages.climb: a rung skipped, torch.compile's rung, each rung after its ladder's name, the top
+    "rung skipped": lambda v, c: f"{v['rung']}: skipped: {v['reason']}.",
+    "compile no result": lambda v, c: "runtime: torch.compile: no result to compare; not carried up the ladder.",
+    "compile no time": lambda v, c: ("runtime: torch.compile: its run recorded no compile time; not carried up the "
+                                     "ladder."),
+    "compile unconfirmed": lambda v, c: (f"{_compiled(v)}; not confirmed (its screening produced no comparison); not "
+                                         "carried up the ladder."),
+    "compile not faster": lambda v, c: (f"{_compiled(v)}; against eager in fresh rounds: {describe(c)}; not carried "
+                                        "up the ladder."),
+    "compile pays": _compile_pays,
+    "climb rung": _climb_rung,
+    "climb kept defaults": lambda v, c: (f"{v['ladder']}: no rung was confirmed faster; PyTorch's defaults stay the "
+                                         "best configuration measured."),
+    "climb top": _climb_top,
 }
 
 
@@ -88,7 +292,7 @@ def render(finding) -> str:
         template = TEMPLATES[finding.kind]
     except KeyError:
         raise ValueError(f"no sentence for findings of kind {finding.kind!r}; add one to wording.TEMPLATES") from None
-    return template(finding.values, finding.comparison)
+    return template({"workload": finding.workload, **finding.values}, finding.comparison)
 
 
 def describe(comparison) -> str:

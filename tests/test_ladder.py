@@ -149,8 +149,11 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     assert by_rung["threading"]["handed_on"] is False  # pinning: no faster, not handed on
     assert by_rung["threading: OpenMP runtime"]["handed_on"] and by_rung["allocator"]["handed_on"] is False
     compiled = by_rung["runtime: torch.compile"]
-    assert compiled["handed_on"] and "compiled in 40 s (5 s with a warm cache)" in compiled["sentence"] and \
-        "steps, within a training run of 5,000 steps: carried up" in compiled["sentence"]
+    assert compiled["handed_on"] and compiled["finding"].kind == "compile pays"
+    assert {k: compiled["finding"].values[k] for k in ("compile_s", "compile_warm_s", "train_steps", "carried")} == {
+        "compile_s": 40.0, "compile_warm_s": 5.0, "train_steps": 5000, "carried": True}
+    assert compiled["sentence"] == compiled["finding"].sentence and \
+        "compiled in 40 s (5 s with a warm cache)" in compiled["sentence"]  # the ladder keeps the sentence
     top = result["top"]
     assert (top.omp_runtime, top.channels_last, top.compile, top.dtype, top.optimizer_impl) == (
         "intel", True, "default", "bf16", "fused")
@@ -167,17 +170,23 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     assert [r.step for r in rows] == ["baseline", *climb.CLIMB_RUNGS]  # the stale rung replaced
     assert [r.change for r in rows][1:3] == ["kept", "omp_runtime=intel"] and rows[1].kept
     assert rows[-1].end_to_end.n == 10 and rows[-1].vs_baseline["ratio"] == pytest.approx(end["ratio"])
-    lines = climb.climb_findings(result)
-    assert "4.25x" in lines[-1] and "is reached" in lines[-1]
+    found = climb.climb_findings(result)
+    assert [f.kind for f in found] == ["climb rung"] * len(climb.CLIMB_RUNGS) + ["climb top"]
+    assert found[4].values["said"] == {"kind": "compile pays", "values": compiled["finding"].values}
+    assert found[-1].values["met"] and found[-1].comparison.ratio == pytest.approx(end["ratio"])
+    assert found[-1].values["change"] == setting_label(top.to_dict(), base.to_dict())
     # no bf16 fast path: the rung is skipped with the gate's reason, and the 601-class ladder stays apart
     session.facts = facts.replace(bf16={"accelerated": False, "reason": "no AVX512-BF16 or AMX"})
     fp32 = climb.climb(session, choosing.with_options(base, classes=601), "retinanet, 601 classes", True, "t",
                             5, 5, None, 10, train_steps=1000, progress=lambda line: None)
-    assert "beyond a training run of 1,000 steps: not carried" in fp32["rungs"][4]["sentence"]
+    compiled = fp32["rungs"][4]["finding"]
+    assert compiled.values["train_steps"] == 1000 and not compiled.values["carried"]
     assert fp32["top"].compile is None and not fp32["rungs"][4]["handed_on"]  # faster, but it would not pay
-    assert "bf16: skipped: no bf16 fast path on this CPU (no AVX512-BF16 or AMX)" in fp32["rungs"][5]["sentence"]
+    skipped = fp32["rungs"][5]["finding"]
+    assert (skipped.kind, skipped.values["rung"]) == ("rung skipped", "bf16")
+    assert skipped.values["reason"].startswith("no bf16 fast path on this CPU (no AVX512-BF16 or AMX)")
     assert fp32["top"].dtype == "fp32" and dict(fp32["top"].options)["classes"] == "601"
-    assert "is not reached" in climb.climb_findings(fp32)[-1]
+    assert not climb.climb_findings(fp32)[-1].values["met"]
     assert ladder.workloads(session.store, "m", "quick", "retinanet") == ["retinanet", "retinanet, 601 classes"]
     with pytest.raises(CpuoptError, match="unknown rung"):
         climb.climb(session, base, "retinanet", True, "t", 5, 5, None, 10, rungs=("quantization",))

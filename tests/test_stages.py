@@ -133,9 +133,13 @@ def test_compare_pairs_by_round_and_words_verdicts_from_compare():
     assert row.ratio == pytest.approx(1.2 * math.exp(sum(math.log(1 + 0.01 * i) for i in range(5)) / 5))
     assert row.ratio_low > 1.15 and row.verdict == "faster"
     assert table.set_index("setting").loc["allocator=tcmalloc"].verdict == "no different"
-    lines = " ".join(threads.settings_findings(table, "cnn"))
-    assert "allocator=jemalloc: 1.22x (95% CI" in lines and "faster" in lines
-    assert "+30%" in allocator.memory_findings(table, "cnn")[0]
+    said = {f.values["setting"]: f for f in threads.settings_findings(table, "cnn")}
+    assert said["allocator=jemalloc"].kind == "setting over baseline" and said["allocator=jemalloc"].comparison.faster
+    assert said["allocator=jemalloc"].comparison.ratio == pytest.approx(row.ratio)
+    assert said["allocator=jemalloc"].sentence.startswith("cnn: allocator=jemalloc: 1.22x (95% CI")
+    memory, = allocator.memory_findings(table, "cnn")
+    assert memory.values["baseline_mb"] == 100.0 and ["allocator=jemalloc", 130.0] in memory.values["settings"]
+    assert "allocator=jemalloc 130 MB (+30%)" in memory.sentence
     few = choosing.compare_configs([r for r in results if r["round"] < 2], base.to_dict())
     assert few.set_index("setting").loc["allocator=jemalloc"].verdict == "too few rounds"
     assert math.isnan(few.set_index("setting").loc["allocator=jemalloc"].ratio_low)
@@ -188,7 +192,11 @@ def test_scaling_table_and_findings():
     t = threads.scaling_table(results, "cnn")
     assert list(t.threads) == [1, 2, 4] and t.ideal.tolist() == [100, 200, 400]
     assert t.efficiency.iloc[-1] == pytest.approx(4 ** 0.8 / 4)
-    assert "76% of ideal" in threads.scaling_findings(t, "cnn")[0]
+    scaling, = threads.scaling_findings(t, "cnn")
+    assert scaling.kind == "thread scaling" and (scaling.values["threads"], scaling.values["fastest_threads"]) == (4, 4)
+    assert scaling.values["efficiency"] == pytest.approx(4 ** 0.8 / 4)
+    assert "(76% of ideal linear scaling)" in scaling.sentence
+    assert threads.scaling_findings(t.iloc[:1], "cnn")[0].kind == "one thread count"
 
 
 def test_case_study_baseline_drops_fixes_handed_on_earlier():
@@ -225,9 +233,12 @@ def test_runtime_findings_when_stock_torch_beats_every_replacement():
     for r in results:
         r.update(step_ms={"median": 10.0})
     table = choosing.named_table(results, configs)
-    lines = extensions.findings(results, configs, table, "cnn")
+    found = {f.kind: f for f in extensions.findings(results, configs, table, "cnn")}
     # the reference itself is no candidate: the fastest replacement is named, slower than stock
-    assert any("fastest with this torch in screening: SGD foreach at 90.0 samples/s, 0.90x" in line for line in lines)
+    fastest = found["fastest upstream"]
+    assert fastest.values == {"name": "SGD foreach", "samples_per_s": 90.0}
+    assert fastest.comparison.ratio == pytest.approx(0.9)
+    assert "fastest with this torch in screening: SGD foreach at 90.0 samples/s, 0.90x" in fastest.sentence
 
 
 def test_a_compile_too_short_to_have_generated_a_kernel_is_said_so():
@@ -238,13 +249,15 @@ def test_a_compile_too_short_to_have_generated_a_kernel_is_said_so():
         results += [result(base, i, 100.0, arm=0), result(configs["torch.compile (default)"], i, 101.0, arm=1)]
     for r in results:
         r.update(step_ms={"median": 10.0}, compile_s=0.08 if r["config"]["compile"] else None, compile_warm_s=0.02)
-    lines = extensions.findings(results, configs, choosing.named_table(results, configs), "rnn")
-    assert any("took 0.08 s from a cold cache, too short for any kernel" in line for line in lines)
-    assert not any("pays for itself" in line for line in lines)
+    found = {f.kind: f for f in extensions.findings(results, configs, choosing.named_table(results, configs), "rnn")}
+    assert found["compiled nothing"].values == {"name": "torch.compile (default)", "compile_s": 0.08}
+    assert "compile breakeven" not in found
+    assert "took 0.08 s from a cold cache, too short for any kernel" in found["compiled nothing"].sentence
     for r in results:
         r.update(compile_s=30.0 if r["config"]["compile"] else None)
-    lines = extensions.findings(results, configs, choosing.named_table(results, configs), "rnn")
-    assert any("compiled in 30 s from a cold cache" in line for line in lines)
+    found = {f.kind: f for f in extensions.findings(results, configs, choosing.named_table(results, configs), "rnn")}
+    assert found["compile breakeven"].values == {"name": "torch.compile (default)", "compile_s": 30.0,
+                                                 "compile_warm_s": 0.02, "steps": None}  # its steps are no faster
 
 
 def test_the_headline_is_the_top_against_the_defaults_in_fresh_rounds_and_is_kept_on_the_ladder(tmp_path):
@@ -363,12 +376,13 @@ def test_focal_kernel_against_its_physical_limit():
     rows = [{"shape": "quick 80 classes", "elements": 1_000_000, "part": "both", "kernel": k, "median_ms": ms}
             for k, ms in (("reference", 9.0), ("closed-form eager", 3.0))]
     rows.append({"shape": "quick 80 classes", "elements": 1_000_000, "part": "forward", "kernel": "x", "median_ms": 0.1})
-    line, = case_study.focal_limit_findings({"rows": rows, "dtype": "fp32"}, copy_gbs=10.0)
+    limit, = case_study.focal_limit_findings({"rows": rows, "dtype": "fp32"}, copy_gbs=10.0)
     # 5 x 4 B x 1e6 logits = 20 MB at 10 GB/s: 2 ms; the fastest kernel (3 ms) is 1.5x that
-    assert "the fastest kernel (closed-form eager) takes 3.00 ms" in line and "takes 2.00 ms: 1.5x the physical limit" in line
-    assert "(within the 2x" in line
-    line, = case_study.focal_limit_findings({"rows": rows, "dtype": "bf16"}, copy_gbs=10.0)
-    assert "takes 1.00 ms: 3.0x" in line and "(beyond the 2x" in line
+    assert (limit.values["kernel"], limit.values["median_ms"], limit.values["within"]) == ("closed-form eager", 3.0, True)
+    assert limit.values["limit_ms"] == pytest.approx(2.0) and limit.values["element_bytes"] == 4
+    assert "takes 2.00 ms: 1.5x the physical limit (within the 2x" in limit.sentence
+    limit, = case_study.focal_limit_findings({"rows": rows, "dtype": "bf16"}, copy_gbs=10.0)
+    assert limit.values["limit_ms"] == pytest.approx(1.0) and not limit.values["within"]
 
 
 def test_frozen_layers_and_the_paper_table_are_worded_from_the_runs():
@@ -383,11 +397,13 @@ def test_frozen_layers_and_the_paper_table_are_worded_from_the_runs():
         for arm, (name, config) in enumerate(arms.items()):
             r = result(config, i, speeds[name] * (1 + 0.01 * (i % 2)), arm=arm)
             results.append(dict(r, step_ms={"median": 1000 / speeds[name]}))
-    lines = case_study.frozen_time_findings(results, base, {n: c for n, c in arms.items() if n not in
+    found = case_study.frozen_time_findings(results, base, {n: c for n, c in arms.items() if n not in
                                                             ("baseline", "fused FrozenBatchNorm2d")})
-    assert lines[0].startswith("skipping the frozen stages' backward (stock PyTorch) over computing it") and \
-        "1.25x" in lines[0] and "(the paper: +16%)" in lines[0]
-    assert "trainable_layers 0 over the default 3: 1.10x" in lines[1]
+    assert [f.kind for f in found] == ["frozen backward skipped", "trainable layers", "trainable layers"]
+    assert found[0].workload == "retinanet" and found[0].comparison.ratio == pytest.approx(1.25, rel=0.01)
+    assert found[1].values == {"name": "trainable_layers 0", "default": 3}
+    assert found[1].comparison.ratio == pytest.approx(1.1, rel=0.01)
+    assert found[1].sentence.startswith("retinanet: trainable_layers 0 over the default 3: 1.10x")
     focal = {"rounds": 5, "rows": [
         {"shape": "quick 80 classes", "kernel": k, "part": part, "speedup": s, "speedup_low": s * 0.9,
          "speedup_high": s * 1.1, "median_ms": 10 / s, "elements": 1000, "verdict": "faster" if s > 1 else "equivalent"}
@@ -411,8 +427,27 @@ def test_baseline_findings_compare_workloads_with_the_ceiling_only_when_there_ar
     row = {"samples_per_s": 10.0, "runs": 2, "low": 9.0, "high": 11.0, "step_ms": 100.0, "warning": None,
            "forward_share": 0.3, "backward_share": 0.6, "optimizer_share": 0.1}
     two = pd.DataFrame([dict(row, gflops=50.0), dict(row, gflops=150.0)], index=["rnn", "cnn"])
-    lines = baseline.findings(two, 200.0)
-    assert "rnn: 10.0 samples/s (median of 2 runs, range 9.0-11.0); backward takes 60%" in lines[0]
-    assert lines[-1].startswith("Furthest from the GEMM ceiling: rnn (25%); closest: cnn (75%)")
+    found = baseline.findings(two, 200.0)
+    assert [(f.workload, f.kind) for f in found] == [("rnn", "baseline throughput"), ("cnn", "baseline throughput"),
+                                                     ("", "gemm gap")]
+    assert (found[0].values["phase"], found[0].values["phase_share"], found[0].values["runs"]) == ("backward", 0.6, 2)
+    assert found[-1].values == {"furthest": "rnn", "furthest_share": 0.25, "closest": "cnn", "closest_share": 0.75}
+    assert found[0].sentence.startswith("rnn: 10.0 samples/s (median of 2 runs, range 9.0-11.0); backward takes 60%")
     one = baseline.findings(two.loc[["cnn"]], 200.0)
-    assert len(one) == 1 and "75% of the measured fp32 GEMM peak" in one[0]
+    assert len(one) == 1 and one[0].values["gflops"] / one[0].values["peak_gflops"] == 0.75
+
+
+def test_uncounted_work_is_unknown_never_zero_gflops():
+    import math
+
+    import pandas as pd
+
+    from cpuopt_helpers.stages import baseline, choosing
+
+    ok = {"status": "ok", "config": {"workload": "mine"}, "samples_per_s": 10.0, "step_ms": {"median": 100.0},
+          "startup_s": 1.0, "peak_rss_mb": 100.0, "phase_ms": {"forward": 30.0, "backward": 60.0, "optimizer": 10.0}}
+    table = choosing.throughput_table([dict(ok, achieved_gflops=None), dict(ok, achieved_gflops=None)])
+    assert math.isnan(table.loc["mine", "gflops"])
+    found = baseline.findings(pd.concat([table, table.rename(index={"mine": "other"})]), 200.0)
+    assert found[0].values["gflops"] is None and "GFLOP/s unknown (its FLOPs could not be counted)" in found[0].sentence
+    assert "gemm gap" not in [f.kind for f in found]  # no comparison of shares it does not know

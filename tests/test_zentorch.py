@@ -8,6 +8,7 @@ import pytest
 from cpuopt_helpers.system import Facts
 from cpuopt_helpers import planning, runtimes, system
 from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.decisions import Finding
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import choosing, extensions
 from tests.test_stages import result
@@ -57,9 +58,11 @@ def test_its_status_says_what_is_missing_or_why_it_was_not_tried(monkeypatch):
             "torch 2.8 + IPEX": stock.replace(runtime="ipex", ipex=True)}
     runs = [{"status": "ok", "config_hash": c.config_hash(), "sweep": "s", "round": 0, "samples_per_s": sps}
             for c, sps in zip(plan.values(), (10.0, 8.0, 4.0))]
-    assert extensions.extension_findings(runs, plan, pd.DataFrame(), "cnn", {"reason": "not an AMD CPU"}) == [
-        "cnn: IPEX over its own stock torch 2.8: 0.50x (1 round, fewer than the 5 a verdict needs): too few rounds.",
-        "cnn: zentorch: not an AMD CPU."]
+    ipex, zen = extensions.extension_findings(runs, plan, pd.DataFrame(), "cnn", {"reason": "not an AMD CPU"})
+    assert (ipex.kind, ipex.comparison.ratio, ipex.comparison.n) == ("ipex over its torch", 0.5, 1)
+    assert (zen.kind, zen.values) == ("zentorch not measured", {"reason": "not an AMD CPU"})
+    assert ipex.sentence == ("cnn: IPEX over its own stock torch 2.8: 0.50x (1 round, fewer than the 5 a verdict "
+                             "needs): too few rounds.")
     assert runtimes.vendor_extension("GenuineIntel", {"available": True}).startswith(
         "Intel CPU: Intel Extension for PyTorch (IPEX), archived")
     with pytest.raises(CpuoptError, match="built for torch 2.14.0"):
@@ -94,15 +97,20 @@ def test_notebook_05_compares_zentorch_with_eager_and_inductor_or_says_why_not()
                     result(zen, i, 120.0 + i, arm=2, losses=[2.0, 1.5, 1.02])]
     for r in results:
         r.update(step_ms={"median": 10.0})
-    lines = extensions.zentorch_findings(results, configs, choosing.named_table(results, configs), "cnn", {})
-    assert lines[0].startswith("cnn: zentorch over stock eager: 1.22x") and "faster" in lines[0]
-    assert lines[1].startswith("cnn: zentorch over Inductor (default): 1.09x")
-    assert "from the eager run's (within the 10% a setting may drift" in lines[2]
+    eager, inductor, drift = extensions.zentorch_findings(results, configs, choosing.named_table(results, configs),
+                                                          "cnn", {})
+    assert eager.kind == "zentorch over eager" and eager.comparison.faster
+    assert eager.comparison.ratio == pytest.approx(1.22, abs=0.005)
+    assert (inductor.kind, inductor.values) == ("zentorch over inductor", {"mode": "default"})
+    assert inductor.comparison.ratio == pytest.approx(1.09, abs=0.005)
+    assert drift.kind == "zentorch loss drift" and drift.values["within"] and drift.values["tolerance"] == 0.10
     failed = [r for r in results if r["config_hash"] != zen.config_hash()] + [
         dict(result(zen, 0, None, arm=2), status="failed", reason="Traceback ...\nRuntimeError: zentorch: unsupported op")]
-    lines = extensions.zentorch_findings(failed, configs, choosing.named_table(failed, configs), "cnn", {})
-    assert lines == ["cnn: zentorch: its training run failed, measured: RuntimeError: zentorch: unsupported op."]
+    failure, = extensions.zentorch_findings(failed, configs, choosing.named_table(failed, configs), "cnn", {})
+    assert (failure.kind, failure.values) == ("zentorch failed", {"error": "RuntimeError: zentorch: unsupported op"})
     plain = extensions.configs(base, Facts(physical_cores=2), False, False, (), ())
     not_tried = {"reason": "not tried: this CPU is GenuineIntel, and zentorch is AMD's backend"}
-    assert extensions.zentorch_findings([], plain, choosing.named_table([], plain), "cnn", not_tried) == [
-        "cnn: zentorch: not tried: this CPU is GenuineIntel, and zentorch is AMD's backend."]
+    said, = extensions.zentorch_findings([], plain, choosing.named_table([], plain), "cnn", not_tried)
+    assert (said.kind, said.values) == ("zentorch not measured", not_tried)
+    assert Finding("cnn", "extensions", "zentorch not measured", {"reason": None}).sentence == \
+        "cnn: zentorch: not measured here (ZENTORCH = False)."

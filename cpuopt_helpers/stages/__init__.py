@@ -2,9 +2,10 @@
 
 Each stage module answers one question for a workload and a starting configuration: what
 to measure (``configs``), the tidy data its notebook shows (``*_table``), the choice through
-compare.py (``choose``, returning a configuration or None, never a label) and sentences worded
-from the data (``*_findings``). ``choosing`` holds what several stages share: the table of settings against a base and the
-choice through compare.py.
+compare.py (``choose``, returning a configuration or None, never a label) and what it found
+(``*_findings``: ``decisions.Finding`` records, worded by ``cpuopt_helpers.wording``; a notebook
+prints and keeps them with ``Session.tell``). ``choosing`` holds what several stages share: the
+table of settings against a base and the choice through compare.py.
 
 A new step of the method (say 10, quantization) is a module here, a row in STAGES, a
 notebook ``10_quantization.ipynb`` and a test.

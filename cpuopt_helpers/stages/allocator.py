@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig, normalise
+from cpuopt_helpers.decisions import Comparison, Finding
 from cpuopt_helpers.stages.choosing import unique
 from cpuopt_helpers.system import Facts
 
@@ -44,15 +44,14 @@ def launcher_configs(best: RunConfig, facts: Facts) -> list[RunConfig]:
     return unique([default, default.replace(launcher="run_cpu"), best])
 
 
-def memory_findings(table: pd.DataFrame, workload: str) -> list[str]:
+def memory_findings(table: pd.DataFrame, workload: str) -> list[Finding]:
     """Peak resident memory of each setting against the baseline's."""
     base = table[table["is_baseline"]] if "is_baseline" in table else table.iloc[0:0]
     if base.empty:
         return []
-    rss = base.iloc[0]["peak_rss_mb"]
-    parts = [f"{r.setting} {r.peak_rss_mb:.0f} MB ({r.peak_rss_mb / rss - 1:+.0%})"
-             for r in table.itertuples() if not r.is_baseline]
-    return [f"{workload}: peak RSS {rss:.0f} MB with glibc; " + "; ".join(parts) + "."] if parts else []
+    settings = [[r.setting, float(r.peak_rss_mb)] for r in table.itertuples() if not r.is_baseline]
+    return [Finding(workload, "allocator", "peak memory", {"baseline_mb": float(base.iloc[0]["peak_rss_mb"]),
+                                                           "settings": settings})] if settings else []
 
 
 def run_cpu_choices(results: list[dict]) -> str:
@@ -64,25 +63,25 @@ def run_cpu_choices(results: list[dict]) -> str:
     return "run_cpu's log of its choices:\n" + "\n".join(f"  {line[:200]}" for line in lines)
 
 
-def launcher_findings(table: pd.DataFrame, workload: str) -> list[str]:
+def launcher_findings(table: pd.DataFrame, workload: str) -> list[Finding]:
     """The measured ratio of run_cpu's defaults and of the best setting to PyTorch's defaults."""
-    lines = []
+    found = []
     for _, r in table.iterrows():
         if not isinstance(r.get("comparison"), dict):
             continue
-        who = "run_cpu's defaults" if r["config"]["launcher"] == "run_cpu" else f"the best setting ({r['setting']})"
-        lines.append(f"{workload}: {who} over PyTorch's defaults: {compare.describe(r['comparison'])}.")
-    if not lines:
-        lines.append(f"{workload}: the best setting is PyTorch's defaults; compared with run_cpu only.")
-    return lines
+        run_cpu = r["config"]["launcher"] == "run_cpu"
+        found.append(Finding(workload, "allocator", "run_cpu over defaults" if run_cpu else "best over defaults",
+                             {} if run_cpu else {"setting": r["setting"]}, Comparison.from_dict(r["comparison"])))
+    return found or [Finding(workload, "allocator", "defaults best")]
 
 
-def findings(chosen: dict[str, RunConfig | None], missing: dict) -> list[str]:
-    """One sentence across workloads: which allocator is handed on where, and what was not measured."""
+def findings(chosen: dict[str, RunConfig | None], missing: dict) -> list[Finding]:
+    """Across workloads: which allocator is handed on where, and what was not measured."""
     wins = {}
     for w, config in chosen.items():
         wins.setdefault(config.allocator if config else "none", []).append(w)
-    lines = [f"{alloc} is handed on for {', '.join(ws)}." for alloc, ws in wins.items()]
+    found = [Finding("", "allocator", "allocator handed on", {"allocator": alloc, "workloads": ws})
+             for alloc, ws in wins.items()]
     if missing:
-        lines.append("Not measured (not installed): " + ", ".join(missing) + ".")
-    return lines
+        found.append(Finding("", "allocator", "allocators missing", {"missing": list(missing)}))
+    return found

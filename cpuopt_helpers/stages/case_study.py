@@ -8,6 +8,7 @@ import pandas as pd
 
 from cpuopt_helpers import compare, fixes
 from cpuopt_helpers.config import RunConfig, normalise
+from cpuopt_helpers.decisions import Finding, as_comparison
 from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.stages.choosing import with_options
 from cpuopt_helpers.system import Facts
@@ -68,75 +69,85 @@ def conv_counts(exec_df: pd.DataFrame, steps: int) -> dict:
         {f"{p}_ms": float(ms.get(p, 0)) for p in ("backward_data", "backward_weights")}
 
 
-def frozen_layers_findings(table: pd.DataFrame) -> list[str]:
+def _note(workload: str, kind: str, comparison=None, **values) -> Finding:
+    return Finding(workload, "case_study", kind, values, as_comparison(comparison))
+
+
+def _kernel_comparison(ratio, low, high, n, verdict) -> dict:
+    """A benchmark's paired calls as the comparison rule's result."""
+    def number(x) -> float | None:
+        return float(x) if x is not None else None
+
+    return {"ratio": number(ratio), "ci_low": number(low), "ci_high": number(high), "n": int(n or 0),
+            "verdict": verdict, "margin": compare.MARGIN, "min_rounds": compare.MIN_ROUNDS, "label": "95% CI"}
+
+
+def frozen_layers_findings(table: pd.DataFrame, workload: str = "") -> list[Finding]:
     """What freezing backbone stages removes from the backward pass, from the logs."""
     if len(table) < 2:
-        return ["frozen layers: fewer than two settings were logged."]
+        return [_note(workload, "frozen layers unlogged")]
     lo, hi = table.iloc[0], table.iloc[-1]
-    return [f"trainable_layers {int(hi.trainable_layers)} -> {int(lo.trainable_layers)}: backward-weights convolutions "
-            f"per step {hi.backward_weights_convs:.0f} -> {lo.backward_weights_convs:.0f}, backward-data "
-            f"{hi.backward_data_convs:.0f} -> {lo.backward_data_convs:.0f}; their oneDNN time "
-            f"{hi.backward_weights_ms + hi.backward_data_ms:.1f} -> {lo.backward_weights_ms + lo.backward_data_ms:.1f} "
-            "ms per step: stock PyTorch skips the weight gradients of frozen stages and the data gradients below the "
-            "lowest trainable one (the paper's IPEX build did not, until fixed)."]
+    return [_note(workload, "frozen layers convolutions",
+                  trainable_layers=[int(hi.trainable_layers), int(lo.trainable_layers)],
+                  backward_weights_convs=[float(hi.backward_weights_convs), float(lo.backward_weights_convs)],
+                  backward_data_convs=[float(hi.backward_data_convs), float(lo.backward_data_convs)],
+                  onednn_ms=[float(hi.backward_weights_ms + hi.backward_data_ms),
+                             float(lo.backward_weights_ms + lo.backward_data_ms)])]
 
 
-def focal_findings(bench: dict, phase_backward_ms: dict) -> list[str]:
+def focal_findings(bench: dict, phase_backward_ms: dict) -> list[Finding]:
     """The kernel's speedups at each shape, and the reference loss's share of the measured backward."""
     rows = pd.DataFrame(bench["rows"])
-    lines = []
+    found = []
     for shape, g in rows[rows["part"] == "both"].groupby("shape", sort=False):
         best = g[g["kernel"] != "reference"].sort_values("speedup", ascending=False).iloc[0]
-        ratio = {"ratio": best.speedup, "ci_low": best.speedup_low, "ci_high": best.speedup_high,
-                 "n": int(best.get("rounds", bench.get("rounds", 0))), "verdict": best.get("verdict", "no different"),
-                 "margin": compare.MARGIN, "min_rounds": compare.MIN_ROUNDS, "label": "95% CI"}
-        lines.append(f"focal loss at {shape} ({int(best.elements):,} logits): {best.kernel} forward + backward "
-                     f"over the reference, paired calls: {compare.describe(ratio)}.")
+        ratio = _kernel_comparison(best.speedup, best.speedup_low, best.speedup_high,
+                                   best.get("rounds", bench.get("rounds", 0)), best.get("verdict", "no different"))
+        found.append(_note("retinanet", "focal kernel", ratio, shape=shape, elements=int(best.elements),
+                           kernel=best.kernel))
     ref = rows[(rows["kernel"] == "reference") & (rows["part"] == "backward")]
     for shape, backward_ms in phase_backward_ms.items():
         hit = ref[ref["shape"] == shape]
         if len(hit) and backward_ms:
-            lines.append(f"{shape}: the reference focal loss's backward alone takes {hit.iloc[0].median_ms:.1f} ms, "
-                         f"{hit.iloc[0].median_ms / backward_ms:.1%} of the measured backward phase "
-                         f"({backward_ms:.0f} ms).")
-    return lines
+            found.append(_note("retinanet", "focal backward share", shape=shape,
+                               reference_ms=float(hit.iloc[0].median_ms), backward_ms=float(backward_ms)))
+    return found
 
 
 FOCAL_BYTES_PER_LOGIT = 5  # element sizes at least: logits and targets read forward and backward, gradient written
 
 
-def focal_limit_findings(bench: dict, copy_gbs: float) -> list[str]:
+def focal_limit_findings(bench: dict, copy_gbs: float) -> list[Finding]:
     """The fastest focal-loss kernel against its physical limit: the bytes forward + backward
     must move at the least, over the measured copy bandwidth (notebook 00's roofline)."""
     rows = pd.DataFrame(bench["rows"])
     size = 2 if bench.get("dtype") == "bf16" else 4
-    lines = []
+    found = []
     for shape, g in rows[rows["part"] == "both"].groupby("shape", sort=False):
         best = g.sort_values("median_ms").iloc[0]
         limit_ms = FOCAL_BYTES_PER_LOGIT * size * best.elements / (copy_gbs * 1e9) * 1e3
-        lines.append(f"focal loss at {shape}: the fastest kernel ({best.kernel}) takes {best.median_ms:.2f} ms forward "
-                     f"+ backward; moving the least it must ({FOCAL_BYTES_PER_LOGIT} x {size} B a logit: logits and "
-                     f"targets read twice, the gradient written) at the measured copy bandwidth of {copy_gbs:.1f} "
-                     f"GB/s takes {limit_ms:.2f} ms: {best.median_ms / limit_ms:.1f}x the physical limit "
-                     f"({'within' if best.median_ms <= 2 * limit_ms else 'beyond'} the 2x the case study aims for).")
-    return lines
+        found.append(_note("retinanet", "focal limit", shape=shape, kernel=best.kernel,
+                           median_ms=float(best.median_ms), bytes_per_logit=FOCAL_BYTES_PER_LOGIT, element_bytes=size,
+                           copy_gbs=float(copy_gbs), limit_ms=float(limit_ms),
+                           within=bool(best.median_ms <= 2 * limit_ms)))
+    return found
 
 
-def lamb_findings(bench: list[dict]) -> list[str]:
-    lines = []
+def lamb_findings(bench: list[dict]) -> list[Finding]:
+    """Each Lamb kernel against the per-tensor loop on RetinaNet's trainable parameters (or why it did not run)."""
+    found = []
     for r in bench:
         if "kernels" not in r:
-            lines.append(f"IPEX's fused Lamb: {r.get('skipped') or r.get('error')}")
+            found.append(_note("retinanet", "lamb not run", reason=r.get("skipped") or r.get("error")))
             continue
         for k, v in r["kernels"].items():
             if k != "loop":
-                ratio = {"ratio": v["speedup_vs_loop"], "ci_low": v["ci"][0], "ci_high": v["ci"][1],
-                         "n": v.get("rounds", 0), "verdict": v.get("verdict", "no different"), "margin": compare.MARGIN,
-                         "min_rounds": compare.MIN_ROUNDS, "label": "95% CI"}
-                lines.append(f"Lamb on RetinaNet[{r['preset']}]'s {r['elements']:,} trainable parameters, torch "
-                             f"{r['torch']}: {k} {v['median_ms']:.1f} ms vs the loop's "
-                             f"{r['kernels']['loop']['median_ms']:.1f} ms: {compare.describe(ratio)}.")
-    return lines
+                ratio = _kernel_comparison(v["speedup_vs_loop"], v["ci"][0], v["ci"][1], v.get("rounds", 0),
+                                           v.get("verdict", "no different"))
+                found.append(_note("retinanet", "lamb kernel", ratio, preset=r["preset"], elements=r["elements"],
+                                   torch=r["torch"], kernel=k, median_ms=v["median_ms"],
+                                   loop_ms=r["kernels"]["loop"]["median_ms"]))
+    return found
 
 
 UNFIXED = "frozen stages' backward computed (the paper's unfixed build)"
@@ -155,18 +166,18 @@ def frozen_layer_configs(base: RunConfig) -> dict[str, RunConfig]:
     return out
 
 
-def frozen_time_findings(results: list[dict], base: RunConfig, arms: dict[str, RunConfig]) -> list[str]:
+def frozen_time_findings(results: list[dict], base: RunConfig, arms: dict[str, RunConfig]) -> list[Finding]:
     """Step-time effects of the frozen layers: the fix (skip over compute) and trainable_layers."""
-    lines = []
+    found = []
     if UNFIXED in arms:
-        fix = choosing.paired(results, arms[UNFIXED].config_hash(), base.config_hash())
-        lines.append(f"skipping the frozen stages' backward (stock PyTorch) over computing it (the paper's unfixed "
-                     f"build, emulated): {compare.describe(fix)} (the paper: +16%).")
+        found.append(_note(base.workload, "frozen backward skipped",
+                           choosing.paired(results, arms[UNFIXED].config_hash(), base.config_hash())))
     for name, config in arms.items():
         if name.startswith("trainable_layers"):
-            lines.append(f"{name} over the default {declared_options(base.workload)['trainable_layers']}: "
-                         f"{compare.describe(choosing.paired(results, base.config_hash(), config.config_hash()))}.")
-    return lines
+            found.append(_note(base.workload, "trainable layers",
+                               choosing.paired(results, base.config_hash(), config.config_hash()), name=name,
+                               default=declared_options(base.workload)["trainable_layers"]))
+    return found
 
 
 def frozen_layers(session, arms: dict, layers: list[int], log_dir, preset: str) -> tuple[dict, list[str]]:
@@ -236,9 +247,8 @@ def _kernel_row(bench: dict | None, part: str, shape: str) -> tuple[dict | None,
         return None, f"no {part} timing at {shape}"
     best = g.sort_values("speedup", ascending=False).iloc[0]
     ref = rows[(rows["part"] == part) & (rows["shape"] == shape) & (rows["kernel"] == "reference")].iloc[0]
-    return ({"ratio": best.speedup, "ci_low": best.speedup_low, "ci_high": best.speedup_high,
-             "n": int(best.get("rounds", bench.get("rounds", 0))), "verdict": best.get("verdict", "no different"),
-             "margin": compare.MARGIN, "min_rounds": compare.MIN_ROUNDS, "label": "95% CI"},
+    return (_kernel_comparison(best.speedup, best.speedup_low, best.speedup_high,
+                               best.get("rounds", bench.get("rounds", 0)), best.get("verdict", "no different")),
             f"{best.kernel}: {best.median_ms:.2f} ms against the reference's {ref.median_ms:.2f} ms at "
             f"{int(best.elements):,} logits")
 
@@ -278,9 +288,8 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
     if lamb:
         k = lamb["kernels"]["fused"]
         moved_gb = 7 * 4 * lamb["elements"] / 1e9  # p, g, m, v read; p, m, v written, fp32
-        rows["fused Lamb"] = ({"ratio": k["speedup_vs_loop"], "ci_low": k["ci"][0], "ci_high": k["ci"][1],
-                               "n": k.get("rounds", 0), "verdict": k.get("verdict", "no different"),
-                               "margin": compare.MARGIN, "min_rounds": compare.MIN_ROUNDS, "label": "95% CI"},
+        rows["fused Lamb"] = (_kernel_comparison(k["speedup_vs_loop"], k["ci"][0], k["ci"][1], k.get("rounds", 0),
+                                                 k.get("verdict", "no different")),
                               f"{k['median_ms']:.0f} ms against the loop's {lamb['kernels']['loop']['median_ms']:.0f} ms; "
                               f"at least {moved_gb:.2f} GB move, {moved_gb / k['median_ms'] * 1e3:.1f} GB/s"
                               + (f" of the {copy_gbs:.1f} GB/s copy bandwidth" if copy_gbs else ""))

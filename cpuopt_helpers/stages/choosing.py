@@ -45,7 +45,8 @@ def throughput_table(results: list[dict]) -> pd.DataFrame:
         step = stats.summarize([r["step_ms"]["median"] for r in runs])["median"]
         row = {"workload": workload, "samples_per_s": stats.summarize(sps)["median"], "low": min(sps),
                "high": max(sps), "runs": len(runs), "step_ms": step,
-               "gflops": stats.summarize([r["achieved_gflops"] or 0 for r in runs])["median"],
+               "gflops": (stats.summarize([r["achieved_gflops"] for r in runs])["median"]  # uncounted: unknown, not 0
+                          if all(r["achieved_gflops"] for r in runs) else math.nan),
                "startup_s": stats.summarize([r["startup_s"] for r in runs])["median"],
                "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
                "warning": stats.spread_warning(sps, f"{workload} samples/s")}

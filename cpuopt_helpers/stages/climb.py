@@ -23,9 +23,8 @@ from typing import Callable
 
 import pandas as pd
 
-from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig, normalise, setting_label
-from cpuopt_helpers.decisions import Arm, Comparison
+from cpuopt_helpers.decisions import Arm, Comparison, Finding
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import case_study, choosing
 from cpuopt_helpers.stages.choosing import with_options
@@ -124,48 +123,53 @@ CLIMB = (
 CLIMB_RUNGS = tuple(r.name for r in CLIMB)
 
 
-def compile_sentence(table: pd.DataFrame, comparison: Comparison | None, train_steps: int) -> tuple[str, bool]:
+def compile_finding(table: pd.DataFrame, comparison: Comparison | None, train_steps: int,
+                    workload: str = "") -> tuple[Finding, bool]:
     """torch.compile's rung: its compile times, when it pays, and whether it is carried up (confirmed
     faster and paying for its cold compile within ``train_steps`` steps)."""
     from cpuopt_helpers.stages.extensions import breakeven_steps
 
+    def said(kind: str, **values) -> Finding:
+        return Finding(workload, "climb", kind, values, comparison)
+
     rows = table.set_index("name")
     if "torch.compile" not in rows.index or "baseline" not in rows.index:
-        return "runtime: torch.compile: no result to compare; not carried up the ladder.", False
+        return said("compile no result"), False
     c, b = rows.loc["torch.compile"], rows.loc["baseline"]
     if pd.isna(c.get("compile_s")):
-        return "runtime: torch.compile: its run recorded no compile time; not carried up the ladder.", False
-    warm = f" ({c.compile_warm_s:.0f} s with a warm cache)" if pd.notna(c.get("compile_warm_s")) else ""
-    head = f"runtime: torch.compile: compiled in {c.compile_s:.0f} s{warm}"
+        return said("compile no time"), False
+    times = {"compile_s": float(c.compile_s),
+             "compile_warm_s": float(c.compile_warm_s) if pd.notna(c.get("compile_warm_s")) else None}
     if comparison is None:
-        return f"{head}; not confirmed (its screening produced no comparison); not carried up the ladder.", False
+        return said("compile unconfirmed", **times), False
     if not comparison.faster:
-        return f"{head}; against eager in fresh rounds: {comparison.describe()}; not carried up the ladder.", False
+        return said("compile not faster", **times), False
     pays = breakeven_steps(c.compile_s, b.step_ms, b.step_ms / comparison.ratio)
     carried = bool(pays is not None and pays <= train_steps)
-    return (f"{head}; against eager in fresh rounds: {comparison.describe()}; it pays for its cold compile after "
-            f"{pays:,.0f} steps, " + ("within" if carried else "beyond") + f" a training run of {train_steps:,} steps: "
-            + ("carried up the ladder (later runs compile from a warm cache in their untimed warm-up)." if carried
-               else "not carried up the ladder."), carried)
+    return said("compile pays", **times, pays_after=float(pays), train_steps=train_steps, carried=carried), carried
 
 
 def climb_rung(session, rung: ClimbRung, where: Climbing, tag: str, confirm, screen_rounds: int, resume: bool,
                train_steps: int) -> dict:
-    """Screen one rung's candidates against the current configuration and confirm the best."""
+    """Screen one rung's candidates against the current configuration and confirm the best; the
+    rung's finding says what became of it."""
     candidates, why = rung.candidates(where)
+    workload = where.base.workload
     if not candidates:
-        return {"rung": rung.name, "sentence": f"{rung.name}: skipped: {why}.", "config": where.current,
+        finding = Finding(workload, "climb", "rung skipped", {"rung": rung.name, "reason": why})
+        return {"rung": rung.name, "sentence": finding.sentence, "finding": finding, "config": where.current,
                 "comparison": None, "handed_on": False, "table": pd.DataFrame()}
     arms = {"baseline": where.current} | {arm.name: arm.config for arm in candidates}
     results = session.sweep(list(arms.values()), rounds=screen_rounds, tag=f"{tag}/screen", resume=resume)
     table = choosing.named_table(results, arms)
     choice = choosing.choose(table.assign(setting=table["name"]), rung.name, confirm, screen_gate=False,
                              incumbent_name="the rung below", stage=rung.stage)
-    sentence, faster = choice.sentence, choice.changed
+    finding, faster = choice.finding, choice.changed
     if rung.compiles:
-        sentence, faster = compile_sentence(table, choice.comparison, train_steps)
-    return {"rung": rung.name, "sentence": sentence, "config": choice.config if faster else where.current,
-            "comparison": choice.comparison, "handed_on": faster, "table": table}
+        finding, faster = compile_finding(table, choice.comparison, train_steps, workload)
+    return {"rung": rung.name, "sentence": finding.sentence, "finding": finding,
+            "config": choice.config if faster else where.current, "comparison": choice.comparison,
+            "handed_on": faster, "table": table}
 
 
 def start(preset: str, classes: int, steps: int, physical_cores: int) -> tuple[str, RunConfig]:
@@ -183,7 +187,7 @@ def climb(session, base: RunConfig, ladder: str, image_like: bool, tag: str, min
     then the top against the base in ``final_rounds`` fresh paired rounds (the end-to-end
     verdict). ``rungs`` climbs some of CLIMB_RUNGS only, in their order; ``train_steps`` is the
     training run torch.compile must pay for its compile time within. Returns the rungs
-    (name, sentence, config, comparison, screening table) and that comparison."""
+    (name, finding and its sentence, config, comparison, screening table) and that comparison."""
     unknown = set(rungs) - set(CLIMB_RUNGS)
     if unknown:
         raise CpuoptError(f"unknown rung(s) {', '.join(sorted(unknown))}; use some of {', '.join(CLIMB_RUNGS)}")
@@ -215,14 +219,16 @@ def climb(session, base: RunConfig, ladder: str, image_like: bool, tag: str, min
 PAPER_TARGET, PAPER_TARGET_LOW = 2.0, 1.8  # the paper's ~2x; an interval whose lower end clears 1.8
 
 
-def climb_findings(result: dict) -> list[str]:
-    """The climb's rungs in words, and its top against PyTorch's defaults beside the paper's 2x."""
-    name, end = result["ladder"], result["end_to_end"]
-    lines = [f"{name}: {r['sentence']}" for r in result["rungs"]]
+def climb_findings(result: dict) -> list[Finding]:
+    """The climb's rungs (each rung's own finding after the ladder's name), and its top against
+    PyTorch's defaults beside the paper's 2x."""
+    name, end, workload = result["ladder"], result["end_to_end"], result["base"].workload
+    found = [Finding(workload, "climb", "climb rung", {"ladder": name, "rung": r["rung"], "said": {
+        "kind": r["finding"].kind, "values": r["finding"].values}}, r["finding"].comparison) for r in result["rungs"]]
     if end is None:
-        return lines + [f"{name}: no rung was confirmed faster; PyTorch's defaults stay the best configuration measured."]
+        return found + [Finding(workload, "climb", "climb kept defaults", {"ladder": name})]
     change = setting_label(result["top"].to_dict(), result["base"].to_dict())
     met = end["ratio"] >= PAPER_TARGET and (end.get("ci_low") or 0) > PAPER_TARGET_LOW
-    return lines + [f"{name}: the top of the ladder ({change}) against PyTorch's defaults, {end['n']} fresh paired "
-                    f"rounds: {compare.describe(end)}; the paper's about 2x (here: at least {PAPER_TARGET:.1f}x with "
-                    f"the interval's lower end above {PAPER_TARGET_LOW}) is {'reached' if met else 'not reached'}."]
+    return found + [Finding(workload, "climb", "climb top", {"ladder": name, "change": change, "met": bool(met),
+                                                             "target": PAPER_TARGET, "target_low": PAPER_TARGET_LOW},
+                            Comparison.from_dict(end))]

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig, normalise
-from cpuopt_helpers.decisions import Choice
+from cpuopt_helpers.decisions import Choice, Finding, as_comparison
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.stages.choosing import paired
 from cpuopt_helpers.system import Facts
 
 OPTIMIZER_ARMS = ("SGD foreach", "SGD fused", "AdamW (default)", "AdamW fused")
+DRIFT_TOLERANCE = 0.10  # how far zentorch's loss may lie from the eager run's and it still trains the same
 NOTHING_COMPILED_S = 1.0  # a cold compile faster than this generated no kernel (Inductor's C++ alone takes seconds)
 
 
@@ -23,19 +23,22 @@ EXTENSION_FACT = "vendor_extension/findings"  # what notebook 05 measured of the
 
 
 def extension_findings(results: list[dict], configs: dict, table: pd.DataFrame, workload: str,
-                       zentorch: dict) -> list[str]:
+                       zentorch: dict) -> list[Finding]:
     """What notebook 05 measured of a vendor's extension, for `cpuopt doctor`: IPEX against its
     own torch, and zentorch against stock eager and Inductor, its loss, or why it was not measured."""
     return ipex_own_findings(results, configs, workload) + zentorch_findings(results, configs, table, workload, zentorch)
 
 
-def ipex_own_findings(results: list[dict], configs: dict, workload: str) -> list[str]:
+def _note(workload: str, kind: str, comparison=None, **values) -> Finding:
+    return Finding(workload, "extensions", kind, values, as_comparison(comparison))
+
+
+def ipex_own_findings(results: list[dict], configs: dict, workload: str) -> list[Finding]:
     """IPEX against the stock torch 2.8 it runs in (empty where the IPEX runtime was not measured)."""
     if "torch 2.8 + IPEX" not in configs:
         return []
     h = {n: c.config_hash() for n, c in configs.items()}
-    return [f"{workload}: IPEX over its own stock torch 2.8: "
-            f"{compare.describe(paired(results, h['torch 2.8 (stock)'], h['torch 2.8 + IPEX']))}."]
+    return [_note(workload, "ipex over its torch", paired(results, h["torch 2.8 (stock)"], h["torch 2.8 + IPEX"]))]
 
 
 def runtimes_measured(ipex: dict, zentorch: dict, asked) -> tuple[bool, list[str]]:
@@ -87,70 +90,69 @@ def breakeven_steps(compile_s: float, eager_step_ms: float, compiled_step_ms: fl
     return compile_s / saving_s if saving_s > 0 else None
 
 
-def findings(results: list[dict], configs: dict, table: pd.DataFrame, workload: str) -> list[str]:
-    """Notebook 05's answer for one workload, worded from its measurements."""
+def findings(results: list[dict], configs: dict, table: pd.DataFrame, workload: str) -> list[Finding]:
+    """Notebook 05's answer for one workload, from its measurements."""
     if table.empty:
-        return [f"{workload}: no configuration produced a result."]
+        return [_note(workload, "no runtime result")]
     h = {n: c.config_hash() for n, c in configs.items()}
-    lines = ipex_own_findings(results, configs, workload)
+    found = ipex_own_findings(results, configs, workload)
     if "torch 2.8 + IPEX" in h:
-        lines.append(f"{workload}: stock torch (this venv) over torch 2.8 + IPEX: "
-                     f"{compare.describe(paired(results, h['torch 2.8 + IPEX'], h['torch (stock)']))}.")
+        found.append(_note(workload, "stock over ipex", paired(results, h["torch 2.8 + IPEX"], h["torch (stock)"])))
     upstream = table[~table["name"].isin(["torch 2.8 (stock)", "torch 2.8 + IPEX", "AdamW (default)",
                                           "AdamW fused"]) & ~table["is_baseline"]].dropna(subset=["ratio"])
     best = upstream.sort_values("ratio", ascending=False).iloc[0] if len(upstream) else None
     if best is not None:
-        lines.append(f"{workload}: fastest with this torch in screening: {best['name']} at "
-                     f"{best['samples_per_s']:.1f} samples/s, {compare.describe(best['comparison'])} against stock.")
+        found.append(_note(workload, "fastest upstream", best["comparison"], name=best["name"],
+                           samples_per_s=float(best["samples_per_s"])))
         if "torch 2.8 + IPEX" in h:
-            lines.append(f"{workload}: {best['name']} over torch 2.8 + IPEX: "
-                         f"{compare.describe(paired(results, h['torch 2.8 + IPEX'], best['config_hash']))}.")
+            found.append(_note(workload, "upstream over ipex", paired(results, h["torch 2.8 + IPEX"],
+                                                                      best["config_hash"]), name=best["name"]))
     if "AdamW fused" in h and "AdamW (default)" in h:
-        lines.append(f"{workload}: fused AdamW over the default AdamW: "
-                     f"{compare.describe(paired(results, h['AdamW (default)'], h['AdamW fused']))}.")
+        found.append(_note(workload, "fused adamw", paired(results, h["AdamW (default)"], h["AdamW fused"])))
+    return found + compile_findings(table, workload)
+
+
+def compile_findings(table: pd.DataFrame, workload: str) -> list[Finding]:
+    """Each compiled setting's cold (and warm) compile time, and after how many steps it pays for itself."""
     eager = table[table["name"] == "torch (stock)"]
+    if eager.empty:
+        return []
+    found = []
     for row in table[table["compile_s"].notna()].itertuples():
-        if eager.empty:
-            break
-        steps = breakeven_steps(row.compile_s, eager.iloc[0]["step_ms"], row.step_ms)
-        warm = f", {row.compile_warm_s:.0f} s again with a warm cache" if row.compile_warm_s == row.compile_warm_s \
-            and row.compile_warm_s is not None else ""
         if row.compile_s < NOTHING_COMPILED_S:
-            lines.append(f"{workload}: {row.name} took {row.compile_s:.2f} s from a cold cache, too short for any "
-                         "kernel to have been generated: the step ran (almost) all eagerly (torch.compile leaves "
-                         "nn.LSTM/GRU to eager unless torch._dynamo.config.allow_rnn is set), so its ratio is "
-                         "eager's against eager's.")
+            found.append(_note(workload, "compiled nothing", name=row.name, compile_s=float(row.compile_s)))
             continue
-        lines.append(f"{workload}: {row.name} compiled in {row.compile_s:.0f} s from a cold cache{warm}; "
-                     + (f"it pays for itself after {steps:,.0f} steps." if steps else
-                        "its steps are not faster, so it never pays for itself."))
-    return lines
+        steps = breakeven_steps(row.compile_s, eager.iloc[0]["step_ms"], row.step_ms)
+        warm = row.compile_warm_s
+        found.append(_note(workload, "compile breakeven", name=row.name, compile_s=float(row.compile_s),
+                           compile_warm_s=float(warm) if warm is not None and warm == warm else None,
+                           steps=float(steps) if steps is not None else None))
+    return found
 
 
 def zentorch_findings(results: list[dict], configs: dict, table: pd.DataFrame, workload: str,
-                      status: dict) -> list[str]:
+                      status: dict) -> list[Finding]:
     """zentorch's training throughput against stock eager and Inductor, and whether its loss
     matches the eager run's; or why it was not measured, or what failed."""
     if ZENTORCH not in configs:
-        return [f"{workload}: zentorch: {status.get('reason') or 'not measured here (ZENTORCH = False)'}."]
+        return [_note(workload, "zentorch not measured", reason=status.get("reason"))]
     h = {n: c.config_hash() for n, c in configs.items()}
     row = table[table["name"] == ZENTORCH] if "name" in table else table.iloc[0:0]
     if row.empty or pd.isna(row.iloc[0]["samples_per_s"]):
         failed = next((r["reason"] for r in results if r["config_hash"] == h[ZENTORCH] and r["status"] != "ok"), "")
         last = [line for line in (failed or "no result").splitlines() if line.strip()][-1:] or ["no result"]
-        return [f"{workload}: zentorch: its training run failed, measured: {last[0][:200]}."]
-    lines = [f"{workload}: zentorch over stock eager: {compare.describe(paired(results, h['torch (stock)'], h[ZENTORCH]))}."]
+        return [_note(workload, "zentorch failed", error=last[0][:200])]
+    found = [_note(workload, "zentorch over eager", paired(results, h["torch (stock)"], h[ZENTORCH]))]
     inductor = [n for n in configs if n.startswith("torch.compile (") and n != ZENTORCH]
-    lines += [f"{workload}: zentorch over Inductor ({n[len('torch.compile ('):-1]}): "
-              f"{compare.describe(paired(results, h[n], h[ZENTORCH]))}." for n in inductor]
+    found += [_note(workload, "zentorch over inductor", paired(results, h[n], h[ZENTORCH]),
+                    mode=n[len("torch.compile ("):-1]) for n in inductor]
     if not inductor:
-        lines.append(f"{workload}: zentorch against Inductor: Inductor is not measured in this run (COMPILE_MODES = []).")
+        found.append(_note(workload, "zentorch without inductor"))
     drift = row.iloc[0].get("loss_drift")
     if drift is not None and drift == drift:
-        lines.append(f"{workload}: zentorch's loss over the steps lies {drift:.1%} from the eager run's "
-                     + ("(within the 10% a setting may drift: it trains the same)." if drift <= 0.10
-                        else "(beyond 10%: it does not train the same; no candidate)."))
-    return lines
+        found.append(_note(workload, "zentorch loss drift", drift=float(drift), tolerance=DRIFT_TOLERANCE,
+                           within=bool(drift <= DRIFT_TOLERANCE)))
+    return found
 
 
 def choose(table: pd.DataFrame, configs: dict, confirm=None) -> Choice:

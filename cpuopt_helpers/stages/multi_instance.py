@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cpuopt_helpers import compare, planning, stats, system
+from cpuopt_helpers import planning, stats, system
 from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.decisions import Choice, Finding, as_comparison
 from cpuopt_helpers.stages.choosing import MEMORY_WARNING, paired, unique
@@ -133,19 +133,22 @@ def layout_grid(table: pd.DataFrame, mode: str) -> pd.DataFrame:
     return grid
 
 
-def layout_findings(table: pd.DataFrame, results: list[dict], workload: str) -> list[str]:
+def layout_findings(table: pd.DataFrame, results: list[dict], workload: str) -> list[Finding]:
     """Best layout, DDP against independent instances, scaling efficiency and the sync check."""
+    def note(kind: str, comparison=None, **values) -> Finding:
+        return Finding(workload, "multi_instance", kind, values, as_comparison(comparison))
+
     if table.empty:
-        return [f"{workload}: no layout produced a result."]
-    lines = []
+        return [note("no layout", what=workload)]
+    found = []
     for mode in ("independent", "ddp"):
         rows = table[(table["mode"] == mode) & (table["ranks"] > 1)]
         if rows.empty:
             continue
         best = rows.sort_values("samples_per_s", ascending=False).iloc[0]
-        lines.append(f"{workload}, {mode}: best multi-rank layout {int(best.ranks)} ranks x {int(best.threads)} "
-                     f"threads at {best.samples_per_s:.1f} samples/s = {best.normalised:.2f}x the single-rank "
-                     f"reference (ideal {best.ideal:.0f}x, efficiency {best.efficiency:.0%}).")
+        found.append(note("best layout", mode=mode, ranks=int(best.ranks), threads=int(best.threads),
+                          samples_per_s=float(best.samples_per_s), normalised=float(best.normalised),
+                          ideal=float(best.ideal), efficiency=float(best.efficiency)))
     hashes = {}
     for r in results:
         if r["status"] == "ok" and r["config"]["workload"] == workload:
@@ -154,14 +157,11 @@ def layout_findings(table: pd.DataFrame, results: list[dict], workload: str) -> 
     for (mode, threads, ranks), h in sorted(hashes.items()):
         twin = hashes.get(("independent", threads, ranks))
         if mode == "ddp" and twin:
-            ratio = paired(results, twin, h)
-            lines.append(f"{workload}: DDP over independent instances at {ranks} x {threads}: {compare.describe(ratio)} "
-                         "(the difference is the gradient all-reduce).")
+            found.append(note("ddp over independent", paired(results, twin, h), ranks=ranks, threads=threads))
     ddp = table[table["mode"] == "ddp"]
     if len(ddp):
-        lines.append(f"{workload}: parameters identical on every rank after training in "
-                     f"{int(ddp['in_sync'].sum())} of {len(ddp)} DDP layouts.")
-    return lines
+        found.append(note("ddp in sync", in_sync=int(ddp["in_sync"].sum()), layouts=len(ddp)))
+    return found
 
 
 def choose(table: pd.DataFrame, confirm=None, workload: str = "layout") -> Choice:
@@ -204,20 +204,18 @@ def convergence_table(runs: list[dict], target: float) -> pd.DataFrame:
                               r["history"], target), "final_accuracy": r["final_accuracy"]} for r in runs])
 
 
-def convergence_findings(table: pd.DataFrame, target: float) -> list[str]:
+def convergence_findings(table: pd.DataFrame, target: float) -> list[Finding]:
+    """Epochs to the target accuracy at each global batch (on the digits), and what a larger one cost."""
+    def epochs(value) -> int | None:
+        return int(value) if value is not None and value == value else None
+
+    found = [Finding("", "multi_instance", "epochs to target", {
+        "global_batch": int(r.global_batch), "epochs": epochs(r.epochs_to_target), "target": target,
+        "final_accuracy": float(r.final_accuracy)}) for r in table.itertuples()]
     reached = table.dropna(subset=["epochs_to_target"])
-    lines = [f"global batch {int(r.global_batch)}: "
-             + (f"{int(r.epochs_to_target)} epochs to {target:.0%} test accuracy"
-                if r.epochs_to_target == r.epochs_to_target and r.epochs_to_target is not None
-                else f"did not reach {target:.0%} (final {r.final_accuracy:.1%})")
-             for r in table.itertuples()]
     if len(reached) >= 2:
         small, large = reached.iloc[0], reached.iloc[-1]
-        trend = ("more" if large.epochs_to_target > small.epochs_to_target else
-                 "fewer" if large.epochs_to_target < small.epochs_to_target else "as many")
-        lines.append(f"a {int(large.global_batch / small.global_batch)}x larger global batch needed {trend} epochs "
-                     f"({int(small.epochs_to_target)} -> {int(large.epochs_to_target)}): adding ranks at a fixed "
-                     "per-rank batch grows the global batch, so "
-                     + ("lower the per-rank batch as ranks are added." if trend == "more" else
-                        "on this dataset that cost did not show."))
-    return lines
+        found.append(Finding("", "multi_instance", "larger global batch", {
+            "factor": int(large.global_batch / small.global_batch), "small_epochs": int(small.epochs_to_target),
+            "large_epochs": int(large.epochs_to_target)}))
+    return found

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig, normalise
-from cpuopt_helpers.decisions import Choice, Finding
+from cpuopt_helpers.decisions import Choice, Comparison, Finding
 from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.stages.choosing import unique
 from cpuopt_helpers.system import Facts
@@ -36,21 +35,21 @@ def accuracy_table(runs: list[dict]) -> pd.DataFrame:
                          for r in runs]).set_index("mode")
 
 
-def findings(tables: dict, accuracy: pd.DataFrame, gate: dict) -> list[str]:
+def findings(tables: dict, accuracy: pd.DataFrame, gate: dict) -> list[Finding]:
     """bf16 against fp32: the gate, the screening ratios per workload and layout, and accuracy."""
-    lines = [f"bf16 fast path on this CPU: {'yes, ' + gate['path'] if gate['accelerated'] else 'no'} "
-             f"({gate['reason']})."]
+    found = [Finding("", "precision", "bf16 gate", {"accelerated": bool(gate["accelerated"]),
+                                                    "path": gate.get("path"), "reason": gate["reason"]})]
     for w, t in tables.items():
         for _, r in t.iterrows():
             if r["config"]["dtype"] == "bf16" and isinstance(r.get("comparison"), dict):
-                lines.append(f"{w}: {r['setting']} over fp32: {compare.describe(r['comparison'])}.")
+                found.append(Finding(w, "precision", "bf16 over fp32", {"setting": r["setting"]},
+                                     Comparison.from_dict(r["comparison"])))
     if "fp32" in accuracy.index:
-        base = accuracy.loc["fp32", "final_accuracy"]
-        for mode, row in accuracy.iterrows():
-            if mode != "fp32":
-                lines.append(f"digits, {mode}: final test accuracy {row.final_accuracy:.1%} vs {base:.1%} in fp32 "
-                             f"({(row.final_accuracy - base) * 100:+.1f} points); final loss {row.final_loss:.4f}.")
-    return lines
+        base = float(accuracy.loc["fp32", "final_accuracy"])
+        found += [Finding("", "precision", "digits accuracy", {"mode": mode, "accuracy": float(row.final_accuracy),
+                                                               "fp32_accuracy": base, "loss": float(row.final_loss)})
+                  for mode, row in accuracy.iterrows() if mode != "fp32"]
+    return found
 
 
 def choose(table: pd.DataFrame, accuracy: pd.DataFrame, gate: dict, what: str, confirm=None,

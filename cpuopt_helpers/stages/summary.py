@@ -7,15 +7,17 @@ import pandas as pd
 
 from cpuopt_helpers import compare, stats
 from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.decisions import Comparison, Finding
 
 
-def ladder_findings(table: pd.DataFrame) -> list[str]:
+def ladder_findings(table: pd.DataFrame, workload: str = "") -> list[Finding]:
     """Each fix alone and all together against the baseline (the paper: about 2x together)."""
     if table.empty:
-        return ["case study: no configuration produced a result."]
-    base = table.iloc[0]["name"]
-    return [f"{r['name']} over {base}: {compare.describe(r['comparison'])}." for _, r in table.iterrows()
-            if r["name"] != base and isinstance(r.get("comparison"), dict)]
+        return [Finding(workload, "summary", "no case study result")]
+    first = table.iloc[0]["name"]
+    return [Finding(workload, "summary", "arm over first", {"name": r["name"], "first": first},
+                    Comparison.from_dict(r["comparison"]))
+            for _, r in table.iterrows() if r["name"] != first and isinstance(r.get("comparison"), dict)]
 
 
 def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict | None,

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cpuopt_helpers import compare, stats
+from cpuopt_helpers import stats
 from cpuopt_helpers.config import RunConfig, normalise
+from cpuopt_helpers.decisions import Comparison, Finding
 from cpuopt_helpers.stages.choosing import unique
 from cpuopt_helpers.system import Facts
 
@@ -56,22 +57,24 @@ def scaling_table(results: list[dict], workload: str) -> pd.DataFrame:
     return table
 
 
-def scaling_findings(table: pd.DataFrame, workload: str) -> list[str]:
+def scaling_findings(table: pd.DataFrame, workload: str) -> list[Finding]:
     """How throughput grows with threads, from the scaling table."""
     if len(table) < 2:
-        return [f"{workload}: only one thread count measured."]
+        return [Finding(workload, "threads", "one thread count")]
     best = table.loc[table["samples_per_s"].idxmax()]
-    top = table.iloc[-1]
-    return [f"{workload}: {int(top.threads)} threads give {top.samples_per_s:.1f} samples/s, "
-            f"{top.samples_per_s / table.iloc[0].samples_per_s:.2f}x of {int(table.iloc[0].threads)} thread(s) "
-            f"({top.efficiency:.0%} of ideal linear scaling); the fastest count is {int(best.threads)}."]
+    top, first = table.iloc[-1], table.iloc[0]
+    return [Finding(workload, "threads", "thread scaling", {
+        "threads": int(top.threads), "samples_per_s": float(top.samples_per_s), "efficiency": float(top.efficiency),
+        "first_threads": int(first.threads), "first_samples_per_s": float(first.samples_per_s),
+        "fastest_threads": int(best.threads)})]
 
 
-def settings_findings(table: pd.DataFrame, workload: str) -> list[str]:
+def settings_findings(table: pd.DataFrame, workload: str) -> list[Finding]:
     """Each setting against the baseline in the words of the comparison rule (screening
     rounds below the minimum give ratios to rank by, not verdicts)."""
     if table.empty or "ratio" not in table:
-        return [f"{workload}: no comparison with the baseline was possible."]
+        return [Finding(workload, "threads", "no baseline comparison")]
     others = table[~table["is_baseline"]].dropna(subset=["ratio"])
-    return [f"{workload}: {r['setting']}: {compare.describe(r['comparison'])}." for _, r in others.iterrows()
-            if isinstance(r.get("comparison"), dict)]
+    return [Finding(workload, "threads", "setting over baseline", {"setting": r["setting"]},
+                    Comparison.from_dict(r["comparison"]))
+            for _, r in others.iterrows() if isinstance(r.get("comparison"), dict)]

@@ -1,0 +1,103 @@
+"""Findings in words: every kind a stage makes has its sentence in ``wording.TEMPLATES``, a
+finding stored and loaded back says the same, and a notebook's findings are kept as notes."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from cpuopt_helpers import wording
+from cpuopt_helpers.decisions import Comparison, Finding
+from cpuopt_helpers.stages import allocator, baseline, choosing, climb, threads
+from tests.conftest import make_facts
+from tests.test_stages import screened
+
+STAGES = Path(choosing.__file__).parent
+
+
+def kinds_made(path: Path) -> set[str]:
+    """The kinds a stage module gives its findings: the string constants passed as ``kind`` to
+    ``Finding`` or to a helper of the module that takes a ``kind`` parameter (read with ast)."""
+    tree = ast.parse(path.read_text())
+    position = {"Finding": 2}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and "kind" in [a.arg for a in node.args.args]:
+            position[node.name] = [a.arg for a in node.args.args].index("kind")
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in position:
+            at = position[node.func.id]
+            args = node.args[at:at + 1] + [k.value for k in node.keywords if k.arg == "kind"]
+            found |= {c.value for a in args for c in ast.walk(a)
+                      if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return found
+
+
+def test_every_kind_a_stage_makes_has_a_sentence():
+    made = {kind: path.name for path in sorted(STAGES.glob("*.py")) for kind in kinds_made(path)}
+    assert {"thread scaling", "peak memory", "baseline throughput", "climb top", "confirmed"} <= set(made)
+    missing = sorted(f"{kind!r} ({where})" for kind, where in made.items() if kind not in wording.TEMPLATES)
+    assert not missing, f"add these kinds to wording.TEMPLATES: {missing}"
+    with pytest.raises(ValueError, match="no sentence for findings of kind 'made up'"):
+        Finding("cnn", "threads", "made up").sentence
+
+
+def stored_and_loaded(finding: Finding) -> Finding:
+    return Finding.from_dict(json.loads(json.dumps(finding.to_dict())))
+
+
+def test_a_finding_stored_and_loaded_back_says_the_same():
+    base, results = screened()
+    table = choosing.compare_configs(results, base.to_dict(), "cnn")
+    few = choosing.compare_configs([r for r in results if r["round"] < 2], base.to_dict(), "cnn")  # NaN intervals
+    facts = make_facts(versions={"onednn_bf16_supported": True}, numactl={"present": True, "works": False,
+                                                                           "reason": "EPERM"})
+    rung = Finding("retinanet", "climb", "compile pays", {"compile_s": 40.0, "compile_warm_s": None,
+                                                           "pays_after": 812.4, "train_steps": 5000, "carried": True},
+                   Comparison(1.5, 1.4, 1.6, 5, "faster"))
+    found = (threads.settings_findings(table, "cnn") + threads.settings_findings(few, "cnn")
+             + allocator.memory_findings(table, "cnn") + allocator.findings({"cnn": base}, {"tcmalloc": "apt"})
+             + baseline.system_findings(facts, {"threads": 2, "gemm_gflops_best": 120.0, "copy_gbs_best": 10.0})
+             + climb.climb_findings({"ladder": "retinanet", "base": base, "top": base.replace(allocator="jemalloc"),
+                                     "rungs": [{"rung": "runtime: torch.compile", "finding": rung}],
+                                     "end_to_end": {"ratio": 2.1, "ci_low": 1.9, "ci_high": 2.3, "n": 10,
+                                                    "verdict": "faster"}}))
+    assert any(math.isnan(f.comparison.ci_low) for f in found if f.comparison)  # NaN survives the JSON
+    for finding in found:
+        again = stored_and_loaded(finding)
+        assert json.dumps(again.to_dict()) == json.dumps(finding.to_dict()) and again.sentence == finding.sentence
+    said = found[-2].sentence  # a climb's rung: the rung's own finding, after the ladder's name
+    assert said == "retinanet: " + rung.sentence
+    assert said.endswith("after 812 steps, within a training run of 5,000 steps: carried up the ladder (later runs "
+                         "compile from a warm cache in their untimed warm-up).")
+
+
+def test_the_template_is_given_the_findings_workload():
+    assert Finding("rnn", "threads", "one thread count").sentence == "rnn: only one thread count measured."
+
+
+def test_tell_prints_the_findings_and_keeps_them_as_notes(tmp_path, capsys):
+    from cpuopt_helpers.results import ResultStore
+    from cpuopt_helpers.session import Session
+
+    store = ResultStore(tmp_path / "r.sqlite")
+    session = Session(facts=make_facts(), store=store)
+    cnn, rnn = Finding("cnn", "threads", "one thread count"), Finding("rnn", "threads", "one thread count")
+    gate = Finding("", "precision", "bf16 gate", {"accelerated": False, "path": None, "reason": "no flags"})
+    session.tell([cnn, "a ProfileDNN line, printed only", gate], "quick")
+    session.tell([rnn], "quick")  # the next workload adds to the stage's notes
+    session.tell([rnn], "quick")  # a cell run again replaces its own
+    assert capsys.readouterr().out.splitlines() == [
+        "- cnn: only one thread count measured.", "- a ProfileDNN line, printed only",
+        "- bf16 fast path on this CPU: no (no flags).", "- rnn: only one thread count measured.",
+        "- rnn: only one thread count measured."]
+    assert session.notes("threads", "quick") == [cnn, rnn] and session.notes("precision", "quick") == [gate]
+    assert session.notes("threads", "standard") == []
+    again = Session(facts=make_facts(), store=store)  # the next run of the notebook replaces the stage's notes
+    again.tell([rnn], "quick")
+    capsys.readouterr()
+    assert again.notes("threads", "quick") == [rnn] and again.notes("precision", "quick") == [gate]
