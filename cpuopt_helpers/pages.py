@@ -1,12 +1,14 @@
-"""The results pages: the README's generated section, worded from the results store of this
-machine (the ladder, the confirmations of this run, the executed notebooks' answers)."""
+"""The results pages, worded from the results store of this machine: the README's generated
+block (``results_markdown``: the answer per workload, short enough for the first screen) and the
+whole record of a run (``results_page``: the ladder, the confirmations of this run, the executed
+notebooks' answers, with their figures)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from cpuopt_helpers import compare
-from cpuopt_helpers.config import setting_label
+from cpuopt_helpers.config import RunConfig, setting_label
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.results import ResultStore
 from cpuopt_helpers.system import Facts
@@ -15,7 +17,58 @@ RESULTS_START, RESULTS_END = "<!-- results:start -->", "<!-- results:end -->"
 
 
 def results_markdown(store: ResultStore, facts: Facts, preset: str = "standard") -> str:
-    """The README's results section, generated from the store of a workbook run."""
+    """The README's generated block: per workload the configuration its ladder confirmed, its
+    speedup over PyTorch's defaults with the interval (the top against the defaults in fresh
+    paired rounds where the run measured it; else the product of the rungs, labelled so) and the
+    line that trains with it, stamped with the machine, the day and the code that measured."""
+    from cpuopt_helpers import ladder
+
+    machine = facts.fingerprint
+    names = ladder.workloads(store, machine, preset)
+    runs = [r for r in store.results(machine=machine) if r["config"].get("preset") == preset]
+    if not names or not runs:
+        raise CpuoptError(f"no {preset} ladder for this machine in {store.path}; run `make run` first")
+    lines = [_stamp(facts, runs, preset), "",
+             "| workload | confirmed configuration | over PyTorch's defaults | train with it |", "|---|---|---|---|"]
+    for name in names:
+        rungs = ladder.rungs(store, machine, name, preset, facts.physical_cores or 1)
+        if rungs:
+            lines.append(_answer_row(name, rungs))
+    lines += ["", "Each rung with its own interval: `cpuopt ladder`. Every table, figure and executed notebook of "
+              "the run: `build/report/index.html`. This block is written by `cpuopt workbook readme --write README.md`."]
+    return "\n".join(lines)
+
+
+def _stamp(facts: Facts, runs: list[dict], preset: str) -> str:
+    """Where, when and with what code the block's figures were measured."""
+    isa = facts.isa
+    level = ", ".join(name for flag, name in (("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX"))
+                      if isa.get(flag)) or ("AVX2" if isa.get("avx2") else "no AVX2")
+    code = runs[-1].get("code_version") or {}
+    made = f", cpuopt {code['package']} (measuring code {code['measuring_hash']})" if code.get("measuring_hash") else ""
+    return (f"Measured on {max(r['created_at'] for r in runs)[:10]} (preset `{preset}`) on **{facts.cpu_model}** "
+            f"({level}), {facts.physical_cores} physical / {facts.logical_cores} logical cores, "
+            f"torch {facts.versions.get('torch', '?')}{made}.")
+
+
+def _answer_row(workload: str, rungs) -> str:
+    """One workload's answer: the configuration, its headline over the defaults, the command."""
+    from cpuopt_helpers import ladder
+    from cpuopt_helpers.planning import command_lines
+
+    top, end = rungs[-1], ladder.top_end_to_end(rungs)
+    changed = any(not r.kept for r in rungs[1:])
+    setting = (setting_label(top.config, rungs[0].config) if changed else "") or "PyTorch's defaults"
+    over = (f"{end.describe()}, the top against the defaults in fresh paired rounds" if end else
+            f"{compare.describe(top.vs_baseline)}, from the rungs' own confirmations" if changed
+            else "nothing confirmed faster than the defaults")
+    command = command_lines(RunConfig.from_dict(top.config))["bench"].replace("|", "\\|")
+    return f"| {workload} | {setting} | {over} | `{command}` |"
+
+
+def results_page(store: ResultStore, facts: Facts, preset: str = "standard") -> str:
+    """The whole record of a workbook run, generated from its store: the baseline, the profile,
+    the ladder, every confirmation and each later notebook's answer, with their figures."""
     from datetime import date
 
     from cpuopt_helpers.stages import baseline, choosing
@@ -40,8 +93,8 @@ def results_markdown(store: ResultStore, facts: Facts, preset: str = "standard")
         lines.append(f"| {name} | {row['samples_per_s']:.1f} ({row['low']:.1f}-{row['high']:.1f}, {row['runs']} runs) | "
                      f"{row['step_ms']:.0f} | {row['forward_share']:.0%} | {row['backward_share']:.0%} | "
                      f"{row['optimizer_share']:.0%} | {row['gflops']:.1f} | {row['gflops'] / peak:.0%} |")
-    lines += ["", *[f"- {line}" for line in baseline.system_findings(facts, roof)[:2]],
-              *[f"- {line}" for line in baseline.findings(table, peak)],
+    lines += ["", *[f"- {f.sentence}" for f in baseline.system_findings(facts, roof)[:2]],
+              *[f"- {f.sentence}" for f in baseline.findings(table, peak)],
               "", "![baseline](docs/01_baseline.png)"]
     launchers = bool(last_sweep_runs(store, "04_launchers", machine, preset))
     lines += _profile_lines(store, machine, table.index, preset) + _launcher_lines(store, machine, preset)

@@ -135,7 +135,7 @@ def test_list_parameters_read_what_papermill_hands_over():
 
 @pytest.mark.slow
 def test_the_cpuopt_script_finds_a_users_module_in_the_current_folder(tmp_path):
-    """As the README says: from the folder that holds it, with the installed `cpuopt` script (which,
+    """As docs/own-model.md says: from the folder that holds it, with the installed `cpuopt` script (which,
     unlike `python -m`, does not put the current folder on the import path)."""
     from pathlib import Path
 

@@ -1,4 +1,5 @@
-"""The README's user-model section, run as a new user would: its module and its commands."""
+"""Your own model as docs/own-model.md shows it (the README links there), run as a new user would: its
+module and its commands."""
 
 import json
 import os
@@ -15,15 +16,15 @@ RUN_LINES = 4  # the section's first command lines, run as written (the rest are
 
 
 def user_model_section() -> tuple[str, list[str]]:
-    """The module and the shell lines of the README's "Your own model" section."""
-    text = (ROOT / "README.md").read_text()
+    """The module and the shell lines of the "Your own model" section of docs/own-model.md."""
+    text = (ROOT / "docs" / "own-model.md").read_text()
     section = text.split("## Your own model", 1)[1].split("\n## ", 1)[0]
     module = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     shell = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
     return module, [line for line in shell.splitlines() if line.strip()]
 
 
-def test_the_readme_names_the_module_and_the_commands_this_test_runs():
+def test_the_docs_name_the_module_and_the_commands_this_test_runs():
     module, lines = user_model_section()
     assert module.startswith("# mypkg/mymodel.py") and "def build(preset=" in module
     assert all(line.split()[0] in ("cpuopt", "papermill") for line in lines[:RUN_LINES])
@@ -31,7 +32,7 @@ def test_the_readme_names_the_module_and_the_commands_this_test_runs():
 
 
 @pytest.mark.slow
-def test_the_readme_user_model_commands_run_as_written(tmp_path):
+def test_the_user_model_commands_run_as_written(tmp_path):
     module, lines = user_model_section()
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "mymodel.py").write_text(module)
