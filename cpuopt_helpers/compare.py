@@ -10,15 +10,24 @@ Every "faster", "slower" or interval the workbook prints comes from here.
   ``min_rounds`` (default 5) there is no interval and the verdict is ``too few rounds``:
   with 2-3 rounds any interval is either the range of the rounds (a bootstrap) or
   uselessly wide (t with 1-2 degrees of freedom).
-- Verdicts: ``faster`` / ``slower`` (the interval excludes 1), ``equivalent`` (the
-  twice-one-sided interval, 90% for a 95% rule, lies inside 1 +- margin, as a TOST
-  equivalence test), ``no different`` (it straddles), ``too few rounds``.
+- Verdicts: ``faster`` / ``slower`` (the interval excludes 1), ``equivalent`` (two one-sided
+  tests, TOST: the interval of the twice-one-sided level, 90% for a fixed number of rounds
+  and a 95% rule, lies inside 1 +- margin), ``no different`` (it straddles), ``too few rounds``.
+- A ``faster`` setting is worth handing on only when its ratio is also at least
+  1 + ``min_gain`` (``pays``; default 2%): a real but tiny gain is not worth a change.
+- Over a ladder, each stage's confirmation errs on its own (a do-nothing setting is handed on
+  about 2.5% of the time a stage, about 10% of ladders over five stages); what guards the whole
+  ladder is its headline, the top against PyTorch's defaults in fresh rounds of a fixed number,
+  whose false ``faster`` stays at 2.5% however many rungs were climbed.
 - ``run_adaptive``: rounds continue from ``min_rounds`` to ``max_rounds`` until a verdict
   is decided or the time budget is spent. Looking after every round inflates false wins,
   so each look tests at a per-look level calibrated by simulation (a Pocock-type
   boundary on the t statistic's p-value) that keeps the overall false faster/slower rate
   at 1 - confidence; the interval printed after stopping is the repeated-confidence
-  interval at that per-look level, and says so.
+  interval at that per-look level, and says so. Equivalence is calibrated the same way, on
+  its own: each look's one-sided tests use the level that keeps the chance of calling a
+  setting equivalent when it truly sits at the margin's edge, over all the looks, at
+  1 - confidence (``per_look_confidence(..., sided=1)``).
 - Order inside a round alternates (AB, BA, AB, ...) from a seeded random start, so neither
   arm always runs second; the order is recorded.
 """
@@ -35,9 +44,10 @@ MIN_ROUNDS = 5
 MAX_ROUNDS = 14
 CONFIDENCE = 0.95
 MARGIN = 0.05
+MIN_GAIN = 0.02  # the smallest confirmed gain worth handing on (``pays``)
 DECIDED = ("faster", "slower", "equivalent")
 # per_look_confidence's result for the defaults, computed once (tests recompute it)
-CALIBRATED = {(MIN_ROUNDS, MAX_ROUNDS, CONFIDENCE): 0.98728}
+CALIBRATED = {(MIN_ROUNDS, MAX_ROUNDS, CONFIDENCE, 2): 0.98728, (MIN_ROUNDS, MAX_ROUNDS, CONFIDENCE, 1): 0.98559}
 VERDICTS = DECIDED + ("no different", "too few rounds")
 
 
@@ -78,10 +88,12 @@ def log_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
 
 
 def paired_ratio(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE,
-                 margin: float = MARGIN, min_rounds: int = MIN_ROUNDS) -> dict:
+                 margin: float = MARGIN, min_rounds: int = MIN_ROUNDS, equivalence: float | None = None) -> dict:
     """b over a from paired rounds (throughputs, higher is better): ratio, interval, verdict.
 
     ``ci_low``/``ci_high`` are NaN below ``min_rounds``; ``label`` names the interval.
+    ``equivalence``: 1 - the level of each one-sided test of the equivalence verdict (default
+    ``confidence``: at a fixed number of rounds, 5% false equivalence at the margin's edge).
     """
     logs = log_ratios(a, b)
     n = len(logs)
@@ -94,7 +106,7 @@ def paired_ratio(a: Sequence[float], b: Sequence[float], confidence: float = CON
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
     se = sd / math.sqrt(n)
     half = _t_quantile(1 - (1 - confidence) / 2, n - 1) * se
-    half_eq = _t_quantile(confidence, n - 1) * se  # two one-sided tests at (1 - confidence) each
+    half_eq = _t_quantile(equivalence or confidence, n - 1) * se  # two one-sided tests
     low, high = math.exp(mean - half), math.exp(mean + half)
     if low > 1:
         verdict = "faster"
@@ -161,12 +173,16 @@ def chain(steps: Sequence[dict], confidence: float = CONFIDENCE) -> dict:
 
 @functools.lru_cache(maxsize=32)
 def per_look_confidence(min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS,
-                        confidence: float = CONFIDENCE, sims: int = 200_000, seed: int = 20261130) -> float:
+                        confidence: float = CONFIDENCE, sims: int = 200_000, seed: int = 20261130,
+                        sided: int = 2) -> float:
     """The confidence each look uses so that looking at every round from min to max
-    rounds keeps the overall false faster/slower rate at 1 - confidence.
+    rounds keeps the overall false rate at 1 - confidence: of faster/slower (``sided=2``: a
+    two-sided test of a setting that does nothing), or of equivalent (``sided=1``: the one-sided
+    test that a setting truly at the margin's edge lies inside it; the other side only makes
+    equivalence rarer).
 
-    Calibrated by simulating A/A comparisons (normal log ratios; the t statistic's null
-    distribution does not depend on the noise level): the per-look two-sided level is the
+    Calibrated by simulating those comparisons (normal log ratios; the t statistic's null
+    distribution does not depend on the noise level): the per-look level is the
     (1 - confidence) quantile of the smallest p-value over the looks.
     """
     import numpy as np
@@ -174,8 +190,8 @@ def per_look_confidence(min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUN
 
     if max_rounds <= min_rounds:
         return confidence
-    if (min_rounds, max_rounds, confidence) in CALIBRATED and (sims, seed) == (200_000, 20261130):
-        return CALIBRATED[(min_rounds, max_rounds, confidence)]
+    if (min_rounds, max_rounds, confidence, sided) in CALIBRATED and (sims, seed) == (200_000, 20261130):
+        return CALIBRATED[(min_rounds, max_rounds, confidence, sided)]
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((sims, max_rounds))
     csum, csq = np.cumsum(x, axis=1), np.cumsum(x * x, axis=1)
@@ -183,8 +199,9 @@ def per_look_confidence(min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUN
     for n in range(max(min_rounds, 2), max_rounds + 1):
         mean = csum[:, n - 1] / n
         var = (csq[:, n - 1] - n * mean * mean) / (n - 1)
-        stat = np.abs(mean) / np.sqrt(np.maximum(var, 1e-300) / n)
-        smallest = np.minimum(smallest, 2 * t.sf(stat, n - 1))
+        stat = mean / np.sqrt(np.maximum(var, 1e-300) / n)
+        p = 2 * t.sf(np.abs(stat), n - 1) if sided == 2 else t.cdf(stat, n - 1)
+        smallest = np.minimum(smallest, p)
     return float(1 - np.quantile(smallest, 1 - confidence))
 
 
@@ -193,7 +210,8 @@ def sequential_ratio(a: Sequence[float], b: Sequence[float], min_rounds: int = M
     """``paired_ratio`` at the per-look level of an adaptive comparison: the verdict and the
     repeated-confidence interval that stay honest however many rounds were looked at."""
     level = per_look_confidence(min_rounds, max_rounds, confidence)
-    out = paired_ratio(a, b, level, margin, min_rounds)
+    equivalence = per_look_confidence(min_rounds, max_rounds, confidence, sided=1)
+    out = paired_ratio(a, b, level, margin, min_rounds, equivalence)
     out.update(confidence=confidence, per_look_confidence=level, max_rounds=max_rounds)
     if max_rounds > min_rounds:  # else one look at a fixed number of rounds: the plain interval
         out["label"] = f"{confidence:.0%} repeated-confidence interval, per-look {level:.1%}"
@@ -291,3 +309,8 @@ def describe(result: dict | None, what: str = "") -> str:
                  f"; it could have detected a gain of {gain:.0%} or more)" if gain is not None else ")")}
     return (f"{head} ({label}: {result['ci_low']:.2f}-{result['ci_high']:.2f}, {result['n']} rounds): "
             f"{words[result['verdict']]}")
+
+
+def pays(result: dict | None, min_gain: float = MIN_GAIN) -> bool:
+    """Worth handing on: confirmed faster, and by at least ``min_gain``."""
+    return bool(result) and result.get("verdict") == "faster" and result["ratio"] >= 1 + min_gain

@@ -31,6 +31,7 @@ class Comparison:
     sweep: str | None = None
     sd: float | None = None  # of the paired log ratios: with ``level``, what ``compare.detectable_gain`` needs
     level: float | None = None  # the confidence its verdict used (a sequential design's per-look level)
+    min_gain: float = compare.MIN_GAIN  # the smallest confirmed gain worth handing on
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "Comparison | None":
@@ -46,6 +47,11 @@ class Comparison:
     @property
     def faster(self) -> bool:
         return self.verdict == "faster"
+
+    @property
+    def pays(self) -> bool:
+        """Worth handing on: confirmed faster, by at least ``min_gain``."""
+        return compare.pays(self.to_dict(), self.min_gain)
 
     def describe(self) -> str:
         return compare.describe(self.to_dict())
@@ -107,7 +113,7 @@ class Choice:
     @property
     def changed(self) -> bool:
         """A new configuration was confirmed faster (not the incumbent kept)."""
-        return self.config is not None and self.comparison is not None and self.comparison.faster
+        return self.config is not None and self.comparison is not None and self.comparison.pays
 
 
 @dataclass(frozen=True)

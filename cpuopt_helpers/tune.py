@@ -284,7 +284,7 @@ def confirm_against_defaults(search: Search, default: RunConfig, best: RunConfig
         note = "no candidate beat PyTorch's defaults in the search: the defaults are recommended"
     else:
         cpu, vs_default = [run_cpu_speeds.get(i) for i in range(len(rounds))], confirmation
-        recommended = best if confirmation["verdict"] == "faster" else default
+        recommended = best if compare.pays(confirmation) else default
         note = "" if recommended is best else (
             f"{label(best)} measured fastest in the search, but confirmed against the defaults it is "
             f"{compare.describe(confirmation)}: the defaults are recommended")

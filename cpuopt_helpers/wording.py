@@ -38,7 +38,16 @@ def _screened(v: dict) -> str:
 def _confirmed(v: dict, c) -> str:
     inc = v.get("incumbent", "the baseline")
     head = f"{v['what']}: {_screened(v)}; confirmed in fresh rounds: {c.describe()}"
-    return head + (": handed on." if c.faster else f"; {inc} is kept.") + _excluded(v)
+    return head + _handed_on(c, f"{inc} is kept") + _excluded(v)
+
+
+def _handed_on(c, kept: str) -> str:
+    """': handed on.' for a confirmed gain worth a change, else why the incumbent stays."""
+    if c.pays:
+        return ": handed on."
+    if c.faster:
+        return f", but by less than the {c.min_gain:.0%} worth a change; {kept}."
+    return f"; {kept}."
 
 
 def _where(v: dict) -> str:
@@ -162,7 +171,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
         f"{v['single_sps']:.1f}; one rank on all cores is kept."),
     "ddp confirmed": lambda v, c: (
         f"{v['what']}: {_where(v)} over one rank x {v['single_threads']} threads, in fresh rounds: {c.describe()}"
-        + (": handed on." if c.faster else "; one rank on all cores is kept.")),
+        + _handed_on(c, "one rank on all cores is kept")),
     # stages.baseline: the machine (system_findings) and each workload at PyTorch's defaults (findings)
     "machine": lambda v, c: (
         f"{v['cpu_model']}: {v['physical_cores']} physical / {v['logical_cores']} logical cores on {v['sockets']} "

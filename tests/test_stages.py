@@ -158,17 +158,21 @@ def test_choose_confirms_the_screening_winner_in_fresh_rounds():
     table = choosing.compare_configs([r for r in results if r["round"] < 2], base.to_dict())
     calls = []
 
-    def confirm(verdict):
+    def confirm(verdict, ratio=1.2):
         def run(a, b):
             calls.append((a, b))
-            return {"ratio": 1.2, "ci_low": 1.1, "ci_high": 1.3, "n": 6, "verdict": verdict, "margin": 0.05,
-                    "min_rounds": 5, "label": "95% repeated-confidence interval (per-look 98.7%)"}
+            return {"ratio": ratio, "ci_low": ratio - 0.1 if ratio > 1.1 else 1.001, "ci_high": ratio + 0.1, "n": 6,
+                    "verdict": verdict, "margin": 0.05, "min_rounds": 5,
+                    "label": "95% repeated-confidence interval (per-look 98.7%)"}
         return run
     choice = choosing.choose(table, "cnn", confirm("faster"))
     assert choice.config.allocator == "jemalloc" and choice.changed and choice.comparison.n == 6
     assert (choice.finding.kind, choice.finding.values["setting"]) == ("confirmed", "allocator=jemalloc")
     assert choice.sentence.endswith(": faster: handed on.")
     assert calls[0][0].allocator == "default" and calls[0][1].allocator == "jemalloc"
+    tiny = choosing.choose(table, "cnn", confirm("faster", ratio=1.015))  # real, but below the 2% worth a change
+    assert tiny.config.allocator == "default" and not tiny.changed and tiny.comparison.faster
+    assert tiny.sentence.endswith(": faster, but by less than the 2% worth a change; the baseline is kept.")
     choice = choosing.choose(table, "cnn", confirm("no different"))
     assert choice.config.allocator == "default" and not choice.changed and choice.comparison.verdict == "no different"
     assert choice.sentence.endswith("; the baseline is kept.")

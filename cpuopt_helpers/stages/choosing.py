@@ -196,7 +196,7 @@ def choose(table: pd.DataFrame, what: str, confirm=None, candidates: pd.DataFram
     if confirm is None:
         return decided(base["config"], "not confirmed")
     result = confirm(RunConfig.from_dict(base["config"]), RunConfig.from_dict(best["config"]))
-    return decided(best["config"] if result["verdict"] == "faster" else base["config"], "confirmed", result)
+    return decided(best["config"] if compare.pays(result) else base["config"], "confirmed", result)
 
 
 def paired(results: list[dict], a: str, b: str) -> dict | None:

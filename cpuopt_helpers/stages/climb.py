@@ -142,7 +142,7 @@ def compile_finding(table: pd.DataFrame, comparison: Comparison | None, train_st
              "compile_warm_s": float(c.compile_warm_s) if pd.notna(c.get("compile_warm_s")) else None}
     if comparison is None:
         return said("compile unconfirmed", **times), False
-    if not comparison.faster:
+    if not comparison.pays:
         return said("compile not faster", **times), False
     pays = breakeven_steps(c.compile_s, b.step_ms, b.step_ms / comparison.ratio)
     carried = bool(pays is not None and pays <= train_steps)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cpuopt_helpers import planning, stats, system
+from cpuopt_helpers import compare, planning, stats, system
 from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.decisions import Choice, Finding, as_comparison
 from cpuopt_helpers.stages.choosing import MEMORY_WARNING, paired, unique
@@ -189,7 +189,7 @@ def choose(table: pd.DataFrame, confirm=None, workload: str = "layout") -> Choic
     if best["samples_per_s"] <= single["samples_per_s"] or confirm is None:
         return decided(single["config"], "ddp not screened faster", **values)
     result = confirm(RunConfig.from_dict(single["config"]), RunConfig.from_dict(best["config"]))
-    return decided(best["config"] if result["verdict"] == "faster" else single["config"], "ddp confirmed", result,
+    return decided(best["config"] if compare.pays(result) else single["config"], "ddp confirmed", result,
                    **values)
 
 
