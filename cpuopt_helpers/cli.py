@@ -423,8 +423,14 @@ def _compare(args) -> int:
     result = run_comparison(configs[0], configs[1], ResultStore(), lambda c: launch.run(c, facts), tag="cli-compare",
                             machine=facts.fingerprint, min_rounds=args.min_rounds, max_rounds=args.max_rounds,
                             budget_s=args.budget_min * 60 if args.budget_min else None, resume=False,
-                            progress=not args.json)
+                            progress=not args.json, say=rounds_to_stderr(args.json))
     return report_comparison(result, f"{configs[1].label()} over {configs[0].label()}", args.json)
+
+
+def rounds_to_stderr(as_json: bool):
+    """With --json, stdout holds the result alone: each round's line goes to stderr as it lands
+    (without it, the progress bar shows the running ratio)."""
+    return (lambda line: print(line, file=sys.stderr, flush=True)) if as_json else None
 
 
 def report_comparison(result: dict, title: str, as_json: bool) -> int:
@@ -457,7 +463,7 @@ def _compare_script(args) -> int:
     result = run_comparison(a, b, ResultStore(), lambda c: scripts.run_script(c, command, reading, facts),
                             tag="cli-compare-script", machine=facts.fingerprint, min_rounds=args.min_rounds,
                             max_rounds=args.max_rounds, budget_s=args.budget_min * 60 if args.budget_min else None,
-                            resume=False, progress=not args.json)
+                            resume=False, progress=not args.json, say=rounds_to_stderr(args.json))
     return report_comparison(dict(result, script=args.script), f"{scripts.label(b)} over {scripts.label(a)}, "
                              f"{args.script}", args.json)
 
@@ -482,7 +488,8 @@ def format_result(r: dict) -> str:
         f"{r['label']}: {r['samples_per_s']:.1f} samples/s, step {s['median']:.2f} ms "
         f"(p10 {s['p10']:.2f}, p90 {s['p90']:.2f}, n={s['n']})",
         f"  forward {p['forward']:.2f} ms, backward {p['backward']:.2f} ms, optimizer {p['optimizer']:.2f} ms; "
-        f"{(r['achieved_gflops'] or 0):.1f} GFLOP/s; peak RSS {r['peak_rss_mb']:.0f} MB; "
+        + (f"{r['achieved_gflops']:.1f} GFLOP/s" if r["achieved_gflops"] else "GFLOP/s unknown (FLOPs not counted)")
+        + f"; peak RSS {r['peak_rss_mb']:.0f} MB; "
         f"loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}; launch to first step {r['startup_s']:.2f} s",
     ]
     for i in r["instances"]:
@@ -784,6 +791,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cpuopt: interrupted; results already saved are kept", file=sys.stderr)
         return 130
+    except OSError as exc:  # a folder or file the command was pointed at, or one it writes into
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"cpuopt: error: cannot use{where}: {exc.strerror or exc}; give a path this user can read and "
+              "write (a folder where a folder is expected)", file=sys.stderr)
+        return 2
+    except Exception:  # a bug in cpuopt: the traceback, and where to send it
+        import traceback
+
+        traceback.print_exc()
+        print("cpuopt: this is a bug in cpuopt, not in your input: please report it with the traceback above "
+              "and `cpuopt doctor --json`", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

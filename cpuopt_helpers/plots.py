@@ -173,11 +173,23 @@ def settings_figure(tables: dict, title: str, value: str = "ratio"):
             ax.axvline(1.0, color="black", lw=0.8)
             ax.invert_yaxis()
             ax.tick_params(axis="y", labelsize=8)
-        ax.set_xlabel("throughput / baseline, paired rounds\n(green faster, red slower; interval from 5 rounds)")
+        ax.set_xlabel("throughput / baseline, paired rounds\n(green faster, red slower; " + rounds_note(t) + ")")
         ax.set_title(name, fontsize=10)
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def rounds_note(table, value: str = "ratio") -> str:
+    """What the bars' intervals rest on, read from the table: 'intervals from 5 rounds' (or 5-8), or none."""
+    low = table[f"{value}_low"] if f"{value}_low" in table else None
+    if low is None or low.isna().all():
+        return "no interval: screened only"
+    n = [c.get("n") for c, lo in zip(table.get("comparison", [None] * len(table)), low)
+         if isinstance(c, dict) and lo == lo and c.get("n")]
+    if not n:
+        return "intervals from paired rounds"
+    return f"intervals from {min(n)} rounds" if min(n) == max(n) else f"intervals from {min(n)}-{max(n)} rounds"
 
 
 def accuracy_figure(runs: list[dict]):

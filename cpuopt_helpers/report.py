@@ -16,6 +16,7 @@ import html
 import shutil
 from pathlib import Path
 
+from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.results import ResultStore
 from cpuopt_helpers.system import Facts
 
@@ -114,13 +115,19 @@ def render_notebooks(notebooks: list[Path], target: Path) -> list[tuple[str, str
     return links
 
 
+MARK = ".cpuopt-report"  # the report folders cpuopt wrote, which it may replace
+
+
 def build_report(build: Path, facts: Facts, store: ResultStore | None = None, title: str = "cpuopt report") -> Path:
     """Write BUILD/report/index.html (and its figures and notebook pages); return its path."""
     report = build / "report"
     figures_out = report / "figures"
     if report.exists():
+        if not (report / MARK).exists():  # never delete a folder cpuopt did not write
+            raise CpuoptError(f"{report} exists and was not written by cpuopt; move it away or give another --out")
         shutil.rmtree(report)
     figures_out.mkdir(parents=True)
+    (report / MARK).write_text("written by `cpuopt workbook report`; cpuopt replaces this folder on the next report\n")
     figures = sorted((build / "figures").glob("*.png")) if (build / "figures").exists() else []
     for fig in figures:
         shutil.copy2(fig, figures_out / fig.name)

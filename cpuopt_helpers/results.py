@@ -89,19 +89,28 @@ class ResultStore:
         keyed without sweeps, so they cannot be paired honestly)."""
         if not self.path.exists():
             return None
-        with closing(sqlite3.connect(self.path, timeout=60)) as db:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            has_rows = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'results'").fetchone()
+        try:
+            with closing(sqlite3.connect(self.path, timeout=60)) as db:
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                has_rows = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'results'").fetchone()
+        except sqlite3.DatabaseError as exc:  # not a database (a truncated or overwritten file): kept, not read
+            target = self._move_aside("corrupt")
+            log.warning("%s is not a readable results store (%s); moved aside to %s, starting a new store",
+                        self.path, exc, target)
+            return target
         if version >= SCHEMA_VERSION or not has_rows:
             return None
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        target = self.path.with_name(f"{self.path.stem}.schema{version}-{stamp}{self.path.suffix}")
+        target = self._move_aside(f"schema{version}")
+        log.warning("%s held results of an older schema (%d); moved aside to %s, starting a new store",
+                    self.path, version, target)
+        return target
+
+    def _move_aside(self, why: str) -> Path:
+        target = self.path.with_name(f"{self.path.stem}.{why}-{time.strftime('%Y%m%d-%H%M%S')}{self.path.suffix}")
         for suffix in ("", "-wal", "-shm"):
             old = Path(str(self.path) + suffix)
             if old.exists():
                 old.rename(Path(str(target) + suffix))
-        log.warning("%s held results of an older schema (%d); moved aside to %s, starting a new store",
-                    self.path, version, target)
         return target
 
     def _connect(self) -> sqlite3.Connection:
@@ -260,13 +269,24 @@ def warn_loaded(results: list[dict], what: str | None) -> None:
                     "run explains); their ratios are noisier", what or "sweep", loaded, len(results))
 
 
+def round_line(i: int, order: tuple[str, str], speeds: tuple, rounds: list[tuple]) -> str:
+    """'round 3 (BA): a 41.2, b 45.0 samples/s; running ratio 1.09x over 3 rounds' (b over a)."""
+    a, b = (f"{v:.2f}" if v is not None else "failed" for v in speeds)
+    ratio = compare.paired_ratio([r[0] for r in rounds], [r[1] for r in rounds], min_rounds=1)
+    running = (f"running ratio {ratio['ratio']:.2f}x over {ratio['n']} round{'s' * (ratio['n'] != 1)}"
+               if ratio["n"] else "no complete round yet")
+    return f"round {i + 1} ({''.join(order).upper()}): a {a}, b {b} samples/s; {running}"
+
+
 def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], tag: str | None = None,
                    machine: str | None = None, min_rounds: int = compare.MIN_ROUNDS,
                    max_rounds: int = compare.MAX_ROUNDS, budget_s: float | None = None, resume: bool = True,
-                   progress: bool = True) -> dict:
+                   progress: bool = True, say: Callable[[str], None] | None = None) -> dict:
     """The adaptive A/B of `compare.run_adaptive` on two configurations (b over a), each run
     stored as it lands in a sweep of its own; a resumed comparison continues after its stored
-    rounds (complete ones count; an incomplete one stays stored, unpaired)."""
+    rounds (complete ones count; an incomplete one stays stored, unpaired). The progress bar
+    shows the running ratio; ``say`` gets one line per round (`cpuopt compare --json` prints
+    them to stderr)."""
     from tqdm.auto import tqdm
 
     code = code_version()
@@ -299,8 +319,16 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
             return None
         return result["samples_per_s"]
 
+    def on_round(i: int, speeds: tuple) -> None:
+        line = round_line(i, compare.round_order(i, seed), speeds, [r for r in done] + rounds)
+        bar.set_postfix_str(line.split("; ")[-1])
+        bar.update()
+        if say:
+            say(line)
+
+    rounds: list[tuple] = []
     out = compare.run_adaptive(measure, done=done, min_rounds=min_rounds, max_rounds=max_rounds, budget_s=budget_s,
-                               seed=seed, on_round=lambda i, r: bar.update())
+                               seed=seed, on_round=lambda i, r: (rounds.append(r), on_round(i, r)))
     bar.close()
     warn_loaded(runs, tag)
     return dict(out, sweep=sweep, tag=tag, a=a.to_dict(), b=b.to_dict(),

@@ -118,7 +118,12 @@ class Reading:
         if reports:
             import json
 
-            data = json.loads(reports[-1])
+            try:
+                data = json.loads(reports[-1])
+            except ValueError:
+                data = None
+            if not isinstance(data, dict):
+                return None, f"the script's throughput line {reports[-1][:80]!r} is not the JSON throughput.step writes"
             if data.get("samples_per_s") is None:
                 return None, (f"the script called throughput.step only {data.get('steps')} time(s), no more than its "
                               f"{data.get('warmup')} warm-up steps: nothing was timed (CPUOPT_WARMUP_STEPS sets them)")

@@ -150,6 +150,16 @@ def test_an_older_store_is_moved_aside_not_mixed(tmp_path):
     assert ResultStore(path).moved_aside is None  # the new store is kept on the next open
 
 
+def test_a_corrupt_store_is_moved_aside_with_a_message_and_a_fresh_one_started(tmp_path, caplog):
+    path = tmp_path / "results.sqlite"
+    path.write_bytes(b"this is not a database, it was truncated" * 100)
+    store = ResultStore(path)
+    assert store.moved_aside.name.startswith("results.corrupt-") and store.moved_aside.read_bytes().startswith(b"this")
+    assert "is not a readable results store" in caplog.text
+    store.put_fact("m", "x", 1)
+    assert ResultStore(path).get_fact("m", "x") == 1 and ResultStore(path).moved_aside is None
+
+
 def test_comparison_stores_rounds_and_resumes_them(tmp_path):
     from cpuopt_helpers.results import run_comparison
 
@@ -279,3 +289,12 @@ def test_the_readme_words_a_comparison_with_the_design_it_ran_under(tmp_path):
     again = run_comparison(a, b, store, lambda c: fake_result(c, sps=100.0), tag="04_allocator/confirm",
                            machine="m1", progress=False)  # the adaptive design: another comparison, not a resume
     assert again["sweep"] != fixed["sweep"] and len(store.sweeps(kind="ab")) == 2
+
+
+def test_a_round_line_gives_both_throughputs_and_the_running_ratio():
+    from cpuopt_helpers.results import round_line
+
+    line = round_line(2, ("b", "a"), (40.0, 44.0), [(40.0, 40.0), (None, 41.0), (40.0, 44.0)])
+    assert line == "round 3 (BA): a 40.00, b 44.00 samples/s; running ratio 1.05x over 2 rounds"
+    assert round_line(0, ("a", "b"), (None, 3.0), [(None, 3.0)]).endswith("a failed, b 3.00 samples/s; "
+                                                                          "no complete round yet")

@@ -23,6 +23,9 @@ def test_reading_takes_the_metric_then_the_helper_line_then_the_wall_time():
     line = throughput.MARKER + json.dumps({"samples_per_s": 321.0, "steps": 27, "warmup": 3})
     assert scripts.Reading().read(f"loss 1.0\n{line}\n", 4.0) == (321.0, "the script's throughput.step: 27 timed steps after 3 warm-up")
     assert scripts.Reading(r"throughput: ([0-9.]+)").read(out + line, 4.0)[0] == 12.5  # --metric wins when given
+    for garbled in ("cpuopt-throughput: {samples_per_s: 3", "cpuopt-throughput: [1, 2]"):  # no traceback, a reason
+        value, why = scripts.Reading().read(garbled + "\n", 4.0)
+        assert value is None and "is not the JSON throughput.step writes" in why
     assert scripts.Reading().read("loss 1.0\n", 4.0) == (0.25, scripts.WALL_TIME)
     none, why = scripts.Reading(r"throughput: ([0-9.]+)").read("loss 1.0\n", 4.0)
     assert none is None and "matched nothing" in why
@@ -162,6 +165,8 @@ def test_compare_script_gives_a_verdict_with_its_interval_and_rounds():
     r = json.loads(proc.stdout)
     assert r["n"] == 5 and r["verdict"] in ("faster", "slower", "equivalent", "no different")
     assert r["ci_low"] <= r["ratio"] <= r["ci_high"] and len(r["rounds"]) == 5 and r["script"].endswith("--steps 8")
+    per_round = [line for line in proc.stderr.splitlines() if line.startswith("round ")]  # --json: rounds on stderr
+    assert len(per_round) == 5 and per_round[-1].endswith("over 5 rounds") and "running ratio" in per_round[0]
 
 
 @pytest.mark.slow

@@ -227,6 +227,9 @@ def test_cli_whole_step_on_a_trace(tmp_path, capsys):
     ({"traceEvents": [{"ph": "M", "name": "process_name"}]}, "holds no operator spans"),
     ({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 0, "dur": 1, "args": {}}]},
      "has no input shapes"),
+    ({"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 1}]}, "without its name, ts or dur"),
+    ({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": "soon", "dur": 1}]},
+     "without its name, ts or dur"),
 ])
 def test_bad_traces_are_one_line_and_exit_2(tmp_path, capsys, content, message):
     path = tmp_path / "t.json"
@@ -295,3 +298,14 @@ def test_the_step_composition_figure_fills_each_bar_with_the_step(result):
     assert len(bars) == 2 * (4 + len(result["between_ops_by_phase_ms"]))
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert labels[0] == "at every ceiling" and "between ops: optimizer" in labels and len(labels) == len(set(labels))
+
+
+def test_a_trace_that_names_no_step_count_says_its_times_are_for_the_whole_trace(tmp_path):
+    trace = tmp_path / "t.json"
+    events = json.loads(TRACE.read_text())  # without its .ops.json and without the Optimizer.step annotations
+    events["traceEvents"] = [e for e in events["traceEvents"] if not str(e.get("name", "")).startswith("Optimizer.step")]
+    trace.write_text(json.dumps(events))
+    out = wholestep.whole_step(trace, CEIL)
+    assert out["steps_known"] is False and "not per step" in wholestep.wholestep_findings(out)[0]
+    known = wholestep.whole_step(TRACE, CEIL)
+    assert known["steps_known"] is True and "not per step" not in " ".join(wholestep.wholestep_findings(known))

@@ -22,14 +22,36 @@ from cpuopt_helpers.errors import CpuoptError
 ONEDNN_OPS = re.compile(r"mkldnn|onednn|convolution_backward|_convolution\b")
 
 
+def load_events(path: str | Path) -> list[dict]:
+    """The events of a Chrome trace, every complete span ("ph": "X") with a name, a start and a
+    duration; one line of error for a missing, unreadable or malformed file."""
+    path = Path(path)
+    if path.is_dir():
+        raise CpuoptError(f"{path} is a folder; name a trace file from `cpuopt bench --trace FILE`")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CpuoptError(f"cannot read trace {path}: {getattr(exc, 'strerror', None) or exc}; "
+                          "record one with `cpuopt bench --trace FILE`") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+        raise CpuoptError(f"{path} is not a Chrome trace (no traceEvents); record one with `cpuopt bench --trace FILE`")
+    for e in events:
+        if e.get("ph") == "X" and "dur" in e:
+            try:
+                e["ts"], e["dur"] = float(e["ts"]), float(e["dur"])
+                if not isinstance(e["name"], str):
+                    raise TypeError("name is not a string")
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CpuoptError(f"trace {path} has a span without its name, ts or dur ({exc!r}): not a PyTorch "
+                                  "profiler trace; record one with `cpuopt bench --trace FILE`") from None
+    return events
+
+
 def load_spans(path: str | Path) -> pd.DataFrame:
     """The operator spans (name, thread, start and duration in µs) of a Chrome trace."""
-    try:
-        events = json.loads(Path(path).read_text())["traceEvents"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise CpuoptError(f"cannot read trace {path}: {exc}; record one with `cpuopt bench --trace FILE`") from None
-    rows = [(e["name"], e.get("tid"), float(e["ts"]), float(e["dur"])) for e in events
-            if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    rows = [(e["name"], e.get("tid"), e["ts"], e["dur"]) for e in load_events(path)
+            if e.get("ph") == "X" and e.get("cat") == "cpu_op" and "dur" in e]
     return pd.DataFrame(rows, columns=["name", "tid", "ts_us", "dur_us"]).sort_values(["tid", "ts_us"])
 
 
@@ -46,10 +68,7 @@ def loss_backward(path: str | Path, steps: int) -> dict | None:
     numbers belong to the loss; the backward is the time of all nodes. None when the trace
     has no loss span (a trace recorded before the worker marked it) or no backward node.
     """
-    try:
-        events = json.loads(Path(path).read_text())["traceEvents"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise CpuoptError(f"cannot read trace {path}: {exc}; record one with `cpuopt bench --trace FILE`") from None
+    events = load_events(path)
     spans = [(e.get("tid"), float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
              if e.get("ph") == "X" and e.get("name") == LOSS_SPAN]
     nodes = [e for e in events if e.get("ph") == "X" and e.get("name", "").startswith(BACKWARD_NODE)]
@@ -82,8 +101,12 @@ def load_ops(path: str | Path) -> tuple[pd.DataFrame, int]:
         data = json.loads(Path(f"{path}.ops.json").read_text())
     except (OSError, ValueError) as exc:
         raise CpuoptError(f"cannot read {path}.ops.json ({exc}); record the trace with `cpuopt bench --trace`") from None
-    ops = pd.DataFrame(data["ops"])
-    return ops.sort_values("self_cpu_ms", ascending=False).reset_index(drop=True), data["steps"]
+    try:
+        ops = pd.DataFrame(data["ops"])
+        return ops.sort_values("self_cpu_ms", ascending=False).reset_index(drop=True), data["steps"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CpuoptError(f"{path}.ops.json lacks its operators' totals or steps ({exc!r}); record the trace again "
+                          "with `cpuopt bench --trace`") from None
 
 
 def summarize_trace(path: str | Path, top: int = 10) -> dict:

@@ -34,6 +34,7 @@ import pandas as pd
 
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.flops import attention_flops, conv_flops, rnn_layer_flops
+from cpuopt_helpers.profiledn.trace import load_events
 
 log = logging.getLogger(__name__)
 
@@ -129,22 +130,6 @@ class Work:
 
 
 # ---------------------------------------------------------------------------------- reading a trace
-
-def load_events(path: str | Path) -> list[dict]:
-    """The events of a Chrome trace; one line of error for a missing or unreadable file."""
-    path = Path(path)
-    if path.is_dir():
-        raise CpuoptError(f"{path} is a folder; name a trace file from `cpuopt bench --trace FILE`")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CpuoptError(f"cannot read trace {path}: {getattr(exc, 'strerror', None) or exc}; "
-                          "record one with `cpuopt bench --trace FILE`") from None
-    events = data.get("traceEvents") if isinstance(data, dict) else data
-    if not isinstance(events, list):
-        raise CpuoptError(f"{path} is not a Chrome trace (no traceEvents); record one with `cpuopt bench --trace FILE`")
-    return events
-
 
 def build_forest(events: list[dict]) -> tuple[list[Node], list[tuple[str, float, float]]]:
     """Top-level operator spans (with their nested spans as children), and the user annotations."""
@@ -370,14 +355,15 @@ def operator_rows(events: list[dict], ceilings: Ceilings, timing_events: list[di
     return out
 
 
-def trace_steps(path: str | Path, events: list[dict]) -> int:
-    """Steps the trace covers: from FILE.ops.json (``cpuopt bench --trace``), else the optimizer's steps."""
+def trace_steps(path: str | Path, events: list[dict]) -> int | None:
+    """Steps the trace covers: from FILE.ops.json (``cpuopt bench --trace``), else the optimizer's
+    steps; None where neither says (the trace's times are then for the whole trace, and said so)."""
     try:
         return int(json.loads(Path(f"{path}.ops.json").read_text())["steps"])
     except (OSError, ValueError, KeyError, TypeError):
         steps = sum(1 for e in events if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(
             "Optimizer.step"))
-        return steps or 1
+        return steps or None
 
 
 def project(rows: pd.DataFrame, steps: int, ceilings: Ceilings, wall_us: float,
@@ -440,10 +426,12 @@ def whole_step(trace: str | Path, ceilings: Ceilings, steps: int | None = None,
     if not has_shapes:
         raise CpuoptError(f"trace {trace} has no input shapes (recorded without record_shapes); record it again "
                           "with `cpuopt bench --trace FILE`")
-    steps = steps or trace_steps(trace, events)
+    counted = steps or trace_steps(trace, events)
+    steps = counted or 1  # unknown: the whole trace as one step, and the findings say so
     wall_us = float((rows["ts_us"] + rows["time_us"]).max() - rows["ts_us"].min())
     out = project(rows, steps, ceilings, wall_us, plain_step_ms)
     out["timing"] = rows.attrs["timing"]
+    out["steps_known"] = counted is not None
     out["shaped_step_ms"] = rows.attrs["shaped_wall_us"] / 1e3 / steps
     out["rows"] = rows
     out["table"] = operator_table(rows, steps, ceilings)
@@ -503,14 +491,17 @@ def wholestep_findings(result: dict, label: str = "") -> list[str]:
     who = f"{label}: " if label else ""
     gap = result["gap_ms"]
     total_gap = sum(gap.values())
-    lines = [f"{who}{result['coverage']:.1%} of the operators' time has a work count and a ceiling "
+    lines = [] if result.get("steps_known", True) else [
+        f"{who}the trace does not say how many steps it holds (no FILE.ops.json beside it, no Optimizer.step "
+        "annotation): every time below is for the whole trace, not per step."]
+    lines += [f"{who}{result['coverage']:.1%} of the operators' time has a work count and a ceiling "
              f"({result['top_level_per_step']:.0f} top-level operators a step); {result['between_ops_share']:.1%} "
              f"of the {result['step_ms']:.2f} ms traced step falls between operators, so "
              f"{result['step_coverage']:.1%} of the whole step is projected."]
     if result["plain_step_ms"]:
-        lines[0] += f" Unprofiled, the step took {result['plain_step_ms']:.2f} ms."
+        lines[-1] += f" Unprofiled, the step took {result['plain_step_ms']:.2f} ms."
     if result.get("timing") == "light trace":
-        lines[0] += (f" (Times from a trace without shapes; recording shapes stretched the step to "
+        lines[-1] += (f" (Times from a trace without shapes; recording shapes stretched the step to "
                      f"{result['shaped_step_ms']:.2f} ms.)")
     lines.append(f"{who}at every ceiling the step would take {result['projected_ms']:.2f} ms "
                  f"({result['speedup_bound']:.1f}x faster)" if result["speedup_bound"] else f"{who}no projection")

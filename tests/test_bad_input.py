@@ -1,0 +1,90 @@
+"""Bad input across every subcommand: one line on stderr, exit 2, no traceback, and the results
+store exactly as it was (issue 34's table; tests/test_cli.py's BAD_INPUT holds the bench and
+workbook-run cases it had before)."""
+
+import io
+import json
+import sqlite3
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+
+from cpuopt_helpers import cli
+from cpuopt_helpers.results import ResultStore
+
+
+def files(tmp):
+    (tmp / "afile").write_text("x")
+    (tmp / "notalog.log").write_text("garbage\n")
+    (tmp / "bad.log").write_text("onednn_verbose,v1,primitive,exec,cpu,convolution\nnot,a,log\n")
+    (tmp / "theirs" / "report").mkdir(parents=True)
+    (tmp / "theirs" / "report" / "notes.md").write_text("the user's own")
+    (tmp / "trace.json").write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 1}]}))
+
+
+CMD = ["--", "python3", "-c", "pass"]
+BAD = [  # (arguments, with {tmp} for the test's folder; words of the one line expected)
+    (["doctor", "--bogus"], "unrecognized arguments: --bogus"),
+    (["launch", "--log-dir", "/proc/nope", *CMD], "cannot use /proc/nope"),
+    (["launch", "--instance-dirs", "{tmp}/afile", *CMD], "Not a directory"),
+    (["launch", "--ninstances", "0", *CMD], "instances must be at least 1"),
+    (["launch", "--ninstances", "4096", *CMD], "4096 instances need at least 4096 cores"),
+    (["launch", "--"], "no command given"),
+    (["launch", "--allocator", "hoard", *CMD], "unknown allocator 'hoard'"),
+    (["launch", "--affinity", "sideways", *CMD], "unknown affinity 'sideways'"),
+    (["workbook", "report", "--out", "{tmp}/afile"], "Not a directory"),
+    (["workbook", "report", "--out", "{tmp}/theirs"], "was not written by cpuopt"),
+    (["workbook", "readme", "--write", "{tmp}/missing.md"], "run `make run` first"),
+    (["workbook", "run", "--out", "/proc/nope"], "cannot use /proc/nope"),
+    (["workbook", "run", "--only", "01", "-p", "ROUNDS"], "expected 2 arguments"),
+    (["profile", "{tmp}/nosuch.log"], "does not exist"),
+    (["profile", "{tmp}/notalog.log"], "is not a verbose log"),
+    (["profile", "{tmp}/bad.log"], "none of its 2 lines is an executed primitive"),
+    (["profile", "--whole-step", "--workload", "cnn", "{tmp}/trace.json"], "not both"),
+    (["compare", "--min-rounds", "1"], "the following arguments are required: --a, --b"),
+    (["compare", "--a", "--workload cnn", "--b", ""], "give --workload and --preset once"),
+    (["compare", "--a", "--threads 0", "--b", ""], "threads must be at least 1"),
+    (["compare", "--a", "'unbalanced", "--b", ""], "No closing quotation"),
+    (["compare", "--a", "", "--b", "", "--min-rounds", "9", "--max-rounds", "5"], "need 2 <= --min-rounds"),
+    (["compare", "--script", "python3 x.py", "--metric", "(", "--a", "", "--b", "--allocator tcmalloc"],
+     "is not a regular expression"),
+    (["ladder", "--workload", "nosuch"], "no ladder for nosuch"),
+    (["tune", "--workload", "nosuch"], "unknown workload 'nosuch'"),
+    (["tune", "--budget-min", "-1"], "--budget-min must be positive"),
+    (["bench", "--option", "novalue"], "is not KEY=VALUE"),
+    (["bench", "--env", "=x"], "is not KEY=VALUE"),
+    (["bench", "--preset", "huge"], "unknown preset 'huge'"),
+    (["bench", "--compile", "nosuch"], "unknown compile mode 'nosuch'"),
+    (["bench", "--dtype", "fp8"], "unknown dtype 'fp8'"),
+    (["bench", "--cores", "0-1"], "unrecognized arguments: --cores"),
+]
+
+
+def dump(path) -> list:
+    with sqlite3.connect(path) as db:
+        return [db.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in ("results", "facts", "sweeps")]
+
+
+@pytest.mark.parametrize("args,needle", BAD, ids=[" ".join(a)[:60] for a, _ in BAD])
+def test_bad_input_is_one_line_exit_2_and_leaves_the_store_as_it_was(args, needle, tmp_path, monkeypatch):
+    files(tmp_path)
+    store = tmp_path / "results.sqlite"
+    monkeypatch.setenv("CPUOPT_RESULTS", str(store))
+    monkeypatch.setenv("CPUOPT_BUILD", str(tmp_path / "build"))
+    ResultStore(store).put_fact("m", "ladder/cnn/standard", [{"step": "baseline"}])
+    before = dump(store)
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = cli.main([a.format(tmp=tmp_path) for a in args])
+    lines = err.getvalue().strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("cpuopt: error:"), err.getvalue()
+    assert needle in lines[0] and "Traceback" not in err.getvalue()
+    assert dump(store) == before
+    assert (tmp_path / "theirs" / "report" / "notes.md").read_text() == "the user's own"
+
+
+def test_a_bug_prints_its_traceback_and_asks_for_a_report(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_doctor", lambda args: {}["no such key"])
+    assert cli.main(["doctor"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "KeyError" in err and "this is a bug in cpuopt" in err.strip().splitlines()[-1]
