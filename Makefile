@@ -1,7 +1,7 @@
 # cpuopt workbook. Every target bootstraps what it needs; a second call is quick.
 #   make run        execute the workbook (PRESET=standard by default) into build/; WORKLOADS=a,b
 #                   (built-in names or your own package.module:function) for every notebook that takes them
-#   make case-study notebook 08 with the whole ladder climbed on RetinaNet at 80 and 601 classes (~1 hour)
+#   make case-study notebook 08 with the whole ladder climbed on RetinaNet at 80 and 601 classes (the longest: see docs/case-study.md)
 #   make test       every test: unit, integration (real workers), notebooks (each once: 00 by nbval, 01-09 by
 #                   papermill); the notebooks and the rest as two pytest processes side by side
 #   make test-fast  the tests that start no worker process and no notebook (-m "not slow"): the edit loop
@@ -76,12 +76,14 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 system-deps:
 	@bash scripts/system-deps.sh
 
+# then the answer: README.md's generated block and this run's dated page under docs/results/
 run: setup
 	IPEX=$(IPEX) $(VENV)/bin/cpuopt workbook run --preset $(PRESET) $(if $(WORKLOADS),--workloads '$(WORKLOADS)')
+	$(VENV)/bin/cpuopt workbook readme --preset $(PRESET) --write README.md --page docs/results
 
 # The full case study (notebook 08 with the whole ladder climbed on RetinaNet at 80 and 601 classes,
 # each rung confirmed in 5 paired rounds, the top against PyTorch's defaults in 10, and conv + frozen
-# BN + ReLU as compiled regions): one to two hours on two cores (63 and 110 min on the Xeon, as the shared machine was fast or slow), into build/ beside `make
+# BN + ReLU as compiled regions), into build/ beside `make
 # run`'s results (`cpuopt ladder --workload retinanet` reads it).
 case-study: setup
 	IPEX=$(IPEX) $(VENV)/bin/cpuopt workbook run --preset $(PRESET) --only 08 -p CLIMB_CLASSES '[80, 601]' \

@@ -266,6 +266,9 @@ def add_workbook_parser(sub) -> None:
     wb_readme = wb_sub.add_parser("readme", help="write the README's results section from the results store")
     wb_readme.add_argument("--preset", default="standard", help="which preset's results to report")
     wb_readme.add_argument("--write", metavar="README", help="update this README in place (else print)")
+    wb_readme.add_argument("--check", metavar="README", help="exit 1 when this README's block differs from the store")
+    wb_readme.add_argument("--page", metavar="FOLDER", help="also write the run's whole page there, dated and named "
+                           "after the machine (make run: docs/results)")
 
 
 def bench_config(args):
@@ -425,6 +428,30 @@ def _compare(args) -> int:
                             budget_s=args.budget_min * 60 if args.budget_min else None, resume=False,
                             progress=not args.json, say=rounds_to_stderr(args.json))
     return report_comparison(result, f"{configs[1].label()} over {configs[0].label()}", args.json)
+
+
+def _readme(args) -> int:
+    """`cpuopt workbook readme`: print, write or check the README's block; write the run's page."""
+    from pathlib import Path
+
+    from cpuopt_helpers import pages, system
+    from cpuopt_helpers.results import ResultStore, build_dir
+
+    store, facts = ResultStore(), system.collect_facts()
+    section = pages.results_markdown(store, facts, args.preset)
+    if args.check:
+        problem = pages.check_readme(Path(args.check), section)
+        print(f"cpuopt: {problem}; `cpuopt workbook readme --write {args.check}` regenerates it" if problem else
+              f"{args.check}: the results block is what the store gives", file=sys.stderr if problem else sys.stdout)
+        return 1 if problem else 0
+    if args.write:
+        pages.update_readme(Path(args.write), section)
+    else:
+        print(section)
+    if args.page:
+        page = pages.write_results_page(store, facts, args.preset, Path(args.page), build_dir() / "figures")
+        print(f"results page: {page}", file=sys.stderr)
+    return 0
 
 
 def rounds_to_stderr(as_json: bool):
@@ -734,16 +761,10 @@ def _tune(args) -> int:
 def _workbook(args) -> int:
     from pathlib import Path
 
-    from cpuopt_helpers import pages, system, workbook
-    from cpuopt_helpers.results import ResultStore
+    from cpuopt_helpers import system, workbook
 
     if args.wb_command == "readme":
-        section = pages.results_markdown(ResultStore(), system.collect_facts(), args.preset)
-        if args.write:
-            pages.update_readme(Path(args.write), section)
-        else:
-            print(section)
-        return 0
+        return _readme(args)
     from cpuopt_helpers.report import build_report
     from cpuopt_helpers.results import build_dir
 

@@ -66,9 +66,10 @@ def _answer_row(workload: str, rungs) -> str:
     return f"| {workload} | {setting} | {over} | `{command}` |"
 
 
-def results_page(store: ResultStore, facts: Facts, preset: str = "standard") -> str:
+def results_page(store: ResultStore, facts: Facts, preset: str = "standard", figures: str = "docs") -> str:
     """The whole record of a workbook run, generated from its store: the baseline, the profile,
-    the ladder, every confirmation and each later notebook's answer, with their figures."""
+    the ladder, every confirmation of this run and each later notebook's answer, with their
+    figures (linked under ``figures``)."""
     from datetime import date
 
     from cpuopt_helpers.stages import baseline, choosing
@@ -92,10 +93,11 @@ def results_page(store: ResultStore, facts: Facts, preset: str = "standard") -> 
     for name, row in table.iterrows():
         lines.append(f"| {name} | {row['samples_per_s']:.1f} ({row['low']:.1f}-{row['high']:.1f}, {row['runs']} runs) | "
                      f"{row['step_ms']:.0f} | {row['forward_share']:.0%} | {row['backward_share']:.0%} | "
-                     f"{row['optimizer_share']:.0%} | {row['gflops']:.1f} | {row['gflops'] / peak:.0%} |")
+                     f"{row['optimizer_share']:.0%} | " + (f"{row['gflops']:.1f} | {row['gflops'] / peak:.0%} |"
+                                                           if row["gflops"] == row["gflops"] else "unknown | unknown |"))
     lines += ["", *[f"- {f.sentence}" for f in baseline.system_findings(facts, roof)[:2]],
               *[f"- {f.sentence}" for f in baseline.findings(table, peak)],
-              "", "![baseline](docs/01_baseline.png)"]
+              "", f"![baseline]({figures}/01_baseline.png)"]
     launchers = bool(last_sweep_runs(store, "04_launchers", machine, preset))
     lines += _profile_lines(store, machine, table.index, preset) + _launcher_lines(store, machine, preset)
     from cpuopt_helpers import ladder
@@ -103,10 +105,11 @@ def results_page(store: ResultStore, facts: Facts, preset: str = "standard") -> 
     ladders = list(table.index) + [n for n in ladder.workloads(store, machine, preset, "retinanet") if n not in table.index]
     lines += _precision_lines(store, machine, preset) + _ladder_lines(store, facts, ladders, preset)
     lines += _paper_lines(store, machine, preset)
-    lines += ["", "![thread scaling](docs/03_scaling.png)", *(["![launchers](docs/04_launchers.png)"] if launchers else []),
-              "![bf16 throughput](docs/06_throughput.png)", "![bf16 accuracy](docs/06_accuracy.png)"]
-    lines += _confirmation_lines(store, machine)
-    lines += _answer_lines(Path(store.path).parent / "notebooks")
+    lines += ["", f"![thread scaling]({figures}/03_scaling.png)",
+              *([f"![launchers]({figures}/04_launchers.png)"] if launchers else []),
+              f"![bf16 throughput]({figures}/06_throughput.png)", f"![bf16 accuracy]({figures}/06_accuracy.png)"]
+    lines += _confirmation_lines(store, machine, preset, min(r["created_at"] for r in runs))
+    lines += _answer_lines(Path(store.path).parent / "notebooks", figures)
     return "\n".join(lines)
 
 
@@ -118,13 +121,16 @@ def last_sweep_runs(store: ResultStore, tag: str, machine: str, preset: str | No
     return store.results(sweep=sweeps[-1]["id"]) if sweeps else []
 
 
-def _confirmation_lines(store: ResultStore, machine: str) -> list[str]:
-    """Every adaptive A/B of the run: what was confirmed against what, in how many rounds,
-    and why it stopped (the verdict, or the budget) - what the time budget allowed."""
+def _confirmation_lines(store: ResultStore, machine: str, preset: str, since: str) -> list[str]:
+    """Every adaptive A/B of this run (of its preset, measured since its baseline, by a notebook:
+    not the command line's): what was confirmed against what, in how many rounds, and why it
+    stopped (the verdict, or the budget) - what the time budget allowed."""
 
     rows = []
     for sweep in store.sweeps(kind="ab", machine=machine):
-        runs = [r for r in store.results(sweep=sweep["id"]) if r["status"] == "ok"]
+        if (sweep["tag"] or "").startswith("cli-") or sweep["arms"][0].get("preset") != preset:
+            continue
+        runs = [r for r in store.results(sweep=sweep["id"]) if r["status"] == "ok" and r["created_at"] >= since]
         by = {(r["arm"], r["round"]): r["samples_per_s"] for r in runs}
         rounds = sorted({k[1] for k in by if (0, k[1]) in by and (1, k[1]) in by})
         if not rounds:
@@ -160,15 +166,16 @@ def notebook_answer(path: Path) -> list[str]:
     return [line for line in text.replace("\r", "\n").splitlines() if line.startswith("- ")]  # after progress bars
 
 
-def _answer_lines(folder: Path) -> list[str]:
+def _answer_lines(folder: Path, figures: str) -> list[str]:
     """Each later notebook's answer, quoted from the executed notebook, with its figures."""
     lines = []
-    for stem, (title, figures) in ANSWERS.items():
+    figures_at = figures
+    for stem, (title, pngs) in ANSWERS.items():
         path = folder / f"{stem}.ipynb"
         if not path.exists():
             continue
         lines += ["", f"{title}, as the executed notebook concluded:", "", *notebook_answer(path), ""]
-        lines += [f"![{f}](docs/{f}.png)" for f in figures]
+        lines += [f"![{f}]({figures_at}/{f}.png)" for f in pngs]
     return lines
 
 
@@ -268,6 +275,57 @@ def _launcher_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
 
 def update_readme(readme: Path, section: str) -> None:
     """Replace the text between the results markers of the README."""
+    problem = check_readme(readme, section)
+    if problem and "differs" not in problem:
+        raise CpuoptError(f"{problem}; give the README of this repository (its block is where the answer goes)")
     text = readme.read_text()
     start, end = text.index(RESULTS_START) + len(RESULTS_START), text.index(RESULTS_END)
     readme.write_text(text[:start] + "\n" + section + "\n" + text[end:])
+
+
+def isa_slug(facts: Facts) -> str:
+    """The widest vector level of a machine, for a page's name: amx, avx512, avx2 or sse."""
+    isa = facts.isa
+    return "amx" if isa.get("amx_bf16") else "avx512" if isa.get("avx512f") else "avx2" if isa.get("avx2") else "sse"
+
+
+def write_results_page(store: ResultStore, facts: Facts, preset: str, folder: Path, figures: Path) -> Path:
+    """The run's page as a dated record: FOLDER/DAY-CPU-ISA.md with its figures copied beside it
+    (FOLDER/DAY-CPU-ISA/), stamped with the machine, the day, the preset and the command that
+    regenerates it. Another machine's or day's page is another file, never merged."""
+    import re
+    import shutil
+
+    runs = last_sweep_runs(store, "01_baseline", facts.fingerprint, preset)
+    day = max(r["created_at"] for r in runs)[:10] if runs else "undated"
+    stem = f"{day}-{re.sub(r'[^a-z0-9]+', '-', facts.cpu_model.lower()).strip('-')}-{isa_slug(facts)}"
+    if preset != "standard":
+        stem += f"-{preset}"
+    body = results_page(store, facts, preset, figures=stem)
+    (folder / stem).mkdir(parents=True, exist_ok=True)
+    kept = []
+    for line in body.splitlines():
+        png = re.fullmatch(r"!\[[^]]*\]\(" + re.escape(stem) + r"/([\w.-]+\.png)\)", line)
+        if png and not (figures / png.group(1)).exists():
+            continue  # a figure this run did not draw
+        if png:
+            shutil.copyfile(figures / png.group(1), folder / stem / png.group(1))
+        kept.append(line)
+    page = folder / f"{stem}.md"
+    page.write_text(f"# Results: {facts.cpu_model} ({isa_slug(facts)}), {day}, preset {preset}\n\n"
+                    + "\n".join(kept) + f"\n\nWritten by `cpuopt workbook readme --preset {preset} --page "
+                    f"{folder}` from the results store, after `make run`; a page of another machine or day is "
+                    "another file.\n")
+    return page
+
+
+def check_readme(readme: Path, section: str) -> str | None:
+    """None when README's generated block is what the store gives now, byte for byte; else which block differs."""
+    try:
+        text = readme.read_text()
+    except OSError as exc:
+        return f"cannot read {readme}: {exc.strerror or exc}"
+    if RESULTS_START not in text or RESULTS_END not in text:
+        return f"{readme} has no {RESULTS_START} ... {RESULTS_END} block"
+    start, end = text.index(RESULTS_START) + len(RESULTS_START), text.index(RESULTS_END)
+    return None if text[start:end] == "\n" + section + "\n" else f"{readme}: the results block differs from the store"

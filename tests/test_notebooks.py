@@ -28,7 +28,8 @@ def outputs_text(nb_path):
 # smaller still where that loses no code path: the sweeps of 03-06 on the CNN only (02's profiles
 # on the CNN and the RNN), one baseline round, one launcher round, two kernel-benchmark rounds,
 # confirmations of one round (BUDGET_MIN 0.2): all end in "too few rounds", the verdict path
-# the unit tests of compare.py cover in full; shorter trainings; 05 with two optimizer arms (foreach
+# the unit tests of compare.py cover in full; shorter trainings (fewer epochs, two global batches
+# in 07, two timed steps a RetinaNet run in 08), fewer replay repeats per primitive in 02 and 08; 05 with two optimizer arms (foreach
 # SGD, fused AdamW: each code path once); 08's climb of RetinaNet over two rungs (the allocator and
 # the paper's fixes: screening, a confirmation and the ladder it writes; tests/test_ladder.py
 # climbs every rung with made-up speeds). A user workload written outside
@@ -43,11 +44,14 @@ CNN_AND_USER = {"WORKLOADS": ["cnn", USER], **ONE_ROUND}
 BASELINE_ROUNDS = 1
 PROFILED = ["cnn", USER]  # the RNN and the transformer take no path of their own (the user CNN: mostly outside oneDNN)
 TEST_PARAMETERS = {"01": {"ROUNDS": BASELINE_ROUNDS, "WORKLOADS": ["cnn", "transformer", "rnn", USER]},
-                   "02": {"WORKLOADS": PROFILED}, "03": {"WORKLOADS": [USER], **ONE_ROUND}, "04": {"LAUNCHER_ROUNDS": 1, **CNN},
+                   "02": {"WORKLOADS": PROFILED, "REPLAY_REPEATS": 2},
+                   "03": {"WORKLOADS": [USER], **ONE_ROUND}, "04": {"LAUNCHER_ROUNDS": 1, **CNN},
                    "05": {"OPTIMIZER_ARMS": ["SGD foreach", "AdamW fused"], **CNN},
-                   "06": {"ACCURACY_EPOCHS": 3, **CNN_AND_USER}, "07": {"MAX_EPOCHS": 4, **ONE_ROUND},
-                   "08": {"KERNEL_ROUNDS": 2, "WORKLOADS": ["retinanet", USER], "CLIMB_CLASSES": [80],
-                          "CLIMB_RUNGS": ["allocator", "case-study fixes"], "FINAL_ROUNDS": 2, **ONE_ROUND},
+                   "06": {"ACCURACY_EPOCHS": 2, **CNN_AND_USER},
+                   "07": {"MAX_EPOCHS": 3, "GLOBAL_BATCHES": [64, 256], **ONE_ROUND},
+                   "08": {"KERNEL_ROUNDS": 2, "WORKLOADS": ["retinanet", USER], "CLIMB_CLASSES": [80], "STEPS": 2,
+                          "PROFILE_REPEATS": 1, "CLIMB_RUNGS": ["allocator", "case-study fixes"], "FINAL_ROUNDS": 2,
+                          **ONE_ROUND},
                    "09": ONE_ROUND}
 
 
@@ -347,3 +351,30 @@ def test_no_interval_or_verdict_from_fewer_rounds_than_the_minimum(quick_run):
             assert int(verdict_rounds) < 5
         too_few += text.count("too few rounds")
     assert seen + too_few > 0  # the checks above read something
+
+
+def test_the_run_writes_a_dated_results_page_and_a_readme_block_that_checks(quick_run, tmp_path, monkeypatch):
+    """What `make run` ends with (`cpuopt workbook readme --write README.md --page docs/results`),
+    on this run's store: a page named after the day and the machine, its figures beside it, and
+    a README block that `--check` regenerates byte for byte (and that fails once changed)."""
+    import re
+
+    from cpuopt_helpers import cli, pages, system
+
+    out, _ = quick_run
+    monkeypatch.setenv("CPUOPT_RESULTS", str(out / "results.sqlite"))
+    monkeypatch.setenv("CPUOPT_BUILD", str(out))
+    facts = system.collect_facts()
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n{pages.RESULTS_START}\nold\n{pages.RESULTS_END}\nafter\n")
+    assert cli.main(["workbook", "readme", "--preset", "quick", "--write", str(readme),
+                     "--page", str(tmp_path / "results")]) == 0
+    assert cli.main(["workbook", "readme", "--preset", "quick", "--check", str(readme)]) == 0
+    page = next((tmp_path / "results").glob("*.md"))
+    assert re.fullmatch(rf"\d{{4}}-\d\d-\d\d-.+-{pages.isa_slug(facts)}-quick\.md", page.name)
+    text = page.read_text()
+    assert facts.cpu_model in text and "cpuopt workbook readme --preset quick --page" in text
+    images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", text)
+    assert images and all((page.parent / i).exists() for i in images)
+    readme.write_text(readme.read_text().replace("| cnn |", "| cnn (edited) |"))
+    assert cli.main(["workbook", "readme", "--preset", "quick", "--check", str(readme)]) == 1

@@ -266,9 +266,17 @@ def test_readme_lists_every_confirmation_with_its_rounds(tmp_path):
     out = run_comparison(a, b, store, lambda c: fake_result(c, sps=next(sps)), tag="04_allocator/confirm",
                          machine="m1", progress=False)
     assert [s["kind"] for s in store.sweeps()] == ["ab"] and store.sweeps(kind="sweep") == []
-    lines = _confirmation_lines(store, "m1")
+    lines = _confirmation_lines(store, "m1", a.preset, "2026-11-30")
     assert lines[-1].startswith("| 04_allocator | cnn | allocator=jemalloc | ")
     assert f"{out['n']} rounds): {out['verdict']}" in lines[-1]
+    # this run's only: not the command line's, not another preset's, not one measured before the run
+    run_comparison(a, b.replace(allocator="tcmalloc"), store, lambda c: fake_result(c, sps=101.0), tag="cli-compare",
+                   machine="m1", progress=False)
+    other = a.replace(preset="full" if a.preset != "full" else "quick")
+    run_comparison(other, other.replace(allocator="tcmalloc"), store, lambda c: fake_result(c, sps=101.0),
+                   tag="04_allocator/confirm", machine="m1", progress=False)
+    assert _confirmation_lines(store, "m1", a.preset, "2026-11-30") == lines
+    assert _confirmation_lines(store, "m1", a.preset, "2026-12-01") == []
 
 
 def test_the_readme_words_a_comparison_with_the_design_it_ran_under(tmp_path):
@@ -284,7 +292,7 @@ def test_the_readme_words_a_comparison_with_the_design_it_ran_under(tmp_path):
     fixed = run_comparison(a, b, store, lambda c: fake_result(c, sps=next(sps)), tag="04_allocator/confirm",
                            machine="m1", min_rounds=5, max_rounds=5, progress=False)
     assert fixed["n"] == 5 and fixed["label"] == "95% CI"
-    line = _confirmation_lines(store, "m1")[-1]
+    line = _confirmation_lines(store, "m1", a.preset, "2026-11-30")[-1]
     assert compare.describe(fixed) in line
     again = run_comparison(a, b, store, lambda c: fake_result(c, sps=100.0), tag="04_allocator/confirm",
                            machine="m1", progress=False)  # the adaptive design: another comparison, not a resume
