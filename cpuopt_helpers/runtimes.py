@@ -199,9 +199,16 @@ def probe_here() -> dict:
 
 @lru_cache(maxsize=None)
 def probe(python: str) -> dict:
-    """Run probe_here() under another interpreter (cached per path)."""
-    return run_json_module("cpuopt_helpers.runtimes", [], f"probing the runtime {python}", python=python,
-                           timeout_s=180, error=CpuoptError)
+    """Run probe_here() under another interpreter (cached per path). A runtime that cannot even
+    be probed (IPEX 2.8 importing a newer transformers it finds on PYTHONPATH, say) is reported
+    unusable with the reason, so that what needs it is skipped and the rest goes on."""
+    try:
+        return run_json_module("cpuopt_helpers.runtimes", [], f"probing the runtime {python}", python=python,
+                               timeout_s=180, error=CpuoptError)
+    except CpuoptError as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        return {"python": python, "torch": None, "ipex": None, "ipex_usable": False, "ipex_isa": None,
+                "reason": f"probing the runtime {python} failed: {lines[-1] if lines else exc}"}
 
 
 def ipex_facts() -> dict:

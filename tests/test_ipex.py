@@ -101,3 +101,18 @@ def test_doctor_reports_the_ipex_runtime():
     facts = runtimes.ipex_facts()
     assert facts["available"] and facts["ipex"].startswith("2.8") and facts["torch"].startswith("2.8")
     assert facts["ipex_isa"]["current"]  # the ISA level IPEX dispatches to on this CPU
+
+
+def test_a_runtime_that_cannot_be_probed_is_unusable_with_its_reason_not_an_error(tmp_path, monkeypatch):
+    """IPEX 2.8 importing a transformers 5.x it finds on PYTHONPATH dies at import: the runtime is
+    reported unusable with that line, so notebooks skip what needs it and go on."""
+    from cpuopt_helpers import runtimes
+
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho \"NameError: name 'MoeModelOutputWithPast' is not defined\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    probed = runtimes.probe(str(fake))
+    assert probed["ipex_usable"] is False and "MoeModelOutputWithPast" in probed["reason"]
+    monkeypatch.setattr(runtimes, "ipex_status", lambda: {"available": True, "python": str(fake), "reason": ""})
+    facts = runtimes.ipex_facts()
+    assert facts["available"] is False and facts["reason"].startswith(f"probing the runtime {fake} failed")
