@@ -519,6 +519,7 @@ def format_result(r: dict) -> str:
         + f"; peak RSS {r['peak_rss_mb']:.0f} MB; "
         f"loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}; launch to first step {r['startup_s']:.2f} s",
     ]
+    lines += [f"  fell back: {f['what']} ran {f['fell_back_to']} ({f['reason']})" for f in r.get("fallbacks") or []]
     for i in r["instances"]:
         lines.append(f"  instance {i['index']}: cores {i['cores']} ({i['pinned_by']}), "
                      f"{i['torch_threads']} threads, {i['samples_per_s']:.1f} samples/s"

@@ -321,6 +321,7 @@ def measured(config: RunConfig, instances: list[dict]) -> dict:
         "instances": per_instance,
         "versions": first["versions"],
         "notes": first.get("notes", []),
+        "fallbacks": list({f["what"]: f for r in instances for f in r.get("fallbacks", [])}.values()),
         "compile_s": max(i["warmup_s"][0] for i in per_instance) if compiled else None,
         "compile_warm_s": (max(i["compile_warm_s"] for i in per_instance)
                            if compiled and all(i["compile_warm_s"] is not None for i in per_instance) else None),

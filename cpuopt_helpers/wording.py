@@ -26,6 +26,8 @@ def _excluded(v: dict) -> str:
         else:
             why = f"its loss was not finite (NaN or infinite) where {inc}'s was."
         out += f" {setting} is no candidate: {why}"
+    for setting in v.get("fell_back") or []:
+        out += f" {setting} is no candidate: it did not run what it was asked to."
     return out
 
 

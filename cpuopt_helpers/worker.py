@@ -577,6 +577,18 @@ def ddp_sync_report(model) -> dict:
     return {"param_checksums": checksums, "params_in_sync": in_sync}
 
 
+def kernel_fallbacks() -> list[dict]:
+    """The package's kernels that ran other than asked in this process: fused Lamb or the focal
+    loss's compiled kernels fell back to eager where torch.compile failed (their STATUS says why)."""
+    out = []
+    for module, what in (("cpuopt_helpers.kernels.lamb", "fused Lamb"),
+                         ("cpuopt_helpers.kernels.focal_loss", "the focal loss's compiled kernels")):
+        status = getattr(sys.modules.get(module), "STATUS", None) or {}
+        if status.get("compiled") is False:
+            out.append({"what": what, "fell_back_to": "eager", "reason": status.get("reason", "")})
+    return out
+
+
 def train(config: RunConfig) -> dict:
     """Run warm-up and timed steps of one workload; return this instance's result."""
     import torch
@@ -616,6 +628,7 @@ def train(config: RunConfig) -> dict:
         "flops_per_step": flops_per_step,
         "output_dtype": prepared.seen.get("output_dtype"),
         "notes": [prepared.seen["ipex_note"]] if "ipex_note" in prepared.seen else [],
+        "fallbacks": kernel_fallbacks(),
         "onednn_log": verbose_log,
         "trace": trace,
         "first_step_wall": first_step_wall,

@@ -80,7 +80,20 @@ def test_bench_json_prints_an_ok_run_result():
                 "loss_first", "loss_last", "achieved_gflops", "instances", "env", "argv", "versions", "system",
                 "created_at"):
         assert key in r
-    assert r["status"] == "ok" and r["samples_per_s"] > 0 and r["system"] == system.collect_facts()["fingerprint"]
+    assert r["status"] == "ok" and r["samples_per_s"] > 0 and r["system"] == system.collect_facts().fingerprint
+
+
+@pytest.mark.slow
+def test_a_kernel_that_fell_back_is_in_the_result_and_its_words():
+    """Forced, not waited for: no C++ compiler for Inductor, so fused Lamb runs eager, and says so."""
+    args = ["bench", "--workload", "cnn", "--preset", "quick", "--optimizer", "lamb", "--optimizer-impl", "fused",
+            "--steps", "1", "--warmup", "1", "--env", "CXX=/bin/false", "--env", "TORCHINDUCTOR_FORCE_DISABLE_CACHES=1"]
+    proc = cpuopt(*args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    fell, = json.loads(proc.stdout)["fallbacks"]
+    assert (fell["what"], fell["fell_back_to"]) == ("fused Lamb", "eager") and "compiler" in fell["reason"]
+    text = cpuopt(*args).stdout
+    assert "fell back: fused Lamb ran eager (" in text
 
 
 @pytest.mark.slow

@@ -79,7 +79,7 @@ def test_system_check_records_the_roofline(quick_run):
     store = ResultStore(out / "results.sqlite")
     from cpuopt_helpers import system
 
-    roof = store.get_fact(system.collect_facts()["fingerprint"], "roofline/quick")
+    roof = store.get_fact(system.collect_facts().fingerprint, "roofline/quick")
     assert roof["gemm_gflops_best"] > 1 and roof["copy_gbs_best"] > 0.1
     assert (out / "figures" / "00_roofline.png").stat().st_size > 1000
     assert roof.get("gemm_gflops_bf16_best") is None or roof["gemm_gflops_bf16_best"] > 0
@@ -94,7 +94,7 @@ def test_baseline_measures_every_workload_and_hands_on(quick_run):
     assert df.groupby("workload").size().min() == BASELINE_ROUNDS
     from cpuopt_helpers import system
 
-    machine = system.collect_facts()["fingerprint"]
+    machine = system.collect_facts().fingerprint
     ladder = store.get_fact(machine, "ladder/cnn/quick")
     assert ladder[0]["step"] == "baseline"
     # the notebook's answer is worded from the stored numbers
@@ -123,7 +123,7 @@ def test_profiling_breaks_down_projects_and_compares(quick_run):
     from cpuopt_helpers import profiledn, system
 
     store = ResultStore(out / "results.sqlite")
-    prof = store.get_fact(system.collect_facts()["fingerprint"], "profile/cnn/quick")
+    prof = store.get_fact(system.collect_facts().fingerprint, "profile/cnn/quick")
     assert 0 < prof["coverage"] <= 1.0 and prof["efficiency"] > 0 and prof["replayed"] > 0
     log = profiledn.parse_log(out / "onednn_logs" / "cnn_quick.log")
     conv = log.exec[log.exec.kind == "convolution"]
@@ -154,7 +154,7 @@ def test_profiling_breaks_down_projects_and_compares(quick_run):
 def machine_id():
     from cpuopt_helpers import system
 
-    return system.collect_facts()["fingerprint"]
+    return system.collect_facts().fingerprint
 
 
 def test_threading_sweeps_and_hands_on_a_measured_choice(quick_run):
@@ -227,7 +227,7 @@ def test_ipex_runtimes_and_upstream_replacements_side_by_side(quick_run):
     else:
         assert "IPEX runtime skipped:" in text
     assert "fastest with this torch in screening:" in text and "compiled in" in text
-    ladder = store.get_fact(system.collect_facts()["fingerprint"], "ladder/cnn/quick")
+    ladder = store.get_fact(system.collect_facts().fingerprint, "ladder/cnn/quick")
     assert "runtime" in [s["step"] for s in ladder]
     assert (out / "figures" / "05_runtimes.png").stat().st_size > 1000
 

@@ -455,3 +455,17 @@ def test_uncounted_work_is_unknown_never_zero_gflops():
     found = baseline.findings(pd.concat([table, table.rename(index={"mine": "other"})]), 200.0)
     assert found[0].values["gflops"] is None and "GFLOP/s unknown (its FLOPs could not be counted)" in found[0].sentence
     assert "gemm gap" not in [f.kind for f in found]  # no comparison of shares it does not know
+
+
+def test_a_run_that_fell_back_says_so_in_its_name_and_is_never_a_candidate():
+    base, results = screened()
+    fell = [dict(r, fallbacks=[{"what": "fused Lamb", "fell_back_to": "eager", "reason": "CalledProcessError: cc"}])
+            if r["config"]["allocator"] == "jemalloc" else r for r in results]
+    table = choosing.compare_configs(fell, base.to_dict())
+    row = table[table.setting.str.startswith("allocator=jemalloc")].iloc[0]
+    assert row["setting"] == "allocator=jemalloc (fused Lamb fell back to eager: CalledProcessError: cc)" and row.fell_back
+    confirmed = []
+    choice = choosing.choose(table, "cnn", lambda a, b: confirmed.append(b) or {"verdict": "faster", "ratio": 1.5})
+    assert all(c.allocator != "jemalloc" for c in confirmed) and choice.config.allocator != "jemalloc"
+    assert "(fused Lamb fell back to eager: CalledProcessError: cc) is no candidate: it did not run what it was asked" \
+        in choice.sentence

@@ -615,7 +615,7 @@ def machine_ceilings(preset: str = "quick", roofline_file: str | None = None) ->
     from cpuopt_helpers import roofline, system
     from cpuopt_helpers.results import ResultStore
 
-    store, machine = ResultStore(), system.collect_facts()["fingerprint"]
+    store, machine = ResultStore(), system.collect_facts().fingerprint
     for name in dict.fromkeys([preset, "full", "standard", "quick"]):
         value = store.get_fact(machine, f"roofline/{name}")
         if value:

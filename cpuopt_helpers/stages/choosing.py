@@ -136,6 +136,11 @@ def compare_configs(results: list[dict], baseline: dict, workload: str | None = 
             row.update(ratio=1.0)
         if key != base_key and setting_hash(runs[0]["config"]) == wanted:
             row["setting"] = "baseline (repeat arm)"
+        fell = list({f["what"]: f for r in runs for f in r.get("fallbacks") or []}.values())
+        if fell:  # it measured something other than it was asked to: said in its name, never a candidate
+            row["setting"] += "".join(f" ({f['what']} fell back to {f['fell_back_to']}: {f['reason'][:80]})"
+                                      for f in fell)
+        row["fell_back"] = bool(fell)
         row["is_baseline"] = key == base_key
         rows.append(row)
     table = pd.DataFrame(rows)
@@ -185,6 +190,9 @@ def choose(table: pd.DataFrame, what: str, confirm=None, candidates: pd.DataFram
     values["excluded"] = [[r["setting"], float(d) if math.isfinite(d) else None]
                           for (_, r), d in zip(others[drifted].iterrows(), drift[drifted])]
     others = others[~drifted]
+    fell = others.get("fell_back", pd.Series(False, index=others.index)).fillna(False).astype(bool)
+    values["fell_back"] = list(others[fell]["setting"])
+    others = others[~fell]
     if others.empty:
         return decided(base["config"], "all drifted")
     best = others.sort_values("ratio", ascending=False).iloc[0]
