@@ -332,15 +332,17 @@ def _launch(args) -> int:
 
 
 def _doctor(args) -> int:
-    from cpuopt_helpers import runtimes, system
-
-    facts = system.collect_facts()
-    facts = facts.replace(ipex_runtime=runtimes.ipex_facts())
+    from cpuopt_helpers import peak, runtimes, system
     from cpuopt_helpers.results import ResultStore
     from cpuopt_helpers.stages.extensions import EXTENSION_FACT
 
+    store, facts = ResultStore(), system.collect_facts()
+    roofline = next((r for r in (store.get_fact(facts.fingerprint, f"roofline/{p}") for p in ("standard", "quick")) if r),
+                    None)  # notebook 00's measured ceilings, where it ran
+    facts = facts.replace(ipex_runtime=runtimes.ipex_facts(), peak=peak.peak_report(
+        system.read_cpuinfo(), facts.physical_cores, roofline))
     facts = facts.replace(vendor_extension=runtimes.vendor_extension(
-        facts.cpu_vendor, facts.ipex_runtime, ResultStore().get_fact(facts.fingerprint, EXTENSION_FACT)))
+        facts.cpu_vendor, facts.ipex_runtime, store.get_fact(facts.fingerprint, EXTENSION_FACT)))
     print(json.dumps(facts.to_dict(), indent=2) if args.json else system.format_facts(facts))
     return 0
 

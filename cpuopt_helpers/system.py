@@ -698,6 +698,7 @@ class Facts:
     bf16: dict = field(default_factory=lambda: {"accelerated": False, "path": None, "reason": "not read"})
     ipex_runtime: dict | None = None  # `cpuopt doctor` adds the IPEX runtime's probe
     vendor_extension: str | None = None
+    peak: dict | None = None  # `cpuopt doctor` adds peak.peak_report: theoretical and measured GFLOP/s per dtype
 
     @classmethod
     def from_dict(cls, data: dict) -> "Facts":
@@ -709,6 +710,11 @@ class Facts:
 
     def replace(self, **changes) -> "Facts":
         return dataclasses.replace(self, **changes)
+
+
+def read_cpuinfo() -> str:
+    """This machine's /proc/cpuinfo ("" where there is none)."""
+    return _read("/proc/cpuinfo")
 
 
 def collect_facts() -> Facts:
@@ -768,6 +774,10 @@ def format_facts(facts: Facts) -> str:
             lines.append(f"{'ipex':<12} not available: {ipex['reason']}")
     if facts.vendor_extension:
         lines.append(f"{'extension':<12} {facts.vendor_extension}")
+    if facts.peak:
+        from cpuopt_helpers.peak import peak_lines
+
+        lines += peak_lines(facts.peak)
     if facts.missing:
         lines.append("missing      install with:")
         lines += [f"  {kind:<10} {hint}" for kind, hint in facts.missing.items()]

@@ -20,7 +20,8 @@ PACKAGE = Path(config.__file__).resolve().parent
 LAYERS = (
     # foundations: no import of the package beyond these
     {"cpuopt_helpers", "errors", "compare", "stats", "throughput", "flops", "rank_exec", "kernels", "kernels.focal_loss",
-     "kernels.lamb", "workloads", "profiledn.parse", "profiledn.breakdown", "profiledn.trace", "profiledn.benchdnn"},
+     "kernels.lamb", "workloads", "profiledn.parse", "profiledn.breakdown", "profiledn.trace", "profiledn.benchdnn",
+     "peak"},
     {"config", "system"},  # what a run is; what the machine is
     {"decisions", "wording", "provenance", "runtimes"},  # records and their words; where a run ran; interpreters
     {"worker"},  # the measured process

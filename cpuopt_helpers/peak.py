@@ -1,0 +1,148 @@
+"""The theoretical peak of a CPU: FLOP a cycle a core per dtype, times its clock, times its cores.
+
+The measured GEMM ceilings (notebook 00, ``roofline``) say what this machine reaches; the
+theoretical peak says how far that is from what its cores could do. Every row of ``CORES``
+names the microarchitecture it covers, by vendor, family and model as ``/proc/cpuinfo`` gives
+them, and the source of its numbers. A CPU no row covers is "unknown", never guessed.
+
+FLOP a cycle a core = FMA pipes x lanes x 2 (a fused multiply-add is two FLOPs):
+
+| cores                                  | fp32 | bf16 | how                                                       |
+|----------------------------------------|------|------|-----------------------------------------------------------|
+| Intel Sapphire/Emerald/Granite Rapids  | 64   | 1024 | 2 AVX-512 FMA pipes x 16; AMX TMUL: 1024 bf16 FLOP/cycle  |
+| Intel Cooper Lake                      | 64   | 128  | 2 AVX-512 FMA pipes x 16; AVX512-BF16 dot products: 2x    |
+| Intel Ice Lake SP, Cascade/Skylake SP  | 64   | -    | 2 AVX-512 FMA pipes x 16 (Gold 6xxx, Platinum); no bf16   |
+| AMD Zen 5                              | 64   | 128  | 512-bit datapath: 2 FMA pipes x 16; VDPBF16PS: 2x fp32    |
+| AMD Zen 4                              | 32   | 64   | AVX-512 on 256-bit pipes: 2 x 8, half a Sapphire Rapids core's fp32 rate; VDPBF16PS: 2x |
+| AMD Zen 2, Zen 3                       | 32   | -    | 2 AVX2 FMA pipes x 8; no bf16 arithmetic                  |
+
+Sources: Intel 64 and IA-32 Architectures Optimization Reference Manual (AVX-512 FMA units,
+AMX: 2048 int8 / 1024 bf16 operations a cycle a core); AMD Software Optimization Guides for
+family 17h (Zen 2), 19h (Zen 3, Zen 4: "AVX-512 ... executed as two 256-bit operations") and
+1Ah (Zen 5: full 512-bit datapath). "-": no bf16 arithmetic (bf16 converts to fp32; no faster
+peak to state).
+
+The clock: ``cpuinfo_max_freq`` from sysfs where the kernel shows it (the highest clock a core
+reaches, so the peak is an upper bound), else ``/proc/cpuinfo``'s current ``cpu MHz`` (a VM
+often shows only that, and says so), else unknown.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Core:
+    name: str
+    vendor: str
+    family: int
+    models: tuple[range, ...]
+    flop_per_cycle: dict  # dtype -> FLOP a cycle a core (None: no arithmetic of that dtype)
+    source: str
+
+
+INTEL, AMD = "GenuineIntel", "AuthenticAMD"
+INTEL_SOURCE = "Intel 64 and IA-32 Architectures Optimization Reference Manual"
+CORES = (
+    Core("Intel Sapphire Rapids", INTEL, 6, (range(143, 144),), {"fp32": 64, "bf16": 1024},
+         f"{INTEL_SOURCE}: 2 AVX-512 FMA units; AMX TMUL 1024 bf16 FLOP/cycle"),
+    Core("Intel Emerald Rapids", INTEL, 6, (range(207, 208),), {"fp32": 64, "bf16": 1024},
+         f"{INTEL_SOURCE}: 2 AVX-512 FMA units; AMX TMUL 1024 bf16 FLOP/cycle"),
+    Core("Intel Granite Rapids", INTEL, 6, (range(173, 175),), {"fp32": 64, "bf16": 1024},
+         f"{INTEL_SOURCE}: 2 AVX-512 FMA units; AMX TMUL 1024 bf16 FLOP/cycle"),
+    Core("Intel Ice Lake SP", INTEL, 6, (range(106, 107), range(108, 109)), {"fp32": 64, "bf16": None},
+         f"{INTEL_SOURCE}: 2 AVX-512 FMA units; no bf16 arithmetic"),
+    Core("Intel Skylake/Cascade/Cooper Lake SP", INTEL, 6, (range(85, 86),), {"fp32": 64, "bf16": None},
+         f"{INTEL_SOURCE}: 2 AVX-512 FMA units (Gold 6xxx, Platinum; Cooper Lake's AVX512-BF16 is read from the flags)"),
+    Core("AMD Zen 5", AMD, 26, (range(0, 256),), {"fp32": 64, "bf16": 128},
+         "AMD Software Optimization Guide for family 1Ah: 512-bit datapath, 2 FMA pipes; VDPBF16PS"),
+    Core("AMD Zen 4", AMD, 25, (range(16, 32), range(96, 128), range(160, 176)), {"fp32": 32, "bf16": 64},
+         "AMD Software Optimization Guide for family 19h: AVX-512 as two 256-bit operations; VDPBF16PS"),
+    Core("AMD Zen 3", AMD, 25, (range(0, 16), range(32, 96)), {"fp32": 32, "bf16": None},
+         "AMD Software Optimization Guide for family 19h: 2 AVX2 FMA pipes; no bf16 arithmetic"),
+    Core("AMD Zen 2", AMD, 23, (range(49, 50), range(96, 128), range(144, 160)), {"fp32": 32, "bf16": None},
+         "AMD Software Optimization Guide for family 17h: 2 AVX2 FMA pipes; no bf16 arithmetic"),
+)
+
+
+def _field(cpuinfo: str, name: str) -> str | None:
+    match = re.search(rf"^{name}\s*:\s*(.*)$", cpuinfo, re.MULTILINE)
+    return match.group(1).strip() if match else None
+
+
+def identify(cpuinfo: str) -> tuple[Core | None, str]:
+    """The table's row for this CPU (None where no row covers it), and how it was read."""
+    vendor, family, model = _field(cpuinfo, "vendor_id"), _field(cpuinfo, "cpu family"), _field(cpuinfo, "model")
+    if not (vendor and family and model and family.isdigit() and model.isdigit()):
+        return None, "cpuinfo names no vendor, family and model"
+    fam, mod = int(family), int(model)
+    where = f"{vendor} family {fam} model {mod}"
+    core = next((c for c in CORES if c.vendor == vendor and c.family == fam and any(mod in r for r in c.models)), None)
+    return core, where
+
+
+def per_cycle(core: Core | None, flags: set[str]) -> dict:
+    """FLOP a cycle a core per dtype; a Skylake-SP row with AVX512-BF16 flags is a Cooper Lake."""
+    if core is None:
+        return {"fp32": None, "bf16": None}
+    out = dict(core.flop_per_cycle)
+    if core.name.startswith("Intel Skylake") and "avx512_bf16" in flags:
+        out["bf16"] = 2 * out["fp32"]
+    return out
+
+
+def clock_ghz(cpuinfo: str, root: str = "/") -> tuple[float | None, str]:
+    """The clock the peak is taken at, and where it was read (sysfs's maximum, else cpuinfo's current)."""
+    try:
+        khz = int((Path(root) / "sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text().strip())
+        return khz / 1e6, "sysfs cpuinfo_max_freq (the highest clock a core reaches)"
+    except (OSError, ValueError):
+        pass
+    mhz = _field(cpuinfo, "cpu MHz")
+    try:
+        return float(mhz) / 1e3, "/proc/cpuinfo cpu MHz (the current clock; the kernel shows no maximum, as in a VM)"
+    except (TypeError, ValueError):
+        return None, "unknown: neither sysfs nor /proc/cpuinfo gives a clock"
+
+
+def theoretical(cpuinfo: str, cores: int, root: str = "/") -> dict:
+    """The theoretical peak of ``cores`` cores: per dtype GFLOP/s (None where unknown), with what it rests on."""
+    core, where = identify(cpuinfo)
+    flags = set((_field(cpuinfo, "flags") or "").split())
+    flop = per_cycle(core, flags)
+    ghz, clock_from = clock_ghz(cpuinfo, root)
+    gflops = {dtype: (f * ghz * cores if f and ghz else None) for dtype, f in flop.items()}
+    return {"cpu": where, "core": core.name if core else "unknown: not in cpuopt's table (peak.CORES)",
+            "source": core.source if core else None, "flop_per_cycle_per_core": flop, "clock_ghz": ghz,
+            "clock_source": clock_from, "cores": cores, "theoretical_gflops": gflops}
+
+
+def peak_report(cpuinfo: str, cores: int, roofline: dict | None, root: str = "/") -> dict:
+    """`cpuopt doctor --json`'s ``peak``: per dtype the theoretical and the measured GFLOP/s (notebook
+    00's GEMM ceiling, None where not measured yet), and the measured share of the theoretical."""
+    theory = theoretical(cpuinfo, cores, root)
+    measured = {"fp32": (roofline or {}).get("gemm_gflops_best"), "bf16": (roofline or {}).get("gemm_gflops_bf16_best")}
+    per_dtype = {d: {"theoretical_gflops": theory["theoretical_gflops"][d], "measured_gflops": measured[d],
+                     "measured_share": (measured[d] / theory["theoretical_gflops"][d]
+                                        if measured[d] and theory["theoretical_gflops"][d] else None)}
+                 for d in ("fp32", "bf16")}
+    return {**per_dtype, **{k: v for k, v in theory.items() if k != "theoretical_gflops"}}
+
+
+def peak_lines(report: dict) -> list[str]:
+    """The doctor's words for the peak, one line per dtype."""
+    lines = []
+    for dtype in ("fp32", "bf16"):
+        p, f = report[dtype], report["flop_per_cycle_per_core"][dtype]
+        theory = (f"{p['theoretical_gflops']:.0f} GFLOP/s theoretical ({f} FLOP/cycle/core x {report['clock_ghz']:.2f} "
+                  f"GHz x {report['cores']} cores)" if p["theoretical_gflops"] else
+                  "theoretical unknown" + (" (no clock)" if f else f" ({report['core']})" if not report["source"]
+                                           else " (no arithmetic of this dtype)"))
+        measured = (f"; measured GEMM {p['measured_gflops']:.0f} GFLOP/s" if p["measured_gflops"] else
+                    "; measured: not yet (notebook 00)")
+        share = f" = {p['measured_share']:.0%} of it" if p["measured_share"] else ""
+        lines.append(f"{'peak ' + dtype:<12} {theory}{measured}{share}")
+    return lines
