@@ -151,6 +151,11 @@ def _climb_top(v: dict, c) -> str:
 
 
 TEMPLATES: dict[str, Callable[[dict, object], str]] = {
+    # stages.choosing.screened_only: settings ranked by a screening, no verdict (the table shows them)
+    "screened only": lambda v, c: (
+        f"{_who(v)}{len(v['settings'])} setting{'s' * (len(v['settings']) != 1)} screened only ({v['rounds']} "
+        f"round{'s' * (v['rounds'] != 1)}, fewer than the {v['min_rounds']} a verdict needs): the table ranks them, "
+        "a confirmation decides."),
     # settings.choose: screening, then the winner confirmed against the incumbent
     "no result": lambda v, c: f"{v['what']}: no setting produced a result.",
     "no baseline": lambda v, c: f"{v['what']}: {v.get('incumbent', 'the baseline')} produced no result; "

@@ -141,7 +141,12 @@ def test_compare_pairs_by_round_and_words_verdicts_from_compare():
     assert memory.values["baseline_mb"] == 100.0 and ["allocator=jemalloc", 130.0] in memory.values["settings"]
     assert "allocator=jemalloc 130 MB (+30%)" in memory.sentence
     few = choosing.compare_configs([r for r in results if r["round"] < 2], base.to_dict())
-    assert few.set_index("setting").loc["allocator=jemalloc"].verdict == "too few rounds"
+    assert few.set_index("setting").loc["allocator=jemalloc"].verdict == "screened, 2 rounds"  # ranks, no verdict
+    only, = threads.settings_findings(few, "cnn")  # one record for every setting screened only
+    assert (only.kind, only.values["settings"], only.values["rounds"]) == (
+        "screened only", ["allocator=jemalloc", "allocator=tcmalloc"], 2)
+    assert only.sentence == ("cnn: 2 settings screened only (2 rounds, fewer than the 5 a verdict needs): the "
+                                 "table ranks them, a confirmation decides.")
     assert math.isnan(few.set_index("setting").loc["allocator=jemalloc"].ratio_low)
 
 

@@ -130,8 +130,9 @@ def compare_configs(results: list[dict], baseline: dict, workload: str | None = 
                  if (r.get("sweep"), r["round"]) in base_by_round]
         if pairs and key != base_key:
             ratio = compare.paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
-            row.update(ratio=ratio["ratio"], ratio_low=ratio["ci_low"], ratio_high=ratio["ci_high"],
-                       verdict=ratio["verdict"], comparison=ratio)
+            screened = ratio["verdict"] == "too few rounds"  # ranks, decides nothing: said so in the table
+            row.update(ratio=ratio["ratio"], ratio_low=ratio["ci_low"], ratio_high=ratio["ci_high"], comparison=ratio,
+                       verdict=f"screened, {ratio['n']} round{'s' * (ratio['n'] != 1)}" if screened else ratio["verdict"])
         elif key == base_key:
             row.update(ratio=1.0)
         if key != base_key and setting_hash(runs[0]["config"]) == wanted:
@@ -145,6 +146,21 @@ def compare_configs(results: list[dict], baseline: dict, workload: str | None = 
         rows.append(row)
     table = pd.DataFrame(rows)
     return table.sort_values("samples_per_s", ascending=False).reset_index(drop=True) if len(table) else table
+
+
+def screened_only(workload: str, stage: str, rows: list[dict]) -> list[Finding]:
+    """Settings a screening ranked without a verdict (fewer rounds than a verdict needs): one
+    record for all of them, not a "too few rounds" sentence each; the table shows their ratios."""
+    if not rows:
+        return []
+    return [Finding(workload, stage, "screened only", {
+        "settings": [r["setting"] for r in rows], "rounds": max(int(r["comparison"]["n"]) for r in rows),
+        "min_rounds": int(rows[0]["comparison"].get("min_rounds", compare.MIN_ROUNDS))})]
+
+
+def is_screened(row) -> bool:
+    """A table row whose comparison with the baseline ranks but decides nothing (too few rounds)."""
+    return isinstance(row.get("comparison"), dict) and row["comparison"].get("verdict") == "too few rounds"
 
 
 def choose(table: pd.DataFrame, what: str, confirm=None, candidates: pd.DataFrame | None = None,

@@ -40,10 +40,10 @@ def findings(tables: dict, accuracy: pd.DataFrame, gate: dict) -> list[Finding]:
     found = [Finding("", "precision", "bf16 gate", {"accelerated": bool(gate["accelerated"]),
                                                     "path": gate.get("path"), "reason": gate["reason"]})]
     for w, t in tables.items():
-        for _, r in t.iterrows():
-            if r["config"]["dtype"] == "bf16" and isinstance(r.get("comparison"), dict):
-                found.append(Finding(w, "precision", "bf16 over fp32", {"setting": r["setting"]},
-                                     Comparison.from_dict(r["comparison"])))
+        rows = [r for _, r in t.iterrows() if r["config"]["dtype"] == "bf16" and isinstance(r.get("comparison"), dict)]
+        found += [Finding(w, "precision", "bf16 over fp32", {"setting": r["setting"]},
+                          Comparison.from_dict(r["comparison"])) for r in rows if not choosing.is_screened(r)]
+        found += choosing.screened_only(w, "precision", [r for r in rows if choosing.is_screened(r)])
     if "fp32" in accuracy.index:
         base = float(accuracy.loc["fp32", "final_accuracy"])
         found += [Finding("", "precision", "digits accuracy", {"mode": mode, "accuracy": float(row.final_accuracy),

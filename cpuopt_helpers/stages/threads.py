@@ -9,6 +9,7 @@ import pandas as pd
 from cpuopt_helpers import stats
 from cpuopt_helpers.config import RunConfig, normalise
 from cpuopt_helpers.decisions import Comparison, Finding
+from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.stages.choosing import unique
 from cpuopt_helpers.system import Facts
 
@@ -74,7 +75,8 @@ def settings_findings(table: pd.DataFrame, workload: str) -> list[Finding]:
     rounds below the minimum give ratios to rank by, not verdicts)."""
     if table.empty or "ratio" not in table:
         return [Finding(workload, "threads", "no baseline comparison")]
-    others = table[~table["is_baseline"]].dropna(subset=["ratio"])
+    others = [r for _, r in table[~table["is_baseline"]].dropna(subset=["ratio"]).iterrows()
+              if isinstance(r.get("comparison"), dict)]
     return [Finding(workload, "threads", "setting over baseline", {"setting": r["setting"]},
-                    Comparison.from_dict(r["comparison"]))
-            for _, r in others.iterrows() if isinstance(r.get("comparison"), dict)]
+                    Comparison.from_dict(r["comparison"])) for r in others if not choosing.is_screened(r)] + \
+        choosing.screened_only(workload, "threads", [r for r in others if choosing.is_screened(r)])
