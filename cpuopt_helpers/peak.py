@@ -76,7 +76,7 @@ def _field(cpuinfo: str, name: str) -> str | None:
 def identify(cpuinfo: str) -> tuple[Core | None, str]:
     """The table's row for this CPU (None where no row covers it), and how it was read."""
     vendor, family, model = _field(cpuinfo, "vendor_id"), _field(cpuinfo, "cpu family"), _field(cpuinfo, "model")
-    if not (vendor and family and model and family.isdigit() and model.isdigit()):
+    if not (vendor and family and model and family.isdecimal() and model.isdecimal()):
         return None, "cpuinfo names no vendor, family and model"
     fam, mod = int(family), int(model)
     where = f"{vendor} family {fam} model {mod}"

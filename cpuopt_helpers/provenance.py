@@ -66,7 +66,7 @@ def usable_cpus(affinity: int, cpu_max: str | None = None) -> int:
     """CPUs this process may use: its affinity, lowered by a cgroup v2 quota ("QUOTA PERIOD" or "max PERIOD")."""
     if cpu_max:
         quota, _, period = cpu_max.strip().partition(" ")
-        if quota != "max" and quota.isdigit() and period.strip().isdigit() and int(period) > 0:
+        if quota != "max" and quota.isdecimal() and period.strip().isdecimal() and int(period) > 0:
             return max(1, min(affinity, math.ceil(int(quota) / int(period))))
     return affinity
 

@@ -92,7 +92,7 @@ def parse_lscpu_parse(text: str) -> list[Cpu]:
             continue
         fields = [f.strip() for f in line.split(",")]
         values = [fields[i] if i is not None and i < len(fields) else "" for i in columns]
-        if not values[0].isdigit() or not all(v.isdigit() for v in values if v):
+        if not values[0].isdecimal() or not all(v.isdecimal() for v in values if v):
             raise CpuoptError(f"line {number} is not lscpu -p's CPU,Core,Socket,Node numbers: {line[:60]!r}")
         cpu, core, socket, node = (int(v) if v else None for v in values)
         cpus.append(Cpu(cpu, cpu if core is None else core, socket or 0, node or 0))
@@ -106,7 +106,7 @@ def parse_cpu_list(text: str) -> list[int]:
         lo, _, hi = part.strip().partition("-")
         if not lo and not hi:
             continue
-        if not lo.isdigit() or (hi and not hi.isdigit()):
+        if not lo.isdecimal() or (hi and not hi.isdecimal()):
             raise CpuoptError(f"cannot read CPU list {text.strip()!r}; the kernel writes it like 0-3,8")
         cpus.update(range(int(lo), int(hi or lo) + 1))
     return sorted(cpus)
@@ -126,7 +126,7 @@ def format_cpu_list(cpus) -> str:
 def parse_cpu_max(text: str) -> float | None:
     """cgroup v2 ``cpu.max`` ("QUOTA PERIOD" in microseconds; "max PERIOD": no quota): the quota in CPUs."""
     parts = text.split()
-    if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit() and int(parts[1]) > 0:
+    if len(parts) == 2 and parts[0].isdecimal() and parts[1].isdecimal() and int(parts[1]) > 0:
         return int(parts[0]) / int(parts[1])
     return None
 
@@ -134,7 +134,7 @@ def parse_cpu_max(text: str) -> float | None:
 def parse_cfs_quota(quota_us: str, period_us: str) -> float | None:
     """cgroup v1 ``cpu.cfs_quota_us`` (-1: no quota) over ``cpu.cfs_period_us``: the quota in CPUs."""
     quota, period = quota_us.strip(), period_us.strip()
-    if quota.isdigit() and period.isdigit() and int(quota) > 0 and int(period) > 0:
+    if quota.isdecimal() and period.isdecimal() and int(quota) > 0 and int(period) > 0:
         return int(quota) / int(period)
     return None
 
