@@ -271,7 +271,11 @@ def test_quick_worker_reports_steady_state_window_machine_and_code():
     (inst,) = r["instances"]
     assert config.warmup <= r["warmup_steps"] == inst["warmup_steps"] <= worker.warmup_cap(config.warmup, 3)
     assert len(inst["warmup_s"]) == r["warmup_steps"] and isinstance(r["warmup_settled"], bool)
-    assert r["warmup_settled"] == worker.warmup_settled(inst["warmup_s"])
+    # settled, by its definition worked out here: the last two warm-up steps within the tolerance of the last three's median
+    last = sorted(inst["warmup_s"][-3:])[1] if len(inst["warmup_s"]) >= 3 else None
+    steady = last is not None and all(abs(t - last) <= worker.SETTLE_TOLERANCE * last for t in inst["warmup_s"][-2:])
+    assert r["warmup_settled"] == steady
+    assert steady or r["warmup_steps"] == worker.warmup_cap(config.warmup, 3)  # unsettled: it warmed up to the cap
     assert before < inst["timed_start"] < inst["timed_end"] < after
     window = inst["timed_end"] - inst["timed_start"]
     assert r["timed_window_s"] == pytest.approx(window)
