@@ -5,6 +5,7 @@
 #   make test       every test: unit, integration (real workers), notebooks (each once: 00 by nbval, 01-09 by
 #                   papermill); the notebooks and the rest as two pytest processes side by side
 #   make test-fast  the tests that start no worker process and no notebook (-m "not slow"): the edit loop
+#   make docs       the docs site (README, docs/, the results pages, the last report) into build/site/
 #   make lab        JupyterLab on notebooks/ with the `cpuopt` kernel
 #
 # Where: VENV, by default .venv here (created with $(PYTHON)). To use an environment you already
@@ -31,7 +32,7 @@ IPEX_VENV := .venv-ipex
 IPEX_STAMP := $(IPEX_VENV)/.cpuopt-setup
 IPEX ?= 1
 
-.PHONY: setup system-deps ipex run case-study test test-notebooks test-others test-fast lab overhead parse-speed focal-loss lamb clean
+.PHONY: setup system-deps ipex run case-study test test-notebooks test-others test-fast docs lab overhead parse-speed focal-loss lamb clean
 
 # The three parts are independent: a sub-make builds them side by side (the IPEX runtime's
 # download overlaps the workbook venv's install).
@@ -108,6 +109,12 @@ test-others:
 # The edit loop: unit tests and pure functions, no worker processes, no notebooks.
 test-fast: setup
 	IPEX=$(IPEX) $(PY) -m pytest -m "not slow" tests -p no:cacheprovider -q -rs
+
+# The docs site: README.md as its home, docs/*.md, the dated results pages (docs/results/) and the
+# last run's report with its executed notebooks, offline, warnings as errors, into build/site/.
+docs: setup
+	$(VENV)/bin/mkdocs build --strict --quiet -f "$$($(PY) -m cpuopt_helpers.site)"
+	@echo "cpuopt: the site: build/site/index.html"
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks $$([ "$$(id -u)" = 0 ] && echo --allow-root)

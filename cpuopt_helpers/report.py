@@ -118,12 +118,18 @@ def render_notebooks(notebooks: list[Path], target: Path) -> list[tuple[str, str
 MARK = ".cpuopt-report"  # the report folders cpuopt wrote, which it may replace
 
 
+def written_by_cpuopt(folder: Path) -> bool:
+    """Marked as cpuopt's, or a report of a cpuopt from before the mark (its page runs the figure check)."""
+    index = folder / "index.html"
+    return (folder / MARK).exists() or (index.exists() and "figuresLoaded" in index.read_text(errors="replace"))
+
+
 def build_report(build: Path, facts: Facts, store: ResultStore | None = None, title: str = "cpuopt report") -> Path:
     """Write BUILD/report/index.html (and its figures and notebook pages); return its path."""
     report = build / "report"
     figures_out = report / "figures"
     if report.exists():
-        if not (report / MARK).exists():  # never delete a folder cpuopt did not write
+        if not written_by_cpuopt(report):  # never delete a folder cpuopt did not write
             raise CpuoptError(f"{report} exists and was not written by cpuopt; move it away or give another --out")
         shutil.rmtree(report)
     figures_out.mkdir(parents=True)

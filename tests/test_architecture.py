@@ -34,6 +34,7 @@ LAYERS = (
      "stages.extensions", "stages.precision", "stages.multi_instance", "stages.case_study", "stages.climb",
      "stages.summary"},  # the deciding layer
     {"scripts", "tune", "session", "report", "pages", "workbook"},  # what notebooks and commands drive
+    {"site"},  # the docs site, over the report
     {"cli"},
     {"__main__"},
 )

@@ -212,3 +212,21 @@ def test_the_readme_block_is_one_answer_a_workload(tmp_path):
     readme.write_text("# x\n<!-- results:start -->\nold\n<!-- results:end -->\nrest\n")
     pages.update_readme(readme, block)
     assert readme.read_text() == f"# x\n<!-- results:start -->\n{block}\n<!-- results:end -->\nrest\n"
+
+
+def test_the_docs_site_builds_offline_with_no_warning(tmp_path):
+    """`make docs`: README.md as the home page, every docs page, strict (a warning fails it)."""
+    import subprocess
+    import sys
+
+    from cpuopt_helpers import site
+
+    config = site.source(ROOT, tmp_path)
+    proc = subprocess.run([str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "-f", str(config)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "WARNING" not in proc.stderr, proc.stderr
+    home = (tmp_path / "site" / "index.html").read_text()
+    assert "make run" in home and 'href="own-model.html"' in home and "figures.js" in home
+    assert "https://" not in "".join(line for line in home.splitlines() if "<script" in line or "stylesheet" in line)
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert (tmp_path / "site" / ("contents.html" if page.stem == "index" else f"{page.stem}.html")).exists()

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -340,6 +341,32 @@ def test_report_opens_in_a_browser_with_every_figure(quick_run):
     shot = index.parent / "screenshot.png"
     chromium(f"--screenshot={shot}", "--window-size=1280,2400", index.as_uri())
     assert shot.stat().st_size > 20_000
+
+
+def test_the_docs_site_opens_with_every_figure_loaded(quick_run, tmp_path):
+    """`make docs` on this run: the home page, this run's results page (every figure drawn by the
+    browser) and one executed notebook of the report, built by MkDocs in strict mode."""
+    import subprocess
+    import sys
+
+    from cpuopt_helpers import pages, site, system
+    from cpuopt_helpers.report import build_report
+
+    out, _ = quick_run
+    facts = system.collect_facts()
+    build_report(out, facts)
+    page = pages.write_results_page(ResultStore(out / "results.sqlite"), facts, "quick", tmp_path / "results",
+                                    out / "figures")
+    config = site.source(Path(__file__).resolve().parents[1], out, results=tmp_path / "results")
+    proc = subprocess.run([str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "-f", str(config)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "WARNING" not in proc.stderr, proc.stderr
+    for html, least in (("index.html", 0), (f"results/{page.stem}.html", 3)):
+        dom = chromium("--dump-dom", (out / "site" / html).as_uri()).stdout
+        loaded = re.search(r'data-figures-loaded="(\d+)/(\d+)"', dom)
+        assert loaded and loaded.group(1) == loaded.group(2) and int(loaded.group(2)) >= least, (html, loaded)
+    notebook = chromium("--dump-dom", (out / "site" / "report" / "notebooks" / "01_baseline.html").as_uri()).stdout
+    assert "data:image/png;base64" in notebook and "01 · Baseline" in notebook
 
 
 def test_summary_ladder_comes_from_the_store(quick_run):

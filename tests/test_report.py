@@ -20,3 +20,11 @@ def test_the_report_replaces_its_own_folder_and_refuses_a_users(tmp_path):
     with pytest.raises(CpuoptError, match="was not written by cpuopt"):
         build_report(theirs, make_facts(), store)
     assert (theirs / "report" / "notes.md").read_text() == "mine"
+
+
+def test_a_report_from_before_the_mark_is_still_cpuopts_own(tmp_path):
+    old = tmp_path / "report"
+    old.mkdir()
+    (old / "index.html").write_text("<html><script>document.body.dataset.figuresLoaded = 1</script></html>")
+    build_report(tmp_path, make_facts(), ResultStore(tmp_path / "r.sqlite"))  # replaced, not refused
+    assert (old / ".cpuopt-report").exists()
