@@ -55,14 +55,14 @@ def test_bf16_worker_run_uses_bf16():
 
 @pytest.mark.slow
 def test_digits_accuracy_experiment_on_a_tiny_setting():
-    runs = [accuracy.run_accuracy(mode, epochs=3, batch_size=64, threads=1) for mode in accuracy.MODES]
+    runs = [accuracy.run_accuracy(mode, epochs=2, batch_size=64, threads=1) for mode in accuracy.MODES]
     table = precision.accuracy_table(runs)
     assert list(table.index) == ["fp32", "bf16", "bf16_loss"]
-    assert all(len(r["history"]) == 3 and r["train_samples"] + r["test_samples"] == 1797 for r in runs)
-    assert table.loc["fp32", "final_accuracy"] > 0.6  # learns real digits in three epochs
-    assert runs[0]["history"][2]["loss"] < runs[0]["history"][0]["loss"]
+    assert all(len(r["history"]) == 2 and r["train_samples"] + r["test_samples"] == 1797 for r in runs)
+    assert table.loc["fp32", "final_accuracy"] > 0.5  # learns real digits in two epochs (chance: 0.1)
+    assert runs[0]["history"][1]["loss"] < runs[0]["history"][0]["loss"]
     assert runs[1]["history"] != runs[2]["history"]  # the bf16 loss really is computed in bf16
-    again = accuracy.run_accuracy("fp32", epochs=3, batch_size=64, threads=1)
+    again = accuracy.run_accuracy("fp32", epochs=2, batch_size=64, threads=1)
     assert again["history"] == runs[0]["history"]  # seeded: reproducible
 
 
