@@ -47,7 +47,7 @@ from cpuopt_helpers.planning import LaunchPlan, Machine, build_plan
 from cpuopt_helpers.provenance import (PREVIOUS_RUN_MEMORY_S, _load1, _read_text, code_version, machine_state,
                                        measuring_env, run_threads, steal_pct, usable_cpus)
 from cpuopt_helpers.system import Facts
-from cpuopt_helpers.worker import RESULT_KEY, UNSUPPORTED_EXIT
+from cpuopt_helpers.worker import PROGRESS_KEY, RESULT_KEY, UNSUPPORTED_EXIT
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,22 @@ def _parse_instance(stdout: str) -> dict | None:
             except json.JSONDecodeError:
                 continue
     return None
+
+
+def reached(stdouts: list[str]) -> dict | None:
+    """What the instances of a run that timed out had reached: every instance's last progress
+    line (samples and seconds of timed steps), as a throughput; None where one had not timed any."""
+    last = []
+    for text in stdouts:
+        lines = [line for line in text.splitlines() if line.startswith("{") and PROGRESS_KEY in line]
+        try:
+            last.append(json.loads(lines[-1])[PROGRESS_KEY] if lines else None)
+        except (json.JSONDecodeError, KeyError):
+            last.append(None)
+    if not last or any(p is None or p["elapsed_s"] <= 0 for p in last):
+        return None
+    return {"samples_per_s": sum(p["samples"] for p in last) / max(p["elapsed_s"] for p in last),
+            "steps": min(p["steps"] for p in last)}
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:
@@ -159,7 +175,8 @@ def run_plan(plan: LaunchPlan, facts: Facts | None = None) -> dict:
     state = machine_state(load1, usable_cpus(len(os.sched_getaffinity(0)), _read_text("/sys/fs/cgroup/cpu.max")),
                           threads, steal_pct(stat_before, stat_after, cpus) if stat_before and stat_after else None,
                           previous.get("threads", 0))
-    results = [_parse_instance(open(o, errors="replace").read()) for o in outs]
+    texts = [open(o, errors="replace").read() for o in outs]
+    results = [_parse_instance(text) for text in texts]
     status, reason = watch.outcome(status, reason, results, errs)
     launcher_log = ""
     if plan.pinning == "run_cpu":  # what run_cpu decided, from its own log lines
@@ -167,6 +184,12 @@ def run_plan(plan: LaunchPlan, facts: Facts | None = None) -> dict:
                                  if " - INFO - " in line or " - WARNING - " in line)
     shutil.rmtree(workdir, ignore_errors=True)
     result = make_result(plan, status, reason, [r for r in results if r], facts, state)
+    got = reached(texts) if status == "timeout" else None
+    if got:  # scored at what it reached, so that its slowness counts against it
+        result.update(reached_samples_per_s=got["samples_per_s"], reached_steps=got["steps"])
+        head, sep, tail = result["reason"].partition("; stderr tail")
+        result["reason"] = f"{head}; it reached {got['samples_per_s']:.2f} samples/s over {got['steps']} timed step(s)" \
+                           + sep + tail
     if launcher_log:
         result["launcher_log"] = launcher_log
     return result

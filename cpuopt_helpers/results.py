@@ -316,7 +316,8 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
         runs.append(dict(result, sweep=sweep, arm=index, round=round_, position=position, tag=tag))
         if result["status"] != "ok":
             log.warning("%s: %s: %s", config.label(), result["status"], (result["reason"] or "").splitlines()[:1])
-            return None
+            # a timeout is scored at the throughput it reached (slowness counts against it); a crash is not scored
+            return result.get("reached_samples_per_s") if result["status"] == "timeout" else None
         return result["samples_per_s"]
 
     def on_round(i: int, speeds: tuple) -> None:

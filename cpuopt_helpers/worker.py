@@ -53,6 +53,7 @@ from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.errors import CpuoptError
 
 RESULT_KEY = "cpuopt_instance"
+PROGRESS_KEY = "cpuopt_progress"  # a line after each timed step: what a run that times out had reached
 
 
 def peak_rss_mb() -> float:
@@ -603,7 +604,7 @@ def train(config: RunConfig) -> dict:
     wait_for_peers()
     verbose_log, trace = log_path(config.onednn_verbose), log_path(config.trace)
     with onednn_verbose_to(verbose_log), profiler_trace_to(trace, config.steps, config.trace_shapes):
-        timed = timed_steps(step, config.steps, losses)
+        timed = timed_steps(step, config.steps, losses, batch_size)
     compile_warm = None
     if config.compile:  # after every instance's timed steps, which it must not disturb
         wait_for_peers(config.timeout_s, stage="timed")
@@ -643,18 +644,23 @@ def train(config: RunConfig) -> dict:
     return result
 
 
-def timed_steps(step: Callable[[], tuple], steps: int, losses: list[float]) -> dict:
+def timed_steps(step: Callable[[], tuple], steps: int, losses: list[float], batch_size: int = 0) -> dict:
     """The timed loop: each step's time and phases, the losses appended, bracketed by wall-clock
-    times (comparable between the instances of one run)."""
+    times (comparable between the instances of one run). After each step a progress line
+    (PROGRESS_KEY: steps and samples done, seconds since the first) tells the launcher, should
+    the run time out, the throughput it reached."""
     clock = time.perf_counter
     times, phases = [], []
     timed_start = time.time()
-    for _ in range(steps):
+    for k in range(steps):
         t = clock()
         loss, phase = step()
         times.append(clock() - t)
         phases.append(phase)
         losses.append(loss)
+        if batch_size:
+            print(json.dumps({PROGRESS_KEY: {"steps": k + 1, "samples": (k + 1) * batch_size,
+                                             "elapsed_s": time.time() - timed_start}}), flush=True)
     return {"step_s": times, "timed_start": timed_start, "timed_end": time.time(),
             "phase_s": {name: [p[i] for p in phases] for i, name in enumerate(("forward", "backward", "optimizer"))}}
 

@@ -97,6 +97,14 @@ def test_a_kernel_that_fell_back_is_in_the_result_and_its_words():
 
 
 @pytest.mark.slow
+def test_a_run_that_times_out_says_the_throughput_it_reached():
+    proc = cpuopt("bench", "--workload", "cnn", "--preset", "quick", "--steps", "100000", "--timeout", "12", "--json")
+    r = json.loads(proc.stdout)
+    assert proc.returncode == 1 and r["status"] == "timeout" and r["reached_samples_per_s"] > 0 and r["reached_steps"] >= 1
+    assert f"it reached {r['reached_samples_per_s']:.2f} samples/s over {r['reached_steps']} timed step" in r["reason"]
+
+
+@pytest.mark.slow
 def test_bench_tcmalloc_shows_the_preload():
     lib = system.locate_library("tcmalloc")
     if lib is None:

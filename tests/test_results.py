@@ -306,3 +306,24 @@ def test_a_round_line_gives_both_throughputs_and_the_running_ratio():
     assert line == "round 3 (BA): a 40.00, b 44.00 samples/s; running ratio 1.05x over 2 rounds"
     assert round_line(0, ("a", "b"), (None, 3.0), [(None, 3.0)]).endswith("a failed, b 3.00 samples/s; "
                                                                           "no complete round yet")
+
+
+def test_a_timeout_is_scored_at_the_throughput_it_reached_and_a_crash_is_not(tmp_path):
+    from cpuopt_helpers.launch import reached
+    from cpuopt_helpers.results import run_comparison
+
+    progress = '{"cpuopt_progress": {"steps": %d, "samples": %d, "elapsed_s": %s}}'
+    two = ["noise\n" + progress % (1, 8, 1.0) + "\n" + progress % (3, 24, 4.0), progress % (2, 16, 2.0)]
+    assert reached(two) == {"samples_per_s": 40 / 4.0, "steps": 2}  # both instances' samples over the longest
+    assert reached(["no timed step yet"]) is None and reached([]) is None
+    a, b = RunConfig(workload="cnn", threads=2), RunConfig(workload="cnn", threads=2, allocator="jemalloc")
+
+    def runner(config):
+        if config.allocator == "jemalloc":  # always times out, having reached half the speed
+            return dict(fake_result(config, status="timeout", sps=None), reached_samples_per_s=50.0)
+        return fake_result(config, sps=100.0)
+    out = run_comparison(a, b, ResultStore(tmp_path / "r.sqlite"), runner, tag="t", machine="m1", min_rounds=5, max_rounds=5, progress=False)
+    assert out["n"] == 5 and out["verdict"] == "slower" and out["ratio"] == pytest.approx(0.5)
+    crash = run_comparison(a, b, ResultStore(tmp_path / "r.sqlite"), lambda c: fake_result(c, status="failed" if c is b else "ok"),
+                           tag="t2", machine="m1", min_rounds=5, max_rounds=5, progress=False)
+    assert crash["n"] == 0 and crash["stopped"] == "failed"
