@@ -604,7 +604,7 @@ def train(config: RunConfig) -> dict:
     wait_for_peers()
     verbose_log, trace = log_path(config.onednn_verbose), log_path(config.trace)
     with onednn_verbose_to(verbose_log), profiler_trace_to(trace, config.steps, config.trace_shapes):
-        timed = timed_steps(step, config.steps, losses, batch_size)
+        timed = timed_steps(step, config.steps, losses, 0 if verbose_log else batch_size)  # stdout is the log then
     compile_warm = None
     if config.compile:  # after every instance's timed steps, which it must not disturb
         wait_for_peers(config.timeout_s, stage="timed")
