@@ -82,6 +82,13 @@ class Session:
             self.store.put_fact(self.machine, name, value)
         return value
 
+    def peak(self, preset: str) -> dict:
+        """``peak.peak_report``: the theoretical peak per dtype beside the stored measured ceilings."""
+        from cpuopt_helpers import peak
+
+        return peak.peak_report(system.read_cpuinfo(), self.facts.physical_cores,
+                                self.store.get_fact(self.machine, f"roofline/{preset}"))
+
     def hand_on(self, config: RunConfig, step: str, evidence: dict | None = None,
                 comparison: Comparison | dict | None = None, ladder: str | None = None, stage: str | None = None) -> None:
         """Record the best configuration so far for a workload (the optimisation ladder),

@@ -442,6 +442,8 @@ def test_baseline_findings_compare_workloads_with_the_ceiling_only_when_there_ar
     assert (found[0].values["phase"], found[0].values["phase_share"], found[0].values["runs"]) == ("backward", 0.6, 2)
     assert found[-1].values == {"furthest": "rnn", "furthest_share": 0.25, "closest": "cnn", "closest_share": 0.75}
     assert found[0].sentence.startswith("rnn: 10.0 samples/s (median of 2 runs, range 9.0-11.0); backward takes 60%")
+    with_theory, = baseline.findings(two.loc[["cnn"]], 200.0, 600.0)  # both shares of peak, where the peak is known
+    assert with_theory.sentence.endswith("75% of the measured fp32 GEMM peak and 25% of the theoretical fp32 peak.")
     one = baseline.findings(two.loc[["cnn"]], 200.0)
     assert len(one) == 1 and one[0].values["gflops"] / one[0].values["peak_gflops"] == 0.75
 

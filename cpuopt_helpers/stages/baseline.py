@@ -12,7 +12,7 @@ from cpuopt_helpers.stages.choosing import PHASES
 from cpuopt_helpers.system import Facts
 
 
-def findings(table: pd.DataFrame, peak_gflops: float | None) -> list[Finding]:
+def findings(table: pd.DataFrame, peak_gflops: float | None, theoretical_gflops: float | None = None) -> list[Finding]:
     """The baseline of each workload, and how far each is from the GEMM ceiling, from its table."""
     if table.empty:
         return [Finding("", "baseline", "no baseline result")]
@@ -24,7 +24,8 @@ def findings(table: pd.DataFrame, peak_gflops: float | None) -> list[Finding]:
             "high": float(row["high"]), "phase": dominant, "phase_share": float(row[f"{dominant}_share"]),
             "step_ms": float(row["step_ms"]),
             "gflops": float(row["gflops"]) if row["gflops"] == row["gflops"] else None,  # None: FLOPs not counted
-            "peak_gflops": float(peak_gflops) if peak_gflops else None}))
+            "peak_gflops": float(peak_gflops) if peak_gflops else None,
+            "theoretical_gflops": float(theoretical_gflops) if theoretical_gflops else None}))
     efficiency = (table["gflops"] / peak_gflops).dropna() if peak_gflops else table["gflops"].iloc[0:0]
     if len(efficiency) > 1:  # a comparison between workloads whose work was counted
         lo, hi = efficiency.idxmin(), efficiency.idxmax()

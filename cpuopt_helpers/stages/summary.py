@@ -21,7 +21,7 @@ def ladder_findings(table: pd.DataFrame, workload: str = "") -> list[Finding]:
 
 
 def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict | None,
-                 price_per_hour: float, physical_cores: int) -> pd.DataFrame:
+                 price_per_hour: float, physical_cores: int, theoretical: dict | None = None) -> pd.DataFrame:
     """The optimisation ladder of one workload from the store (``ladder.rungs``): each rung
     handed on, its confirmed ratio to the rung before and to the baseline (chained, with
     intervals), its measured throughput (median of the stored runs of that configuration),
@@ -54,6 +54,8 @@ def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict
                      "cumulative_speedup": chained["ratio"], "cumulative_low": chained["ci_low"],
                      "cumulative_high": chained["ci_high"],
                      "peak_share": gflops / ceiling if gflops and ceiling else None,
+                     "theoretical_share": (gflops / (theoretical or {})[config.dtype]
+                                           if gflops and (theoretical or {}).get(config.dtype) else None),
                      "ceiling": f"{config.dtype} GEMM", "config": rung.config, "comparison": evidence or None,
                      "confirmed": rung.confirmed})
     table = pd.DataFrame(rows)
@@ -105,5 +107,8 @@ def ladder_summary(tables: dict, finals: dict, price_per_hour: float) -> list[st
             head += f"; ${last.usd_per_1000_samples:.4f} per 1000 samples at ${price_per_hour:g}/hour"
         if last.peak_share is not None and last.peak_share == last.peak_share:
             head += f"; {last.peak_share:.0%} of the measured {last.ceiling} ceiling"
+            share = last.get("theoretical_share")
+            head += (f", {share:.0%} of the theoretical {last.ceiling.split()[0]} peak" if share is not None and share == share
+                     else f", the theoretical {last.ceiling.split()[0]} peak unknown here (`cpuopt doctor`)")
         lines.append(head + ".")
     return lines
