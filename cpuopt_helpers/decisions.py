@@ -1,4 +1,5 @@
-"""The workbook's decisions as typed records: a comparison, an arm, a finding, a choice, a rung.
+"""The workbook's decisions as typed records: a comparison, an arm, a stage's plan, a finding, a
+choice, a rung.
 
 Stages return these instead of (config dict, sentence, comparison dict) tuples; the results
 store keeps them as JSON (``to_dict``) and gives them back as such (``from_dict``); sentences
@@ -13,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from cpuopt_helpers import compare
-from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.config import RunConfig, setting_label
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,45 @@ class Arm:
 
     name: str
     config: RunConfig
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a stage measures for one workload (its ``configs(base, facts, ...)``): the arms in
+    order, the first being the base every ratio is taken against, and what the stage leaves out
+    on this machine (name -> why, or the command that installs it)."""
+
+    arms: tuple[Arm, ...]
+    left_out: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, configs, left_out: dict | None = None) -> "Plan":
+        """From named configurations (a dict), or a list whose arms are named by what each
+        changes against the first ("baseline"); a configuration measured twice is kept once."""
+        pairs = configs.items() if isinstance(configs, dict) else \
+            ((setting_label(c.to_dict(), configs[0].to_dict()), c) for c in configs)
+        arms, seen = [], set()
+        for name, config in pairs:
+            if config.config_hash() not in seen:
+                seen.add(config.config_hash())
+                arms.append(Arm(name, config))
+        return cls(tuple(arms), dict(left_out or {}))
+
+    @property
+    def base(self) -> RunConfig:
+        return self.arms[0].config
+
+    @property
+    def workload(self) -> str:
+        return self.base.workload
+
+    @property
+    def configs(self) -> list[RunConfig]:
+        return [a.config for a in self.arms]
+
+    @property
+    def named(self) -> dict[str, RunConfig]:
+        return {a.name: a.config for a in self.arms}
 
 
 @dataclass(frozen=True)

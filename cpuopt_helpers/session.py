@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from cpuopt_helpers import compare, launch, system
 from cpuopt_helpers.config import RunConfig
-from cpuopt_helpers.decisions import Choice, Comparison, Finding
+from cpuopt_helpers.decisions import Choice, Comparison, Finding, Plan
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.results import ResultStore, run_comparison, run_sweep
 from cpuopt_helpers.stages import LADDER_STAGES, stage_index
@@ -112,15 +112,17 @@ class Session:
         rungs.sort(key=lambda s: stage_index(s.get("stage", s["step"])))
         self.store.put_fact(self.machine, name, rungs)
 
-    def settle(self, stage: str, decide, min_rounds: int = compare.MIN_ROUNDS, max_rounds: int = compare.MAX_ROUNDS,
-               budget_min: float | None = None, resume: bool = True) -> Choice:
-        """How a measuring notebook ends, for one workload: ``decide(confirm) -> Choice`` (the
-        stage's ``choose`` with the notebook's confirmation rounds), its finding stored, and the
-        configuration it chose handed on as the stage's rung."""
+    def settle(self, stage: str, table, plan: Plan, min_rounds: int = compare.MIN_ROUNDS,
+               max_rounds: int = compare.MAX_ROUNDS, budget_min: float | None = None, resume: bool = True,
+               **context) -> Choice:
+        """How a measuring notebook ends, for one workload: the stage's ``choose(table, plan,
+        confirm, **context)`` with the notebook's confirmation rounds, its finding stored, and
+        the configuration it chose handed on as the stage's rung."""
         from cpuopt_helpers.stages import stage as find_stage
 
         s = find_stage(stage)
-        choice = decide(self.confirmer(f"{s.tag}/confirm", min_rounds, max_rounds, budget_min, resume))
+        confirm = self.confirmer(f"{s.tag}/confirm", min_rounds, max_rounds, budget_min, resume)
+        choice = s.module.choose(table, plan, confirm, **context)
         self.record(choice.finding, choice.config.preset if choice.config is not None else "")
         if choice.config is not None:
             self.hand_on(choice.config, s.rung, {"workload": choice.finding.workload, "sentence": choice.sentence,

@@ -197,7 +197,10 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
                                                  "nothing; every allocator and OpenMP runtime can be measured."),
     "numactl refused": lambda v, c: (f"numactl is installed but refused here ({v['reason']}); runs pin with taskset "
                                      "or sched_setaffinity instead."),
-    "no baseline result": lambda v, c: "No workload produced a result; see the failures above.",
+    "no baseline result": lambda v, c: (f"{v['workload']}: no result; see the failures above."
+                                        if v["workload"] else "No workload produced a result; see the failures above."),
+    "ladder starts": lambda v, c: (f"{v['workload']}: its ladder starts at PyTorch's defaults, "
+                                   f"{v['samples_per_s']:.1f} samples/s."),
     "baseline throughput": _baseline,
     "gemm gap": lambda v, c: (
         f"Furthest from the GEMM ceiling: {v['furthest']} ({v['furthest_share']:.0%}); closest: {v['closest']} "

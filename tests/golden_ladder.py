@@ -70,49 +70,26 @@ def record(session: Session, stage: str, choice) -> dict:
 def climb(tmp_path, workload: str = "cnn") -> dict:
     """01 and 03-07 as their notebooks run them, on ``workload`` at the quick preset."""
     from cpuopt_helpers import ladder
-    from cpuopt_helpers.stages import allocator, baseline, choosing, extensions, multi_instance, precision, threads
+    from cpuopt_helpers.results import run_sweep
+    from cpuopt_helpers.stages import stage
 
     session = FakeSession(facts=facts(), store=ResultStore(tmp_path / "golden.sqlite"))
     session.calls = {}
     preset, decisions = "quick", []
-    base = baseline.configs([workload], preset)[0]
-    session.hand_on(base, "baseline")
-
-    def settle(stage_rung, tag, table, chooser):
-        choice = session.settle(stage_rung, lambda confirm: chooser(table, confirm), 5, 14, None, True)
-        decisions.append(record(session, stage_rung, choice))
-
-    progress = dict(progress=False)
-    import cpuopt_helpers.results as results_module
-
-    def sweep(configs, tag):
-        return results_module.run_sweep(configs, session.store, session.run, rounds=2, tag=tag,
-                                        machine=session.machine, **progress)
-
-    b = normalise(session.best_config(workload, preset, before="threading"), 2)
-    res = sweep(threads.configs(b, session.facts, True), "03")
-    settle("threading", "03/confirm", choosing.compare_configs(res, b.to_dict(), workload),
-           lambda t, c: choosing.choose(t, workload, c))
-
-    configs, _ = allocator.configs(session.best_config(workload, preset, before="allocator"), session.facts)
-    res = sweep(configs, "04")
-    settle("allocator", "04/confirm", choosing.compare_configs(res, configs[0].to_dict(), workload),
-           lambda t, c: choosing.choose(t, workload, c))
-
-    plan = extensions.configs(session.best_config(workload, preset, before="runtime"), session.facts, True, False, ())
-    res = sweep(list(plan.values()), "05")
-    settle("runtime", "05/confirm", choosing.named_table(res, plan), lambda t, c: extensions.choose(t, plan, c))
-
-    plan6 = precision.configs(session.best_config(workload, preset, before="bf16"), session.facts, True)
-    res = sweep(plan6, "06")
+    session.hand_on(RunConfig.for_preset(workload, preset), "baseline")
     accuracy = pd.DataFrame({"final_accuracy": [0.95, 0.948]}, index=pd.Index(["fp32", "bf16"], name="mode"))
-    settle("bf16", "06/confirm", choosing.compare_configs(res, plan6[0].to_dict(), workload),
-           lambda t, c: precision.choose(t, accuracy, session.facts.bf16, workload, c))
-
-    plan7 = multi_instance.configs(session.best_config(workload, preset, before="multi-instance"), session.facts)
-    res = sweep(plan7, "07")
-    settle("multi-instance", "07/confirm", multi_instance.layout_table(res, workload),
-           lambda t, c: multi_instance.choose(t, c, workload))
+    options = {"threading": ((True,), {}), "runtime": ((True, False, ()), {}), "bf16": ((True,), {}),
+               "allocator": ((), {}), "multi-instance": ((), {})}
+    context = {"bf16": {"accuracy": accuracy, "gate": session.facts.bf16}}
+    for rung, tag in (("threading", "03"), ("allocator", "04"), ("runtime", "05"), ("bf16", "06"),
+                      ("multi-instance", "07")):  # the stage protocol, as the notebooks follow it
+        module, (args, kwargs) = stage(rung).module, options[rung]
+        base = session.best_config(workload, preset, before=rung)
+        plan = module.configs(normalise(base, 2) if rung == "threading" else base, session.facts, *args, **kwargs)
+        res = run_sweep(plan.configs, session.store, session.run, rounds=2, tag=tag, machine=session.machine,
+                        progress=False)
+        choice = session.settle(rung, module.table(res, plan), plan, 5, 14, None, True, **context.get(rung, {}))
+        decisions.append(record(session, rung, choice))
 
     rows = ladder.rungs(session.store, session.machine, workload, preset, 2)
     rungs = [{"step": r.step, "config_hash": RunConfig.from_dict(r.config).config_hash(),

@@ -6,6 +6,7 @@ import pytest
 
 from cpuopt_helpers import accuracy, launch, system
 from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.decisions import Plan
 from cpuopt_helpers.stages import choosing, precision
 
 FIX = Path(__file__).parent / "fixtures"
@@ -82,14 +83,15 @@ def test_precision_choice_needs_a_fast_path_accuracy_and_a_confirmed_win():
     def confirm(verdict):
         return lambda a, b: {"ratio": 1.5, "ci_low": 1.3, "ci_high": 1.7, "n": 5, "verdict": verdict, "margin": 0.05,
                              "min_rounds": 5, "label": "95% CI"}
-    choice = precision.choose(table, acc, fast, "cnn", confirm("faster"))
+    plan = Plan.of([fp32, bf16])
+    choice = precision.choose(table, plan, confirm("faster"), accuracy=acc, gate=fast)
     assert choice.config.dtype == "bf16" and choice.changed and choice.sentence.endswith("handed on.")
-    slow = precision.choose(table, acc, dict(fast, accelerated=False, reason="no AMX"), "cnn", confirm("faster"))
+    slow = precision.choose(table, plan, confirm("faster"), accuracy=acc, gate=dict(fast, accelerated=False, reason="no AMX"))
     assert slow.config is None and (slow.finding.kind, slow.finding.values["reason"]) == ("no bf16 fast path", "no AMX")
     worse = pd.DataFrame({"final_accuracy": [0.95, 0.90]}, index=["fp32", "bf16"])
-    lost = precision.choose(table, worse, fast, "cnn", confirm("faster"))
+    lost = precision.choose(table, plan, confirm("faster"), accuracy=worse, gate=fast)
     assert lost.config is None and lost.finding.values["drop"] == pytest.approx(0.05)
-    kept = precision.choose(table, acc, fast, "cnn", confirm("no different"))
+    kept = precision.choose(table, plan, confirm("no different"), accuracy=acc, gate=fast)
     assert kept.config is None and kept.comparison.verdict == "no different"
 
 
@@ -114,6 +116,6 @@ def test_the_bf16_stage_compares_against_the_layout_handed_on():
     facts = system.Facts(physical_cores=2, bf16={"accelerated": True})
     for handed_on in (False, True):
         base = RunConfig.for_preset("cnn", "standard", threads=2, channels_last=handed_on)
-        configs = precision.configs(base, facts, channels_last=True)
+        configs = precision.configs(base, facts, channels_last=True).configs
         assert (configs[0].channels_last, configs[0].dtype) == (handed_on, "fp32")  # the reference: the rung before
         assert {(c.channels_last, c.dtype) for c in configs} == {(a, b) for a in (False, True) for b in ("fp32", "bf16")}

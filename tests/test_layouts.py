@@ -62,7 +62,7 @@ def test_a_layout_that_does_not_fit_a_node_is_left_out():
 def test_notebook_07_configs_use_the_machines_topology():
     xeon = read("lscpu_p_xeon_2s_smt.txt")
     facts = system.Facts(physical_cores=56, topology=xeon.to_dict())
-    configs = multi_instance.configs(RunConfig.for_preset("cnn", "quick"), facts)
+    configs = multi_instance.configs(RunConfig.for_preset("cnn", "quick"), facts).configs
     ddp = {(c.threads, c.instances) for c in configs if c.mode == "ddp"}
     assert ddp == {(t, n) for t, n in TABLE2 if n > 1}
     assert all(c.cores is None for c in configs)  # the launcher places them, inside nodes

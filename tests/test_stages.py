@@ -6,6 +6,7 @@ import pytest
 
 from cpuopt_helpers.system import Facts
 from cpuopt_helpers.config import RunConfig, setting_label
+from cpuopt_helpers.decisions import Plan
 from cpuopt_helpers.stages import allocator, case_study, choosing, extensions, summary, threads
 from tests.conftest import make_facts
 
@@ -20,12 +21,12 @@ def test_thread_counts():
 
 
 def test_loader_workers_are_swept_for_image_models_only():
-    configs = threads.configs(RunConfig.for_preset("rnn", "quick"), FACTS, image_like=False)
+    configs = threads.configs(RunConfig.for_preset("rnn", "quick"), FACTS, image_like=False).configs
     assert {c.loader_workers for c in configs} == {0}
 
 
 def test_threading_configs_cover_every_setting_once():
-    configs = threads.configs(RunConfig.for_preset("cnn", "quick"), FACTS)
+    configs = threads.configs(RunConfig.for_preset("cnn", "quick"), FACTS).configs
     labels = [c.label() for c in configs]
     assert len(set(c.config_hash() for c in configs)) == len(configs)
     assert configs[0].threads == 4  # the base, spelled out
@@ -35,13 +36,14 @@ def test_threading_configs_cover_every_setting_once():
     assert any(c.oversubscribe and c.threads == 16 for c in configs)
     assert {c.loader_workers for c in configs} == {0, 1, 4}
     one_socket = FACTS.replace(sockets=1, openmp={"intel": None})
-    configs = threads.configs(RunConfig.for_preset("cnn", "quick"), one_socket)
+    configs = threads.configs(RunConfig.for_preset("cnn", "quick"), one_socket).configs
     assert not any(c.affinity == "scatter" or c.omp_runtime == "intel" for c in configs)
 
 
 def test_allocator_configs_and_missing_ones():
     base = RunConfig.for_preset("rnn", "quick", allocator="tcmalloc", omp_runtime="intel")
-    configs, missing = allocator.configs(base, FACTS)
+    plan = allocator.configs(base, FACTS)
+    configs, missing = plan.configs, plan.left_out
     assert [c.allocator for c in configs] == ["default", "jemalloc", "jemalloc"]
     assert dict(configs[2].env)["MALLOC_CONF"] == "" and all(c.omp_runtime == "intel" for c in configs)
     assert list(missing) == ["tcmalloc"] and "apt-get install libtcmalloc-minimal4" in missing["tcmalloc"]
@@ -49,10 +51,10 @@ def test_allocator_configs_and_missing_ones():
 
 def test_launcher_configs():
     best = RunConfig.for_preset("cnn", "quick", threads=4, allocator="jemalloc")
-    default, run_cpu, chosen = allocator.launcher_configs(best, FACTS)
+    default, run_cpu, chosen = allocator.launcher_configs(best, FACTS).configs
     assert default.allocator == "default" and default.threads == 4 and run_cpu.launcher == "run_cpu"
     assert chosen == best
-    assert len(allocator.launcher_configs(default, FACTS)) == 2  # the best is the default: measured once
+    assert len(allocator.launcher_configs(default, FACTS).arms) == 2  # the best is the default: measured once
 
 
 def result(config, round_, sps, rss=100.0, arm=None, sweep="s1", losses=None):
@@ -211,8 +213,9 @@ def test_scaling_table_and_findings():
 def test_case_study_baseline_drops_fixes_handed_on_earlier():
     fixed = choosing.with_options(RunConfig.for_preset("retinanet", "quick"), focal="fast").replace(
         optimizer="lamb", optimizer_impl="foreach")
-    configs, missing = case_study.configs(fixed, FACTS)
-    assert configs["baseline"].options == () and configs["baseline"].optimizer_impl == "default" and missing == []
+    plan = case_study.configs(fixed, FACTS)
+    configs = plan.named
+    assert configs["baseline"].options == () and configs["baseline"].optimizer_impl == "default" and not plan.left_out
     assert configs["FrozenBatchNorm2d folded into the conv"].options == (("frozen_bn", "folded"),)
     assert dict(configs["all fixes"].options) == {"focal": "fast", "frozen_bn": "fused"}
     assert setting_label(configs["all fixes"].to_dict(), configs["baseline"].to_dict()) == \
@@ -220,13 +223,15 @@ def test_case_study_baseline_drops_fixes_handed_on_earlier():
 
 
 def test_case_study_takes_the_fixes_a_user_workload_declares_and_names_the_others():
-    configs, missing = case_study.configs(RunConfig.for_preset("tests.user_workloads:tagger", "quick"), FACTS)
+    plan = case_study.configs(RunConfig.for_preset("tests.user_workloads:tagger", "quick"), FACTS)
+    configs, missing = plan.named, list(plan.left_out.values())
     assert list(configs) == ["baseline", "frozen batch norm", "fused FrozenBatchNorm2d",
                              "FrozenBatchNorm2d folded into the conv", "closed-form focal loss", "all fixes"]
     assert configs["baseline"].optimizer == "sgd" and dict(configs["all fixes"].options) == {
         "frozen_bn": "fused", "focal": "fast"}
     assert len(missing) == 1 and "multi-tensor and fused Lamb (it trains with sgd" in missing[0]
-    configs, missing = case_study.configs(RunConfig.for_preset("tests.user_workloads:dict_model", "quick"), FACTS)
+    plan = case_study.configs(RunConfig.for_preset("tests.user_workloads:dict_model", "quick"), FACTS)
+    configs, missing = plan.named, list(plan.left_out.values())
     assert list(configs) == ["baseline"] and len(missing) == 3
     assert "declares no frozen_bn option" in missing[0] and "declares no focal option" in missing[1]
 
@@ -241,8 +246,8 @@ def test_runtime_findings_when_stock_torch_beats_every_replacement():
                     result(configs["SGD foreach"], i, 90.0, arm=2)]
     for r in results:
         r.update(step_ms={"median": 10.0})
-    table = choosing.named_table(results, configs)
-    found = {f.kind: f for f in extensions.findings(results, configs, table, "cnn")}
+    plan = Plan.of(configs)
+    found = {f.kind: f for f in extensions.findings(extensions.table(results, plan), plan, results)}
     # the reference itself is no candidate: the fastest replacement is named, slower than stock
     fastest = found["fastest upstream"]
     assert fastest.values == {"name": "SGD foreach", "samples_per_s": 90.0}
@@ -258,13 +263,14 @@ def test_a_compile_too_short_to_have_generated_a_kernel_is_said_so():
         results += [result(base, i, 100.0, arm=0), result(configs["torch.compile (default)"], i, 101.0, arm=1)]
     for r in results:
         r.update(step_ms={"median": 10.0}, compile_s=0.08 if r["config"]["compile"] else None, compile_warm_s=0.02)
-    found = {f.kind: f for f in extensions.findings(results, configs, choosing.named_table(results, configs), "rnn")}
+    plan = Plan.of(configs)
+    found = {f.kind: f for f in extensions.findings(extensions.table(results, plan), plan, results)}
     assert found["compiled nothing"].values == {"name": "torch.compile (default)", "compile_s": 0.08}
     assert "compile breakeven" not in found
     assert "took 0.08 s from a cold cache, too short for any kernel" in found["compiled nothing"].sentence
     for r in results:
         r.update(compile_s=30.0 if r["config"]["compile"] else None)
-    found = {f.kind: f for f in extensions.findings(results, configs, choosing.named_table(results, configs), "rnn")}
+    found = {f.kind: f for f in extensions.findings(extensions.table(results, plan), plan, results)}
     assert found["compile breakeven"].values == {"name": "torch.compile (default)", "compile_s": 30.0,
                                                  "compile_warm_s": 0.02, "steps": None}  # its steps are no faster
 
@@ -353,7 +359,8 @@ def test_layout_choice_confirms_ddp_and_says_what_memory_it_holds():
     from cpuopt_helpers.stages import multi_instance
 
     base = RunConfig.for_preset("cnn", "quick")
-    configs = multi_instance.configs(base, Facts(physical_cores=2))
+    plan = multi_instance.configs(base, Facts(physical_cores=2))
+    configs = plan.configs
     assert [(c.threads, c.instances, c.mode) for c in configs] == [
         (1, 1, "independent"), (1, 2, "independent"), (1, 2, "ddp"), (2, 1, "independent")]
     speeds = {(1, 1, "independent"): 10.0, (1, 2, "independent"): 19.0, (1, 2, "ddp"): 18.0, (2, 1, "independent"): 15.0}
@@ -368,7 +375,7 @@ def test_layout_choice_confirms_ddp_and_says_what_memory_it_holds():
         return {"ratio": 1.2, "ci_low": 1.1, "ci_high": 1.3, "n": 5, "verdict": "faster", "margin": 0.02,
                 "min_rounds": 5, "label": "95% CI"}
 
-    choice = multi_instance.choose(table, confirm, "cnn")
+    choice = multi_instance.choose(table, plan, confirm)
     assert seen == [(1, 2, "ddp")] and choice.config.mode == "ddp" and choice.config.instances == 2
     assert choice.finding.values["rss_growth"] == 1.0 and choice.changed
     assert choice.sentence.startswith("cnn: DDP 2 ranks x 1 threads (peak memory 400 MB over its ranks, 100% more")
@@ -376,7 +383,7 @@ def test_layout_choice_confirms_ddp_and_says_what_memory_it_holds():
     slower = {**speeds, (1, 2, "ddp"): 14.0}
     results = [dict(r, samples_per_s=slower[(r["config"]["threads"], r["config"]["instances"], r["config"]["mode"])])
                for r in results]
-    choice = multi_instance.choose(multi_instance.layout_table(results, "cnn"), confirm, "cnn")
+    choice = multi_instance.choose(multi_instance.table(results, plan), plan, confirm)
     assert (choice.config.instances, choice.config.threads, choice.comparison) == (1, 2, None)
     assert choice.finding.kind == "ddp not screened faster" and choice.sentence.endswith("is kept.")
 
@@ -476,3 +483,31 @@ def test_a_run_that_fell_back_says_so_in_its_name_and_is_never_a_candidate():
     assert all(c.allocator != "jemalloc" for c in confirmed) and choice.config.allocator != "jemalloc"
     assert "(fused Lamb fell back to eager: CalledProcessError: cc) is no candidate: it did not run what it was asked" \
         in choice.sentence
+
+
+def test_every_stage_that_hands_on_follows_one_protocol():
+    """configs(base, facts) -> Plan, table(results, plan), choose(table, plan, confirm) -> Choice and
+    findings(table, ...): the notebooks and Session.settle call every stage alike."""
+    import inspect
+
+    import pandas as pd
+
+    from cpuopt_helpers.decisions import Choice
+    from cpuopt_helpers.stages import STAGES
+
+    heads = {"configs": ["base", "facts"], "table": ["results", "plan"], "choose": ["table", "plan", "confirm"],
+             "findings": ["table"]}
+    context = {"bf16": {"accuracy": pd.DataFrame({"final_accuracy": [0.9, 0.9]}, index=["fp32", "bf16"]),
+                        "gate": {"accelerated": True, "reason": "made up"}}}
+    handing_on = [s for s in STAGES if s.rung]
+    assert [s.name for s in handing_on] == ["baseline", "threads", "allocator", "extensions", "precision",
+                                            "multi_instance", "case_study"]
+    for s in handing_on:
+        for name, head in heads.items():
+            params = list(inspect.signature(getattr(s.module, name)).parameters)
+            assert params[:len(head)] == head, (s.name, name, params)
+        base = RunConfig.for_preset("retinanet" if s.name == "case_study" else "cnn", "quick")
+        plan = s.module.configs(base, FACTS)
+        assert isinstance(plan, Plan) and plan.workload == base.workload and plan.arms[0].config == plan.base
+        choice = s.module.choose(s.module.table([], plan), plan, None, **context.get(s.rung, {}))
+        assert isinstance(choice, Choice) and choice.finding.workload == base.workload, s.name

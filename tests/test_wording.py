@@ -61,7 +61,7 @@ def test_a_finding_stored_and_loaded_back_says_the_same():
                    Comparison(1.5, 1.4, 1.6, 5, "faster"))
     too_few = Finding("cnn", "threads", "setting over baseline", {"setting": "x"}, Comparison(1.1, n=2))  # NaN interval
     found = (threads.settings_findings(table, "cnn") + threads.settings_findings(few, "cnn") + [too_few]
-             + allocator.memory_findings(table, "cnn") + allocator.findings({"cnn": base}, {"tcmalloc": "apt"})
+             + allocator.memory_findings(table, "cnn") + allocator.handed_on_findings({"cnn": base}, {"tcmalloc": "apt"})
              + baseline.system_findings(facts, {"threads": 2, "gemm_gflops_best": 120.0, "copy_gbs_best": 10.0})
              + climb.climb_findings({"ladder": "retinanet", "base": base, "top": base.replace(allocator="jemalloc"),
                                      "rungs": [{"rung": "runtime: torch.compile", "finding": rung}],

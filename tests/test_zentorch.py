@@ -8,9 +8,9 @@ import pytest
 from cpuopt_helpers.system import Facts
 from cpuopt_helpers import planning, runtimes, system
 from cpuopt_helpers.config import RunConfig
-from cpuopt_helpers.decisions import Finding
+from cpuopt_helpers.decisions import Finding, Plan
 from cpuopt_helpers.errors import CpuoptError
-from cpuopt_helpers.stages import choosing, extensions
+from cpuopt_helpers.stages import extensions
 from tests.test_stages import result
 
 
@@ -54,11 +54,11 @@ def test_its_status_says_what_is_missing_or_why_it_was_not_tried(monkeypatch):
     from cpuopt_helpers.config import RunConfig
 
     stock = RunConfig(threads=2)  # the vendor's extension's findings come from the plan, not from matching sentences
-    plan = {"torch (stock)": stock, "torch 2.8 (stock)": stock.replace(runtime="ipex"),
-            "torch 2.8 + IPEX": stock.replace(runtime="ipex", ipex=True)}
+    plan = Plan.of({"torch (stock)": stock, "torch 2.8 (stock)": stock.replace(runtime="ipex"),
+                    "torch 2.8 + IPEX": stock.replace(runtime="ipex", ipex=True)})
     runs = [{"status": "ok", "config_hash": c.config_hash(), "sweep": "s", "round": 0, "samples_per_s": sps}
-            for c, sps in zip(plan.values(), (10.0, 8.0, 4.0))]
-    ipex, zen = extensions.extension_findings(runs, plan, pd.DataFrame(), "cnn", {"reason": "not an AMD CPU"})
+            for c, sps in zip(plan.configs, (10.0, 8.0, 4.0))]
+    ipex, zen = extensions.extension_findings(pd.DataFrame(), plan, runs, {"reason": "not an AMD CPU"})
     assert (ipex.kind, ipex.comparison.ratio, ipex.comparison.n) == ("ipex over its torch", 0.5, 1)
     assert (zen.kind, zen.values) == ("zentorch not measured", {"reason": "not an AMD CPU"})
     assert ipex.sentence == ("cnn: IPEX over its own stock torch 2.8: 0.50x (1 round, fewer than the 5 a verdict "
@@ -87,7 +87,8 @@ def test_a_zentorch_run_that_cannot_start_is_refused_before_any_process(monkeypa
 
 def test_notebook_05_compares_zentorch_with_eager_and_inductor_or_says_why_not():
     base = RunConfig(threads=2)
-    configs = extensions.configs(base, Facts(physical_cores=2), False, False, ("default",), (), zentorch=True)
+    plan = extensions.configs(base, Facts(physical_cores=2), False, False, ("default",), (), zentorch=True)
+    configs = plan.named
     assert configs[extensions.ZENTORCH].compile == "zentorch" and "torch.compile (default)" in configs
     stock, inductor, zen = configs["torch (stock)"], configs["torch.compile (default)"], configs[extensions.ZENTORCH]
     curve = [2.0, 1.5, 1.0]
@@ -97,8 +98,7 @@ def test_notebook_05_compares_zentorch_with_eager_and_inductor_or_says_why_not()
                     result(zen, i, 120.0 + i, arm=2, losses=[2.0, 1.5, 1.02])]
     for r in results:
         r.update(step_ms={"median": 10.0})
-    eager, inductor, drift = extensions.zentorch_findings(results, configs, choosing.named_table(results, configs),
-                                                          "cnn", {})
+    eager, inductor, drift = extensions.zentorch_findings(extensions.table(results, plan), plan, results, {})
     assert eager.kind == "zentorch over eager" and eager.comparison.faster
     assert eager.comparison.ratio == pytest.approx(1.22, abs=0.005)
     assert (inductor.kind, inductor.values) == ("zentorch over inductor", {"mode": "default"})
@@ -106,11 +106,11 @@ def test_notebook_05_compares_zentorch_with_eager_and_inductor_or_says_why_not()
     assert drift.kind == "zentorch loss drift" and drift.values["within"] and drift.values["tolerance"] == 0.10
     failed = [r for r in results if r["config_hash"] != zen.config_hash()] + [
         dict(result(zen, 0, None, arm=2), status="failed", reason="Traceback ...\nRuntimeError: zentorch: unsupported op")]
-    failure, = extensions.zentorch_findings(failed, configs, choosing.named_table(failed, configs), "cnn", {})
+    failure, = extensions.zentorch_findings(extensions.table(failed, plan), plan, failed, {})
     assert (failure.kind, failure.values) == ("zentorch failed", {"error": "RuntimeError: zentorch: unsupported op"})
     plain = extensions.configs(base, Facts(physical_cores=2), False, False, (), ())
     not_tried = {"reason": "not tried: this CPU is GenuineIntel, and zentorch is AMD's backend"}
-    said, = extensions.zentorch_findings([], plain, choosing.named_table([], plain), "cnn", not_tried)
+    said, = extensions.zentorch_findings(extensions.table([], plain), plain, [], not_tried)
     assert (said.kind, said.values) == ("zentorch not measured", not_tried)
     assert Finding("cnn", "extensions", "zentorch not measured", {"reason": None}).sentence == \
         "cnn: zentorch: not measured here (ZENTORCH = False)."

@@ -1,11 +1,21 @@
 """The steps of the method, in order: one module per stage, one notebook per stage.
 
-Each stage module answers one question for a workload and a starting configuration: what
-to measure (``configs``), the tidy data its notebook shows (``*_table``), the choice through
-compare.py (``choose``, returning a configuration or None, never a label) and what it found
-(``*_findings``: ``decisions.Finding`` records, worded by ``cpuopt_helpers.wording``; a notebook
-prints and keeps them with ``Session.tell``). ``choosing`` holds what several stages share: the
-table of settings against a base and the choice through compare.py.
+Every stage that hands a rung on follows one protocol, for one workload at a time (a test
+holds each to it):
+
+- ``configs(base, facts, ...) -> decisions.Plan``: what to measure, its arms named, the first
+  the base every ratio is taken against, and what is left out on this machine and why;
+- ``table(results, plan)``: the tidy data its notebook shows, each arm against the base;
+- ``choose(table, plan, confirm, ...) -> decisions.Choice``: the choice through compare.py (a
+  configuration or None, never a label), confirmed in fresh rounds (``confirm``);
+- ``findings(table, ...)``: what it found, as ``decisions.Finding`` records, worded by
+  ``cpuopt_helpers.wording`` (a notebook prints and keeps them with ``Session.tell``).
+
+A notebook ends with ``Session.settle(stage, table, plan, ...)``, which calls the stage's
+``choose`` with its confirmation rounds, stores the finding and hands the choice on.
+``profiling`` and ``summary`` hand nothing on; ``choosing`` holds what several stages share
+(the table of settings against a base, the choice through compare.py); ``climb`` is notebook
+08's whole ladder, its rungs as data.
 
 A new step of the method (say 10, quantization) is a module here, a row in STAGES, a
 notebook ``10_quantization.ipynb`` and a test.

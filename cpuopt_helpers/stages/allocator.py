@@ -7,18 +7,17 @@ from __future__ import annotations
 import pandas as pd
 
 from cpuopt_helpers.config import RunConfig, normalise
-from cpuopt_helpers.decisions import Comparison, Finding
-from cpuopt_helpers.stages.choosing import unique
+from cpuopt_helpers.decisions import Choice, Comparison, Finding, Plan
+from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.system import Facts
 
 JEMALLOC_DEFAULT_CONF = (("MALLOC_CONF", ""),)  # jemalloc with its own defaults, not run_cpu's tuning
 
 
-def configs(base: RunConfig, facts: Facts) -> tuple[list[RunConfig], dict]:
-    """Notebook 04: glibc, jemalloc with run_cpu's MALLOC_CONF and without, tcmalloc.
-
-    Returns the configurations that can run here and, for each missing allocator, the
-    command that installs it.
+def configs(base: RunConfig, facts: Facts) -> Plan:
+    """Notebook 04: glibc, jemalloc with run_cpu's MALLOC_CONF and without, tcmalloc: the
+    configurations that can run here, and (``left_out``) the command that installs each
+    missing allocator.
     """
     from cpuopt_helpers.system import INSTALL_HINTS
 
@@ -34,14 +33,27 @@ def configs(base: RunConfig, facts: Facts) -> tuple[list[RunConfig], dict]:
         configs.append(base.replace(allocator="tcmalloc"))
     else:
         missing["tcmalloc"] = INSTALL_HINTS["tcmalloc"]
-    return configs, missing
+    return Plan.of(configs, missing)
 
 
-def launcher_configs(best: RunConfig, facts: Facts) -> list[RunConfig]:
-    """PyTorch's defaults, run_cpu's defaults and the best setting found, to be interleaved."""
+table = choosing.settings_table
+
+
+def choose(table: pd.DataFrame, plan: Plan, confirm=None) -> Choice:
+    """The screening winner confirmed against glibc malloc (``choosing.choose``)."""
+    return choosing.choose(table, plan.workload, confirm, stage="allocator")
+
+
+def findings(table: pd.DataFrame, plan: Plan) -> list[Finding]:
+    """Peak resident memory of each allocator against glibc's."""
+    return memory_findings(table, plan.workload)
+
+
+def launcher_configs(best: RunConfig, facts: Facts) -> Plan:
+    """PyTorch's defaults (the base), run_cpu's defaults and the best setting found, to be interleaved."""
     default = RunConfig.for_preset(best.workload, best.preset)
     default = normalise(default.replace(steps=best.steps, warmup=best.warmup), facts.physical_cores)
-    return unique([default, default.replace(launcher="run_cpu"), best])
+    return Plan.of([default, default.replace(launcher="run_cpu"), best])
 
 
 def memory_findings(table: pd.DataFrame, workload: str) -> list[Finding]:
@@ -75,7 +87,7 @@ def launcher_findings(table: pd.DataFrame, workload: str) -> list[Finding]:
     return found or [Finding(workload, "allocator", "defaults best")]
 
 
-def findings(chosen: dict[str, RunConfig | None], missing: dict) -> list[Finding]:
+def handed_on_findings(chosen: dict[str, RunConfig | None], missing: dict) -> list[Finding]:
     """Across workloads: which allocator is handed on where, and what was not measured."""
     wins = {}
     for w, config in chosen.items():

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pandas as pd
 
 from cpuopt_helpers.config import RunConfig
-from cpuopt_helpers.decisions import Finding
-from cpuopt_helpers.stages.choosing import PHASES
+from cpuopt_helpers.decisions import Choice, Finding, Plan
+from cpuopt_helpers.stages.choosing import PHASES, throughput_table
 from cpuopt_helpers.system import Facts
 
 
@@ -57,14 +57,23 @@ def system_findings(facts: Facts, roofline: dict) -> list[Finding]:
     return found
 
 
-def configs(workloads: list[str], preset: str) -> list[RunConfig]:
-    """Each workload as PyTorch runs it by default, at the preset's sizes, steps and warm-up."""
-    return [RunConfig.for_preset(w, preset) for w in workloads]
+def configs(base: RunConfig, facts: Facts) -> Plan:
+    """The workload as PyTorch runs it by default (``base``: ``RunConfig.for_preset``, at the
+    preset's sizes, steps and warm-up), alone: a baseline compares nothing."""
+    return Plan.of({"PyTorch's defaults": base})
 
 
-def start_ladders(session, configs: list[RunConfig], table) -> None:
-    """Each workload that produced a result starts its ladder here: PyTorch's defaults, with the
-    samples/s it measured (the first rung of every ladder)."""
-    for config in configs:
-        if config.workload in table.index:
-            session.hand_on(config, "baseline", {"samples_per_s": float(table.loc[config.workload, "samples_per_s"])})
+def table(results: list[dict], plan: Plan | None = None) -> pd.DataFrame:
+    """``choosing.throughput_table``: one row per workload (the plan's alone where given)."""
+    if plan is not None:
+        results = [r for r in results if r["config"]["workload"] == plan.workload]
+    return throughput_table(results)
+
+
+def choose(table: pd.DataFrame, plan: Plan, confirm=None) -> Choice:
+    """The first rung of the workload's ladder: PyTorch's defaults, where they produced a
+    result (nothing to confirm: the baseline is what every later rung is compared with)."""
+    if plan.workload not in table.index:
+        return Choice(None, None, Finding(plan.workload, "baseline", "no baseline result"))
+    return Choice(plan.base, None, Finding(plan.workload, "baseline", "ladder starts",
+                                           {"samples_per_s": float(table.loc[plan.workload, "samples_per_s"])}))

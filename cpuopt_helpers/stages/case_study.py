@@ -8,7 +8,7 @@ import pandas as pd
 
 from cpuopt_helpers import compare, fixes
 from cpuopt_helpers.config import RunConfig, normalise
-from cpuopt_helpers.decisions import Finding, as_comparison
+from cpuopt_helpers.decisions import Choice, Finding, Plan, as_comparison
 from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.stages.choosing import with_options
 from cpuopt_helpers.system import Facts
@@ -26,8 +26,8 @@ HOW_TO_DECLARE = {
 }
 
 
-def configs(base: RunConfig, facts: Facts, compiled_region: bool = False) -> tuple[dict[str, RunConfig], list[str]]:
-    """Notebook 08's settings for the base's workload, and what does not apply to it.
+def configs(base: RunConfig, facts: Facts, compiled_region: bool = False) -> Plan:
+    """Notebook 08's settings for the base's workload, and (``left_out``) what does not apply to it.
 
     The baseline has none of the fixes (the workload's option defaults, even where a fix was
     handed on earlier); then every fix the workload declares among its options
@@ -53,11 +53,47 @@ def configs(base: RunConfig, facts: Facts, compiled_region: bool = False) -> tup
     if len(arms) > 2:
         arms["all fixes"] = with_options(base, **together).replace(optimizer_impl="fused" if lamb else
                                                                     base.optimizer_impl)
-    missing = [f"{base.workload}: not measured: {HOW_TO_DECLARE[name]}." for name in fixes.OPTIONS if name not in declared]
+    missing = {name: f"{base.workload}: not measured: {HOW_TO_DECLARE[name]}." for name in fixes.OPTIONS
+               if name not in declared}
     if not lamb:
-        missing.append(f"{base.workload}: not measured: multi-tensor and fused Lamb (it trains with {base.optimizer}; notebook 05 "
-                       "compares its optimizer's foreach and fused implementations).")
-    return arms, missing
+        missing["lamb"] = (f"{base.workload}: not measured: multi-tensor and fused Lamb (it trains with {base.optimizer}; "
+                           "notebook 05 compares its optimizer's foreach and fused implementations).")
+    return Plan.of(arms, missing)
+
+
+def measured(plans: dict[str, Plan], discrepancy: bool) -> dict[str, Plan]:
+    """What notebook 08 sweeps and shows, by name: each workload that declares a fix, its fixes
+    beside its frozen-layers arms (measured, never candidates: ``choose`` takes its candidates
+    from the workload's own plan), and RetinaNet at 601 classes where ``discrepancy`` asks."""
+    out = {w: Plan.of(p.named | frozen_layer_configs(p.base)) for w, p in plans.items() if len(p.arms) > 1}
+    if "retinanet" in out and discrepancy:
+        retina = plans["retinanet"].base
+        out["retinanet, 601 classes"] = Plan.of({"baseline": retina,
+                                                 "baseline, 601 classes": with_options(retina, classes=601)})
+    return out
+
+
+def table(results: list[dict], plan: Plan) -> pd.DataFrame:
+    """``choosing.named_table``: every arm against the baseline, with its step time and loss drift."""
+    return choosing.named_table(results, plan.named)
+
+
+def choose(table: pd.DataFrame, plan: Plan, confirm=None) -> Choice:
+    """The fastest of the fixes the plan holds (not the frozen-layers arms that ``measured`` adds
+    beside them), confirmed against the baseline."""
+    table = table.assign(setting=table["name"]) if len(table) else table
+    return choosing.choose(table, f"{plan.workload} case study", confirm, stage="case-study fixes",
+                           workload=plan.workload,
+                           candidates=table[table["name"].isin(list(plan.named))] if len(table) else None)
+
+
+def findings(table: pd.DataFrame, plan: Plan, results: list[dict], name: str = "") -> list[Finding]:
+    """A measured ladder's fixes against its baseline (``name``: the ladder's), and the step-time
+    effects of its frozen-layers arms."""
+    from cpuopt_helpers.stages import summary
+
+    frozen = {n: c for n, c in plan.named.items() if n in frozen_layer_configs(plan.base)}
+    return summary.ladder_findings(table, name or plan.workload) + frozen_time_findings(results, plan.base, frozen)
 
 
 def conv_counts(exec_df: pd.DataFrame, steps: int) -> dict:
@@ -180,7 +216,7 @@ def frozen_time_findings(results: list[dict], base: RunConfig, arms: dict[str, R
     return found
 
 
-def frozen_layers(session, arms: dict, layers: list[int], log_dir, preset: str) -> tuple[dict, list[str]]:
+def frozen_layers(session, plans: dict[str, Plan], layers: list[int], log_dir, preset: str) -> tuple[dict, list[str]]:
     """For every workload that declares ``trainable_layers``: a 2-step run logged at each count of
     trainable backbone stages, its step time and its convolutions by direction (the paper: the
     frozen stages' backward); the tables, and a line for each run that failed."""
@@ -189,11 +225,11 @@ def frozen_layers(session, arms: dict, layers: list[int], log_dir, preset: str) 
     from cpuopt_helpers.profiledn import parse_log
 
     tables, failed = {}, []
-    for workload in [w for w in arms if "trainable_layers" in declared_options(w)]:
+    for workload in [w for w in plans if "trainable_layers" in declared_options(w)]:
         rows = []
         for count in layers:
             path = str(log_dir / f"08_{workload.replace(':', '_')}_{preset}_tl{count}.log")
-            config = with_options(arms[workload]["baseline"], trainable_layers=count).replace(steps=2, onednn_verbose=path)
+            config = with_options(plans[workload].base, trainable_layers=count).replace(steps=2, onednn_verbose=path)
             r = session.run(config)
             if r["status"] != "ok":
                 failed.append(f"FAILED {r['label']} {r['reason'][:300]}")
@@ -204,13 +240,14 @@ def frozen_layers(session, arms: dict, layers: list[int], log_dir, preset: str) 
     return tables, failed
 
 
-def profile_specs(ladders: dict, climbs: dict) -> dict[str, RunConfig]:
+def profile_specs(ladders: dict[str, Plan], climbs: dict) -> dict[str, RunConfig]:
     """What notebook 08 profiles: RetinaNet before, after (the climb's top, else all fixes) and at 601
     classes where that ladder was measured."""
-    after = climbs["retinanet"]["top"] if "retinanet" in climbs else ladders["retinanet"]["all fixes"]
-    specs = {"retinanet before": ladders["retinanet"]["baseline"], "retinanet after": after}
+    retina = ladders["retinanet"].named
+    after = climbs["retinanet"]["top"] if "retinanet" in climbs else retina["all fixes"]
+    specs = {"retinanet before": retina["baseline"], "retinanet after": after}
     if "retinanet, 601 classes" in ladders:
-        specs["retinanet 601 classes"] = ladders["retinanet, 601 classes"]["baseline, 601 classes"]
+        specs["retinanet 601 classes"] = ladders["retinanet, 601 classes"].named["baseline, 601 classes"]
     return specs
 
 
@@ -309,25 +346,22 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
     return pd.DataFrame(out)
 
 
-def settle_fixes(session, arms: dict, tables: dict, climbs: dict, preset: str, min_rounds: int, max_rounds: int,
-                 budget_min: float | None, resume: bool = True) -> list[str]:
+def settle_fixes(session, plans: dict[str, Plan], tables: dict, climbs: dict, preset: str, min_rounds: int,
+                 max_rounds: int, budget_min: float | None, resume: bool = True) -> list[str]:
     """Notebook 08's hand-on, per workload: the fastest of the fixes it declares, confirmed against
     its baseline (``Session.settle``). RetinaNet's ladder starts here (no earlier notebook
     measures it) unless a climb above made it. Returns the sentences, in order."""
     lines = []
-    for workload, arm in arms.items():
+    for workload, plan in plans.items():
         if workload in climbs:
             lines.append(f"{workload}: its ladder is the climb above.")
             continue
         if workload == "retinanet":  # a climb's ladder, from an earlier run, is replaced
             session.reset_ladder(workload, preset)
-            session.hand_on(arm["baseline"], "baseline", {"workload": workload})
+            session.hand_on(plan.base, "baseline", {"workload": workload})
         if workload not in tables:
             lines.append(f"{workload}: it declares none of the fixes; nothing to hand on.")
             continue
-        table = tables[workload].assign(setting=tables[workload]["name"])
-        choice = session.settle("case_study", lambda confirm: choosing.choose(
-            table, f"{workload} case study", confirm, candidates=table[table["name"].isin(list(arm))],
-            stage="case-study fixes"), min_rounds, max_rounds, budget_min, resume)
+        choice = session.settle("case_study", tables[workload], plan, min_rounds, max_rounds, budget_min, resume)
         lines.append(choice.sentence)
     return lines

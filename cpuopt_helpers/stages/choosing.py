@@ -10,7 +10,7 @@ import pandas as pd
 
 from cpuopt_helpers import compare, stats
 from cpuopt_helpers.config import RunConfig, setting_hash, setting_label
-from cpuopt_helpers.decisions import Choice, Finding, as_comparison
+from cpuopt_helpers.decisions import Choice, Finding, Plan, as_comparison
 
 
 def unique(configs: list[RunConfig]) -> list[RunConfig]:
@@ -148,6 +148,11 @@ def compare_configs(results: list[dict], baseline: dict, workload: str | None = 
     return table.sort_values("samples_per_s", ascending=False).reset_index(drop=True) if len(table) else table
 
 
+def settings_table(results: list[dict], plan: Plan) -> pd.DataFrame:
+    """``compare_configs`` of a plan's workload against its base (a stage's ``table``)."""
+    return compare_configs(results, plan.base.to_dict(), plan.workload)
+
+
 def screened_only(workload: str, stage: str, rows: list[dict]) -> list[Finding]:
     """Settings a screening ranked without a verdict (fewer rounds than a verdict needs): one
     record for all of them, not a "too few rounds" sentence each; the table shows their ratios."""
@@ -165,7 +170,7 @@ def is_screened(row) -> bool:
 
 def choose(table: pd.DataFrame, what: str, confirm=None, candidates: pd.DataFrame | None = None,
            screen_gate: bool = True, incumbent: RunConfig | None = None, incumbent_name: str = "the baseline",
-           stage: str = "") -> Choice:
+           stage: str = "", workload: str | None = None) -> Choice:
     """The configuration to hand on, the comparison behind it and why (a ``decisions.Choice``).
 
     The incumbent is the table's baseline row (found by configuration, ``compare_configs``), or
@@ -177,10 +182,11 @@ def choose(table: pd.DataFrame, what: str, confirm=None, candidates: pd.DataFram
     incumbent (a ladder of one candidate a rung, where a single noisy round would otherwise
     decide). A setting whose loss drifted from the incumbent's beyond LOSS_TOLERANCE is no
     candidate; the finding names it, and the winner's peak memory where it grew by more than
-    MEMORY_WARNING. ``incumbent_name`` is how the sentences call the incumbent.
+    MEMORY_WARNING. ``incumbent_name`` is how the sentences call the incumbent; ``workload``
+    what the finding is of (default: the table's workload, else ``what``).
     """
     values = {"what": what, "incumbent": incumbent_name, "tolerance": LOSS_TOLERANCE}
-    workload = str(table["config"].iloc[0]["workload"]) if len(table) and "config" in table else what
+    workload = workload or (str(table["config"].iloc[0]["workload"]) if len(table) and "config" in table else what)
 
     def decided(config, kind, comparison=None, **more) -> Choice:
         comparison = as_comparison(comparison)

@@ -86,7 +86,7 @@ def bf16(c: Climbing) -> Candidates:
 def fixes(c: Climbing) -> Candidates:
     """The paper's fixes together on top of the current configuration; and, where the workload
     declares it, the same with FrozenBatchNorm2d folded into the conv (the other fix for that cost)."""
-    arms = case_study.configs(c.base, c.facts)[0]
+    arms = case_study.configs(c.base, c.facts).named
     fixed = arms.get("all fixes")
     if fixed is None:
         return (), "the workload declares none of the fixes"

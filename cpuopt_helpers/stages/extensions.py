@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from cpuopt_helpers.config import RunConfig, normalise
-from cpuopt_helpers.decisions import Choice, Finding, as_comparison
+from cpuopt_helpers.decisions import Choice, Finding, Plan, as_comparison
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.stages.choosing import paired
@@ -22,19 +22,19 @@ ZENTORCH = "torch.compile (zentorch)"
 EXTENSION_FACT = "vendor_extension/findings"  # what notebook 05 measured of the vendor's extension (`cpuopt doctor`)
 
 
-def extension_findings(results: list[dict], configs: dict, table: pd.DataFrame, workload: str,
-                       zentorch: dict) -> list[Finding]:
+def extension_findings(table: pd.DataFrame, plan: Plan, results: list[dict], zentorch: dict) -> list[Finding]:
     """What notebook 05 measured of a vendor's extension, for `cpuopt doctor`: IPEX against its
     own torch, and zentorch against stock eager and Inductor, its loss, or why it was not measured."""
-    return ipex_own_findings(results, configs, workload) + zentorch_findings(results, configs, table, workload, zentorch)
+    return ipex_own_findings(results, plan) + zentorch_findings(table, plan, results, zentorch)
 
 
 def _note(workload: str, kind: str, comparison=None, **values) -> Finding:
     return Finding(workload, "extensions", kind, values, as_comparison(comparison))
 
 
-def ipex_own_findings(results: list[dict], configs: dict, workload: str) -> list[Finding]:
+def ipex_own_findings(results: list[dict], plan: Plan) -> list[Finding]:
     """IPEX against the stock torch 2.8 it runs in (empty where the IPEX runtime was not measured)."""
+    configs, workload = plan.named, plan.workload
     if "torch 2.8 + IPEX" not in configs:
         return []
     h = {n: c.config_hash() for n, c in configs.items()}
@@ -53,13 +53,13 @@ def runtimes_measured(ipex: dict, zentorch: dict, asked) -> tuple[bool, list[str
     return use, lines
 
 
-def configs(base: RunConfig, facts: Facts, image_like: bool, ipex_available: bool,
+def configs(base: RunConfig, facts: Facts, image_like: bool = True, ipex_available: bool = False,
             compile_modes: tuple[str, ...] = ("default", "max-autotune"),
-            optimizers: tuple[str, ...] = OPTIMIZER_ARMS, zentorch: bool = False) -> dict[str, RunConfig]:
+            optimizers: tuple[str, ...] = OPTIMIZER_ARMS, zentorch: bool = False) -> Plan:
     """Notebook 05: stock torch 2.8, torch 2.8 + IPEX, stock torch (this venv), and this
     torch's upstream replacements for what IPEX did, all on the same base setting.
 
-    Returns name -> config, the first being the stock runtime every ratio is taken against.
+    The arms are named, the first being the stock runtime every ratio is taken against.
     The AdamW pair measures the fused optimizer where it matters most (SGD's update is
     one multiply-add per weight).
     """
@@ -81,7 +81,12 @@ def configs(base: RunConfig, facts: Facts, image_like: bool, ipex_available: boo
     arms = {"SGD foreach": base.replace(optimizer_impl="foreach"), "SGD fused": base.replace(optimizer_impl="fused"),
             "AdamW (default)": base.replace(optimizer="adamw"),
             "AdamW fused": base.replace(optimizer="adamw", optimizer_impl="fused")}
-    return configs | {name: config for name, config in arms.items() if name in optimizers}
+    return Plan.of(configs | {name: config for name, config in arms.items() if name in optimizers})
+
+
+def table(results: list[dict], plan: Plan) -> pd.DataFrame:
+    """``choosing.named_table``: every arm against the stock runtime, with compile times."""
+    return choosing.named_table(results, plan.named)
 
 
 def breakeven_steps(compile_s: float, eager_step_ms: float, compiled_step_ms: float) -> float | None:
@@ -90,12 +95,13 @@ def breakeven_steps(compile_s: float, eager_step_ms: float, compiled_step_ms: fl
     return compile_s / saving_s if saving_s > 0 else None
 
 
-def findings(results: list[dict], configs: dict, table: pd.DataFrame, workload: str) -> list[Finding]:
+def findings(table: pd.DataFrame, plan: Plan, results: list[dict]) -> list[Finding]:
     """Notebook 05's answer for one workload, from its measurements."""
+    configs, workload = plan.named, plan.workload
     if table.empty:
         return [_note(workload, "no runtime result")]
     h = {n: c.config_hash() for n, c in configs.items()}
-    found = ipex_own_findings(results, configs, workload)
+    found = ipex_own_findings(results, plan)
     if "torch 2.8 + IPEX" in h:
         found.append(_note(workload, "stock over ipex", paired(results, h["torch 2.8 + IPEX"], h["torch (stock)"])))
     upstream = table[~table["name"].isin(["torch 2.8 (stock)", "torch 2.8 + IPEX", "AdamW (default)",
@@ -130,10 +136,10 @@ def compile_findings(table: pd.DataFrame, workload: str) -> list[Finding]:
     return found
 
 
-def zentorch_findings(results: list[dict], configs: dict, table: pd.DataFrame, workload: str,
-                      status: dict) -> list[Finding]:
+def zentorch_findings(table: pd.DataFrame, plan: Plan, results: list[dict], status: dict) -> list[Finding]:
     """zentorch's training throughput against stock eager and Inductor, and whether its loss
     matches the eager run's; or why it was not measured, or what failed."""
+    configs, workload = plan.named, plan.workload
     if ZENTORCH not in configs:
         return [_note(workload, "zentorch not measured", reason=status.get("reason"))]
     h = {n: c.config_hash() for n, c in configs.items()}
@@ -155,7 +161,7 @@ def zentorch_findings(results: list[dict], configs: dict, table: pd.DataFrame, w
     return found
 
 
-def choose(table: pd.DataFrame, configs: dict, confirm=None) -> Choice:
+def choose(table: pd.DataFrame, plan: Plan, confirm=None) -> Choice:
     """Notebook 05's hand-on: the fastest eager setting of this torch (no IPEX runtime, no compile).
 
     IPEX is archived and runs only in its own torch 2.8 runtime; torch.compile costs its
@@ -163,5 +169,6 @@ def choose(table: pd.DataFrame, configs: dict, confirm=None) -> Choice:
     Both are reported, neither is handed on; the choice is made like every other (ratio
     above 1 over the whole interval).
     """
-    eager = [n for n, c in configs.items() if c.runtime == "main" and not c.compile and c.optimizer == "sgd"]
-    return choosing.choose(table, "runtime", confirm, candidates=table[table["name"].isin(eager)], stage="runtime")
+    eager = [n for n, c in plan.named.items() if c.runtime == "main" and not c.compile and c.optimizer == "sgd"]
+    candidates = table[table["name"].isin(eager)] if len(table) else None
+    return choosing.choose(table, "runtime", confirm, candidates=candidates, stage="runtime", workload=plan.workload)

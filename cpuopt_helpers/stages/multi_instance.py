@@ -10,8 +10,8 @@ import pandas as pd
 
 from cpuopt_helpers import compare, planning, stats, system
 from cpuopt_helpers.config import RunConfig, normalise
-from cpuopt_helpers.decisions import Choice, Finding, as_comparison
-from cpuopt_helpers.stages.choosing import MEMORY_WARNING, paired, unique
+from cpuopt_helpers.decisions import Choice, Finding, Plan, as_comparison
+from cpuopt_helpers.stages.choosing import MEMORY_WARNING, paired
 from cpuopt_helpers.system import Facts
 
 
@@ -82,7 +82,7 @@ def layout_plan(topology: system.Topology | str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def configs(base: RunConfig, facts: Facts, batch_policy: str = "per_rank") -> list[RunConfig]:
+def configs(base: RunConfig, facts: Facts, batch_policy: str = "per_rank") -> Plan:
     """Notebook 07: every layout as independent instances and, from two ranks, as one DDP job.
 
     One rank is the same process either way, so it runs once (independent)."""
@@ -91,7 +91,7 @@ def configs(base: RunConfig, facts: Facts, batch_policy: str = "per_rank") -> li
     for threads, ranks in layouts(machine_of(facts)):
         for mode in ("independent", "ddp") if ranks > 1 else ("independent",):
             configs.append(base.replace(threads=threads, instances=ranks, mode=mode))
-    return unique(configs)
+    return Plan.of(configs)
 
 
 # The paper's Table 2 (normalised throughput; rows threads per rank, columns ranks).
@@ -164,11 +164,23 @@ def layout_findings(table: pd.DataFrame, results: list[dict], workload: str) -> 
     return found
 
 
-def choose(table: pd.DataFrame, confirm=None, workload: str = "layout") -> Choice:
+def table(results: list[dict], plan: Plan) -> pd.DataFrame:
+    """``layout_table`` of the plan's workload."""
+    return layout_table(results, plan.workload)
+
+
+def findings(table: pd.DataFrame, plan: Plan, results: list[dict]) -> list[Finding]:
+    """``layout_findings`` of the plan's workload."""
+    return layout_findings(table, results, plan.workload)
+
+
+def choose(table: pd.DataFrame, plan: Plan, confirm=None) -> Choice:
     """The layout to hand on: the fastest DDP job (one model trained by several ranks) if a
     fresh comparison against one rank on all cores says faster, else one rank on all cores.
     The finding gives the memory the DDP job holds where it exceeds one rank's by more than
     MEMORY_WARNING."""
+    workload = plan.workload
+
     def decided(config, kind, comparison=None, **values) -> Choice:
         comparison = as_comparison(comparison)
         finding = Finding(workload, "multi-instance", kind, dict(values, what=workload), comparison)

@@ -7,13 +7,12 @@ from __future__ import annotations
 import pandas as pd
 
 from cpuopt_helpers.config import RunConfig, normalise
-from cpuopt_helpers.decisions import Choice, Comparison, Finding
+from cpuopt_helpers.decisions import Choice, Comparison, Finding, Plan
 from cpuopt_helpers.stages import choosing
-from cpuopt_helpers.stages.choosing import unique
 from cpuopt_helpers.system import Facts
 
 
-def configs(base: RunConfig, facts: Facts, channels_last: bool) -> list[RunConfig]:
+def configs(base: RunConfig, facts: Facts, channels_last: bool = False) -> Plan:
     """Notebook 06: fp32 and bf16 (autocast, loss in fp32), with channels-last off and on.
 
     Without a bf16 fast path the comparison runs on the quick preset with few steps, so
@@ -25,7 +24,10 @@ def configs(base: RunConfig, facts: Facts, channels_last: bool) -> list[RunConfi
     # the layout handed on first: the first config (fp32 in it) is the reference every ratio and
     # the hand-on's confirmation is taken against, so that the ladder's rung before is exactly it
     layouts = [base.channels_last, not base.channels_last] if channels_last else [base.channels_last]
-    return unique([base.replace(channels_last=cl, dtype=dt) for cl in layouts for dt in ("fp32", "bf16")])
+    return Plan.of([base.replace(channels_last=cl, dtype=dt) for cl in layouts for dt in ("fp32", "bf16")])
+
+
+table = choosing.settings_table
 
 
 def accuracy_table(runs: list[dict]) -> pd.DataFrame:
@@ -35,31 +37,41 @@ def accuracy_table(runs: list[dict]) -> pd.DataFrame:
                          for r in runs]).set_index("mode")
 
 
-def findings(tables: dict, accuracy: pd.DataFrame, gate: dict) -> list[Finding]:
-    """bf16 against fp32: the gate, the screening ratios per workload and layout, and accuracy."""
-    found = [Finding("", "precision", "bf16 gate", {"accelerated": bool(gate["accelerated"]),
-                                                    "path": gate.get("path"), "reason": gate["reason"]})]
-    for w, t in tables.items():
-        rows = [r for _, r in t.iterrows() if r["config"]["dtype"] == "bf16" and isinstance(r.get("comparison"), dict)]
-        found += [Finding(w, "precision", "bf16 over fp32", {"setting": r["setting"]},
-                          Comparison.from_dict(r["comparison"])) for r in rows if not choosing.is_screened(r)]
-        found += choosing.screened_only(w, "precision", [r for r in rows if choosing.is_screened(r)])
-    if "fp32" in accuracy.index:
-        base = float(accuracy.loc["fp32", "final_accuracy"])
-        found += [Finding("", "precision", "digits accuracy", {"mode": mode, "accuracy": float(row.final_accuracy),
-                                                               "fp32_accuracy": base, "loss": float(row.final_loss)})
-                  for mode, row in accuracy.iterrows() if mode != "fp32"]
-    return found
+def gate_findings(gate: dict) -> list[Finding]:
+    """Whether this CPU has a bf16 fast path, and which (``Facts.bf16``)."""
+    return [Finding("", "precision", "bf16 gate", {"accelerated": bool(gate["accelerated"]),
+                                                   "path": gate.get("path"), "reason": gate["reason"]})]
 
 
-def choose(table: pd.DataFrame, accuracy: pd.DataFrame, gate: dict, what: str, confirm=None,
+def findings(table: pd.DataFrame, plan: Plan) -> list[Finding]:
+    """bf16 against fp32 for the plan's workload, in each layout it measured."""
+    w = plan.workload
+    rows = [r for _, r in table.iterrows() if r["config"]["dtype"] == "bf16" and isinstance(r.get("comparison"), dict)]
+    return [Finding(w, "precision", "bf16 over fp32", {"setting": r["setting"]}, Comparison.from_dict(r["comparison"]))
+            for r in rows if not choosing.is_screened(r)] + \
+        choosing.screened_only(w, "precision", [r for r in rows if choosing.is_screened(r)])
+
+
+def accuracy_findings(accuracy: pd.DataFrame) -> list[Finding]:
+    """Each precision mode's final accuracy on the digits against fp32's."""
+    if "fp32" not in accuracy.index:
+        return []
+    base = float(accuracy.loc["fp32", "final_accuracy"])
+    return [Finding("", "precision", "digits accuracy", {"mode": mode, "accuracy": float(row.final_accuracy),
+                                                         "fp32_accuracy": base, "loss": float(row.final_loss)})
+            for mode, row in accuracy.iterrows() if mode != "fp32"]
+
+
+def choose(table: pd.DataFrame, plan: Plan, confirm=None, *, accuracy: pd.DataFrame, gate: dict,
            tolerance: float = 0.01) -> Choice:
     """The bf16 configuration to hand on (``config`` None keeps fp32), why, and the comparison.
 
     bf16 is a candidate only with a fast path and within `tolerance` of fp32's accuracy on
     the digits; then the fastest bf16 setting screened (with or without channels-last) is
-    confirmed against fp32 like every other choice.
+    confirmed against fp32 like every other choice. ``gate``: the machine's bf16 facts.
     """
+    what = plan.workload
+
     def kept(kind: str, **values) -> Choice:
         return Choice(None, None, Finding(what, "bf16", kind, dict(values, what=what)))
 

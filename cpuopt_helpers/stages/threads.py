@@ -8,9 +8,8 @@ import pandas as pd
 
 from cpuopt_helpers import stats
 from cpuopt_helpers.config import RunConfig, normalise
-from cpuopt_helpers.decisions import Comparison, Finding
+from cpuopt_helpers.decisions import Choice, Comparison, Finding, Plan
 from cpuopt_helpers.stages import choosing
-from cpuopt_helpers.stages.choosing import unique
 from cpuopt_helpers.system import Facts
 
 
@@ -22,7 +21,7 @@ def thread_counts(physical: int, logical: int) -> list[int]:
     return counts
 
 
-def configs(base: RunConfig, facts: Facts, image_like: bool = True) -> list[RunConfig]:
+def configs(base: RunConfig, facts: Facts, image_like: bool = True) -> Plan:
     """Notebook 03: thread scaling, affinity, OpenMP runtime and KMP_BLOCKTIME, OMP_PROC_BIND,
     oversubscription and DataLoader workers, each against the base configuration."""
     physical, logical = facts.physical_cores, facts.logical_cores
@@ -37,7 +36,20 @@ def configs(base: RunConfig, facts: Facts, image_like: bool = True) -> list[RunC
     configs.append(base.replace(threads=2 * logical, oversubscribe=True))
     if image_like:  # an input pipeline worth feeding from worker processes: decoded, augmented images
         configs += [base.replace(loader_workers=w) for w in sorted({1, physical})]
-    return unique(configs)
+    return Plan.of(configs)
+
+
+table = choosing.settings_table
+
+
+def choose(table: pd.DataFrame, plan: Plan, confirm=None) -> Choice:
+    """The screening winner confirmed against the base (``choosing.choose``)."""
+    return choosing.choose(table, plan.workload, confirm, stage="threading")
+
+
+def findings(table: pd.DataFrame, plan: Plan, scaling: pd.DataFrame) -> list[Finding]:
+    """How throughput scales with threads, and each setting against the base."""
+    return scaling_findings(scaling, plan.workload) + settings_findings(table, plan.workload)
 
 
 def scaling_table(results: list[dict], workload: str) -> pd.DataFrame:
