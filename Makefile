@@ -3,7 +3,8 @@
 #                   (built-in names or your own package.module:function) for every notebook that takes them
 #   make case-study notebook 08 with the whole ladder climbed on RetinaNet at 80 and 601 classes (the longest: see docs/case-study.md)
 #   make test       every test: unit, integration (real workers), notebooks (each once: 00 by nbval, 01-09 by
-#                   papermill); the notebooks and the rest as two pytest processes side by side
+#                   papermill); the notebooks and the rest as two pytest processes side by side; its duration
+#                   and outcome as a dated record under docs/results/
 #   make test-fast  the tests that start no worker process and no notebook (-m "not slow"): the edit loop
 #   make docs       the docs site (README, docs/, the results pages, the last report) into build/site/
 #   make lab        JupyterLab on notebooks/ with the `cpuopt` kernel
@@ -31,6 +32,8 @@ PRESET ?= standard
 IPEX_VENV := .venv-ipex
 IPEX_STAMP := $(IPEX_VENV)/.cpuopt-setup
 IPEX ?= 1
+# make -n (--dry-run, --just-print): recipes that run anyway (those calling $(MAKE)) write no record
+DRY_RUN = $(findstring n,$(firstword -$(MAKEFLAGS)))
 
 .PHONY: setup system-deps ipex run case-study test test-notebooks test-others test-fast docs lab overhead parse-speed focal-loss lamb clean
 
@@ -90,10 +93,16 @@ case-study: setup
 	IPEX=$(IPEX) $(VENV)/bin/cpuopt workbook run --preset $(PRESET) --only 08 -p CLIMB_CLASSES '[80, 601]' \
 	  -p MIN_ROUNDS 5 -p MAX_ROUNDS 5 -p FINAL_ROUNDS 10 -p BUDGET_MIN 10 -p COMPILED_REGION True -p DISCREPANCY True
 
+# It times itself, from its first line (TEST_START: make expands the whole recipe before running it)
+# to the tests' end, writes the duration and outcome as this machine's dated record
+# docs/results/DAY-CPU-ISA-make-test.md (not under make -n), and exits with the tests' status.
+test: TEST_START = $(shell date +%s)
 test: setup
 	@bash scripts/system-deps.sh chromium
 	@echo "cpuopt: the notebook tests and the other tests run side by side (two pytest processes); each prints its report when it ends"
-	@$(MAKE) --no-print-directory -s -j2 -Otarget test-notebooks test-others
+	@status=0; $(MAKE) --no-print-directory -s -j2 -Otarget test-notebooks test-others || status=$$?; \
+	$(if $(DRY_RUN),,$(PY) -m cpuopt_helpers.records make-test --seconds $$(( $$(date +%s) - $(TEST_START) )) \
+	  --status $$status --folder docs/results || echo "cpuopt: make test's record was not written";) exit $$status
 
 # The two halves of `make test` (which sets up first). The notebooks (00 through nbval first, its NBVAL_CHECK_OUTPUT
 # compared with the committed output; then 01-09 through papermill) are one sequence of worker
@@ -113,18 +122,21 @@ test-fast: setup
 # The docs site: README.md as its home, docs/*.md, the dated results pages (docs/results/) and the
 # last run's report with its executed notebooks, offline, warnings as errors, into build/site/.
 docs: setup
+	$(PY) -m cpuopt_helpers.power --write docs/measuring.md
 	$(VENV)/bin/mkdocs build --strict --quiet -f "$$($(PY) -m cpuopt_helpers.site)"
 	@echo "cpuopt: the site: build/site/index.html"
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
+# prints JSON and writes this machine's dated page docs/results/DAY-CPU-ISA-overhead.md
 overhead: setup
-	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/overhead.py --page docs/results
 
-# VERBOSE_CONVERTER=DIR (oneDNN's scripts/verbose_converter) times its breakdown against ours
+# VERBOSE_CONVERTER=DIR (oneDNN's scripts/verbose_converter) times its breakdown against ours, named by
+# the commit DIR's git gives; prints JSON and writes the dated page docs/results/DAY-CPU-ISA-parse-speed.md
 parse-speed: setup
-	$(PY) benchmarks/parse_speed.py $(if $(VERBOSE_CONVERTER),--verbose-converter '$(VERBOSE_CONVERTER)')
+	$(PY) benchmarks/parse_speed.py --page docs/results $(if $(VERBOSE_CONVERTER),--verbose-converter '$(VERBOSE_CONVERTER)')
 
 focal-loss: setup
 	$(PY) -m cpuopt_helpers.kernels.benchmark focal

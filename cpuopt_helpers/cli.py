@@ -560,7 +560,7 @@ def _profile(args) -> int:
         summary = trace.summarize_trace(args.trace)
         out["trace"] = {k: v for k, v in summary.items() if k != "top_ops"}
         out["trace"]["top_ops"] = summary["top_ops"].to_dict(orient="records")
-        out["trace_findings"] = trace.trace_findings(summary)
+        out["trace_findings"] = [f.sentence for f in trace.trace_findings(summary)]
     if args.json:
         print(json.dumps(out, indent=2, default=str))
     else:
@@ -594,7 +594,7 @@ def profile_log(args) -> tuple[dict, object, object]:
            "exec_lines": parsed.counts["exec"], "counts": parsed.counts, "info": parsed.info,
            "malformed_examples": parsed.malformed_examples,
            "breakdown": table.reset_index().to_dict(orient="records"),
-           "findings": profiledn.findings(parsed.exec, args.steps)}
+           "findings": [f.sentence for f in profiledn.findings(parsed.exec, args.steps)]}
     if args.benchdnn:
         lines, skipped = profiledn.benchdnn_lines(parsed.exec)
         note = ("no benchdnn line for " + ", ".join(f"{n} distinct {k}" for k, n in skipped.items())
@@ -608,7 +608,7 @@ def profile_log(args) -> tuple[dict, object, object]:
         labels = ("A", "B")
         out["compare"] = profiledn.compare(parsed.exec, other.exec, args.by, labels).reset_index().to_dict(
             orient="records")
-        out["compare_findings"] = profiledn.compare_findings(parsed.exec, other.exec, labels)
+        out["compare_findings"] = [f.sentence for f in profiledn.compare_findings(parsed.exec, other.exec, labels)]
     return out, parsed, table
 
 
@@ -622,7 +622,7 @@ def project(args, meta: dict) -> dict:
     cores = meta.get("cores") if threads == meta.get("threads") else sorted(topo.core_order()[:threads])
     proj = replay.project_log(args.log, args.steps, args.step_ms, threads, cores)
     return {"projection": {k: v for k, v in proj.items() if k != "table"},
-            "projection_findings": replay.projection_findings(proj)}
+            "projection_findings": [f.sentence for f in replay.projection_findings(proj)]}
 
 
 def print_profile(args, out: dict, parsed, table) -> None:
@@ -661,7 +661,7 @@ def _whole_step(args) -> int:
     result = wholestep.whole_step(trace_file, ceilings, args.steps, plain_ms)
     out.update({k: v for k, v in result.items() if k not in ("rows", "table")})
     out["operators"] = wholestep.records(result["table"])
-    out["findings"] = wholestep.wholestep_findings(result, args.workload or "")
+    out["findings"] = [f.sentence for f in wholestep.wholestep_findings(result, args.workload or "")]
     prims = None
     if log_file:
         from cpuopt_helpers import profiledn

@@ -330,6 +330,7 @@ def measured(config: RunConfig, instances: list[dict]) -> dict:
         "warmup_settled": all(bool(i["warmup_settled"]) for i in per_instance),
         **slow_step_summary(pooled),
         "step_ms": stats.summarize(pooled),
+        "step_cv": stats.step_cv(pooled),
         "phase_ms": {k: stats.summarize([s * 1e3 for r in instances for s in r["phase_s"][k]])["median"]
                      for k in first["phase_s"]},
         "peak_rss_mb": max(i["peak_rss_mb"] for i in per_instance),

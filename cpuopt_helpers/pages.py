@@ -283,6 +283,13 @@ def update_readme(readme: Path, section: str) -> None:
     readme.write_text(text[:start] + "\n" + section + "\n" + text[end:])
 
 
+def cpu_slug(facts: Facts) -> str:
+    """The CPU model as a page name's part: lower case, runs of other characters as one dash."""
+    import re
+
+    return re.sub(r"[^a-z0-9]+", "-", facts.cpu_model.lower()).strip("-")
+
+
 def isa_slug(facts: Facts) -> str:
     """The widest vector level of a machine, for a page's name: amx, avx512, avx2 or sse."""
     isa = facts.isa
@@ -298,7 +305,7 @@ def write_results_page(store: ResultStore, facts: Facts, preset: str, folder: Pa
 
     runs = last_sweep_runs(store, "01_baseline", facts.fingerprint, preset)
     day = max(r["created_at"] for r in runs)[:10] if runs else "undated"
-    stem = f"{day}-{re.sub(r'[^a-z0-9]+', '-', facts.cpu_model.lower()).strip('-')}-{isa_slug(facts)}"
+    stem = f"{day}-{cpu_slug(facts)}-{isa_slug(facts)}"
     if preset != "standard":
         stem += f"-{preset}"
     body = results_page(store, facts, preset, figures=stem)

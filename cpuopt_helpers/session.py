@@ -138,19 +138,21 @@ class Session:
         names = self.store.fact_names(self.machine, f"findings/{prefix}")
         return [Finding.from_dict(self.store.get_fact(self.machine, n)) for n in names]
 
-    def tell(self, findings: list, preset: str) -> None:
+    def tell(self, findings: list[Finding], preset: str) -> None:
         """Print a notebook's findings, one ``- sentence`` a line, and keep them as records: the
         fact ``notes/{stage}/{preset}`` holds a stage's findings (``notes`` reads them back).
 
         A session's first ``tell`` of a stage replaces what an earlier run kept; a later one (the
         next workload, the next cell) adds to it, replacing the findings of the same workload and
-        kind, so a cell run twice keeps its findings once. A plain string (ProfileDNN's lines,
-        until they are records) is printed, not kept."""
+        kind, so a cell run twice keeps its findings once."""
+        findings = list(findings)
+        stray = next((f for f in findings if not isinstance(f, Finding)), None)
+        if stray is not None:
+            raise TypeError(f"tell takes decisions.Finding records, not {type(stray).__name__}: {stray!r:.80}")
         told: dict[str, list[Finding]] = {}
         for finding in findings:
-            print("-", finding if isinstance(finding, str) else finding.sentence)
-            if not isinstance(finding, str):
-                told.setdefault(finding.stage, []).append(finding)
+            print("-", finding.sentence)
+            told.setdefault(finding.stage, []).append(finding)
         for stage, new in told.items():
             name = f"notes/{stage}/{preset}"
             fresh = {(f.workload, f.kind) for f in new}

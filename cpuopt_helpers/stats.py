@@ -55,3 +55,34 @@ def spread_warning(values: Sequence[float], label: str = "measurement", limit: f
         return (f"{label}: spread p10-p90 is {spread:.0%} of the median over {len(values)} runs; "
                 "the machine is noisy, add repeats before trusting small differences")
     return None
+
+
+def step_cv(step_ms: Sequence[float]) -> float | None:
+    """The timed steps' coefficient of variation (sample sd over mean); None below two steps."""
+    values = [float(v) for v in step_ms if v is not None and not math.isnan(v)]
+    if len(values) < 2 or not statistics.fmean(values):
+        return None
+    return statistics.stdev(values) / statistics.fmean(values)
+
+
+def steady_window(groups: list[list[dict]]) -> dict | None:
+    """Whether runs time enough steps: the share of the run-to-run variance of log throughput
+    that the steps' own noise explains. A run's mean over ``n`` steps of coefficient of variation
+    ``cv`` varies by about ``cv**2 / n`` (in log terms) from its steps alone; runs of one
+    configuration in separate processes vary by that plus what differs between processes.
+    ``groups``: runs of one configuration each (``step_cv`` and ``step_ms["n"]`` recorded),
+    pooled over the groups of 3 or more. Steady when the steps explain under half of it: more
+    steps a run would then narrow an interval less than more rounds would."""
+    within, between, runs = [], [], 0
+    for group in groups:
+        usable = [r for r in group if r.get("step_cv") is not None and r["step_ms"]["n"] >= 2 and r["samples_per_s"]]
+        if len(usable) < 3:
+            continue
+        within.append(statistics.fmean(r["step_cv"] ** 2 / r["step_ms"]["n"] for r in usable))
+        between.append(statistics.variance([math.log(r["samples_per_s"]) for r in usable]))
+        runs += len(usable)
+    if not between:
+        return None
+    w, b = statistics.fmean(within), statistics.fmean(between)
+    share = min(1.0, w / b) if b > 0 else 1.0
+    return {"share": share, "steady": share < 0.5, "configs": len(between), "runs": runs}

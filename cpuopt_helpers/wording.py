@@ -152,7 +152,116 @@ def _climb_top(v: dict, c) -> str:
             f"lower end above {v['target_low']}) is {'reached' if v['met'] else 'not reached'}.")
 
 
+# profiledn.wholestep's words: what a whole step's gap and its time between operators are spent on
+_CAUSE_WORDS = {"compute": "GEMM-like kernels running below the GEMM peak",
+                "memory": "memory-bound operators running below the copy bandwidth (many are too small to reach it)",
+                "no work": "operators that move no data (views, allocations: framework overhead)",
+                "unknown": "operators whose work is not counted",
+                "between ops": "time between operators (Python, the autograd engine, the loop)"}
+_PHASE_WORDS = {"forward": "forward operators (Python and module calls, and the loop from one step to the next)",
+                "loss": "the loss's operators",
+                "backward": "backward operators (the autograd engine between nodes)",
+                "optimizer": "the optimizer's operators (notebook 05 measures its foreach and fused implementations)"}
+
+
+def _primitive(v: dict) -> str:
+    """A primitive kind with its direction in words ("backward weights convolution"; reorders have none)."""
+    return f"{v['direction'].replace('_', ' ')} {v['primitive']}" if v["direction"] != "none" else v["primitive"]
+
+
+def _shares(parts: dict) -> str:
+    """"a 59%, b 24%": each part's share of their sum, the largest first, the empty ones left out."""
+    total = sum(parts.values())
+    return ", ".join(f"{k} {ms / total:.0%}" for k, ms in sorted(parts.items(), key=lambda kv: -kv[1]) if ms > 0)
+
+
+def _log_total(v: dict, c) -> str:
+    per = f" ({v['total_ms'] / v['steps']:.2f} ms per step over {v['steps']} steps)" if v["steps"] else ""
+    return (f"{_who(v)}{v['executions']} primitive executions took {v['total_ms']:.1f} ms{per}; "
+            + ", ".join(f"{kind} {share:.0%}" for kind, share in v["kinds"]) + ".")
+
+
+def _logs_time(v: dict, c) -> str:
+    (la, lb), (ta, tb) = v["labels"], v["ms"]
+    if not v["per_step"]:
+        return f"Logged oneDNN time: {ta:.1f} ms in {la} vs {tb:.1f} ms in {lb}."
+    return f"oneDNN time per step: {ta:.2f} ms in {la} vs {tb:.2f} ms in {lb} ({tb / ta:.2f}x)." if ta else \
+        f"{la} logged no oneDNN time."
+
+
+def _replay_against_log(v: dict, c) -> str:
+    return (f"{_who(v)}replay against the log, like for like ({v['alike']} primitives found in the replay's own log, "
+            f"first creation and warm-up excluded): {v['alike_replayed_ms_per_step']:.2f} ms per step replayed vs "
+            f"{v['alike_logged_ms_per_step']:.2f} ms logged ({v['agreement']:.2f}x). Timed as whole PyTorch calls the "
+            f"replayed primitives take {v['call_replayed_ms_per_step']:.2f} ms against "
+            f"{v['call_logged_ms_per_step']:.2f} ms logged: the difference is the call's dispatch and the reorders it "
+            "adds around the primitive, which the projection leaves out.")
+
+
+def _projection_efficiency(v: dict, c) -> str:
+    head = f"{_who(v)}measured step {v['step_ms']:.2f} ms; efficiency ratio {v['efficiency']:.0%}"
+    if v["efficiency"] > 1:
+        return (head + ": replayed one by one, the kernels take longer than the whole step, so the step is "
+                "kernel-bound and isolated replay (cold caches, no overlap between primitives) overstates them.")
+    return (head + f": the other {1 - v['efficiency']:.0%} of the step is spent outside oneDNN kernels (framework "
+            "overhead, operators served by other libraries, Python).")
+
+
+def _whole_step_coverage(v: dict, c) -> str:
+    said = (f"{_who(v)}{v['coverage']:.1%} of the operators' time has a work count and a ceiling "
+            f"({v['top_level_per_step']:.0f} top-level operators a step); {v['between_ops_share']:.1%} of the "
+            f"{v['step_ms']:.2f} ms traced step falls between operators, so {v['step_coverage']:.1%} of the whole step "
+            "is projected.")
+    if v["plain_step_ms"]:
+        said += f" Unprofiled, the step took {v['plain_step_ms']:.2f} ms."
+    if v["shaped_step_ms"] is not None:  # timed from the light trace
+        said += (f" (Times from a trace without shapes; recording shapes stretched the step to "
+                 f"{v['shaped_step_ms']:.2f} ms.)")
+    return said
+
+
+def _whole_step_projection(v: dict, c) -> str:
+    gap = v["gap_ms"]
+    said = (f"{_who(v)}at every ceiling the step would take {v['projected_ms']:.2f} ms "
+            f"({v['speedup_bound']:.1f}x faster)" if v["speedup_bound"] else f"{_who(v)}no projection")
+    if sum(gap.values()) > 0:
+        said += (f"; of the {sum(gap.values()):.2f} ms gap, {_shares(gap)}: most of the room is in "
+                 f"{_CAUSE_WORDS[max(gap, key=gap.get)]}.")
+    return said
+
+
+def _headline(v: dict, c) -> str:
+    """Notebook 09's summary of one ladder (``stages.summary.headline_findings``)."""
+    head = (f"{v['workload']}: the ladder's top over PyTorch's defaults, in {c.n} fresh paired rounds: {describe(c)}"
+            if c else f"{v['workload']}: nothing was handed on beyond PyTorch's defaults")
+    if v["largest_step"]:
+        s = v["largest_step"]
+        head += f"; the largest confirmed step: {s['step']} ({s['change']}, {s['ratio']:.2f}x the rung before)"
+    if v["usd_per_1000"] is not None:
+        head += f"; ${v['usd_per_1000']:.4f} per 1000 samples at ${v['price_per_hour']:g}/hour"
+    if v["peak_share"] is not None:
+        dtype = v["ceiling"].split()[0]
+        head += f"; {v['peak_share']:.0%} of the measured {v['ceiling']} ceiling"
+        head += (f", {v['theoretical_share']:.0%} of the theoretical {dtype} peak" if v["theoretical_share"] is not None
+                 else f", the theoretical {dtype} peak unknown here (`cpuopt doctor`)")
+    return head + "."
+
+
 TEMPLATES: dict[str, Callable[[dict, object], str]] = {
+    # stages.case_study: a kernel benchmark whose compiled kernel could not compile here
+    "kernel fell back": lambda v, c: (f"{v['benchmark']} benchmark: {v['what']} fell back to {v['fell_back_to']} "
+                                      f"({v['reason']}): its row is {v['fell_back_to']}'s, or not there, and a run "
+                                      "asking for it trains with the fallback (its result says so)."),
+    # stages.summary: notebook 09's headline of each ladder, and whether its runs time enough steps
+    "ladder headline": _headline,
+    "steady window": lambda v, c: (
+        f"{v['workload']} at the {v['preset']} preset ({'/'.join(map(str, v['steps']))} timed steps a run): the steps' "
+        f"own noise explains {v['share']:.0%} of the run-to-run variance ({v['runs']} runs of {v['configs']} "
+        f"configuration{'s' * (v['configs'] != 1)}): "
+        + ("steady enough; more rounds, not more steps, narrow an interval." if v["steady"] else
+           "not steady: more timed steps a run would narrow every interval.")),
+    "steadiness unknown": lambda v, c: (f"{v['workload']} at the {v['preset']} preset: no configuration ran 3 times "
+                                        "here, so whether its runs time enough steps is not known."),
     # stages.choosing.screened_only: settings ranked by a screening, no verdict (the table shows them)
     "screened only": lambda v, c: (
         f"{_who(v)}{len(v['settings'])} setting{'s' * (len(v['settings']) != 1)} screened only ({v['rounds']} "
@@ -304,6 +413,88 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "climb kept defaults": lambda v, c: (f"{v['ladder']}: no rung was confirmed faster; PyTorch's defaults stay the "
                                          "best configuration measured."),
     "climb top": _climb_top,
+    # ProfileDNN (profiledn/*, stages/profiling.py)
+    # profiledn.breakdown.findings: one oneDNN log (after its profile's label, where given)
+    "log empty": lambda v, c: f"{_who(v)}The log holds no executed primitive.",
+    "log total": _log_total,
+    "log directions": lambda v, c: f"{_who(v)}By direction: " + ", ".join(
+        f"{d.replace('_', ' ')} {share:.0%} ({calls} calls)" for d, share, calls in v["directions"]) + ".",
+    "log reorders": lambda v, c: (
+        f"{_who(v)}Reorders (layout conversions, no useful compute) take {v['share']:.0%} of oneDNN time in "
+        f"{v['calls']} calls"
+        + ("; a consistent layout (channels-last for CNNs) may remove many of them" if v["share"] > 0.1 else "") + "."),
+    "log reference kernels": lambda v, c: (
+        f"{_who(v)}Reference (unoptimised) implementations run {v['executions']} times ({v['share']:.0%} of the time): "
+        f"{', '.join(v['kinds'])}."),
+    # profiledn.breakdown.compare_findings: two logs (``labels``) side by side
+    "logs onednn time": _logs_time,
+    "logs one run only": lambda v, c: f"{_primitive(v)} runs only in {v['only_in']} ({v['calls']} calls).",
+    "logs calls": lambda v, c: f"{_primitive(v)}: {v['calls'][0]} calls vs {v['calls'][1]}.",
+    "logs share moved": lambda v, c: (f"{_primitive(v)}: share of oneDNN time {v['shares'][0]:.0%} -> "
+                                      f"{v['shares'][1]:.0%}."),
+    "logs heaviest implementation": lambda v, c: (
+        f"The heaviest implementation changed: {v['implementations'][0]} ({v['shares'][0]:.0%} of oneDNN time) in "
+        f"{v['labels'][0]}, {v['implementations'][1]} ({v['shares'][1]:.0%}) in {v['labels'][1]}."),
+    "logs distinct primitives": lambda v, c: (
+        f"Distinct primitives: {v['distinct'][0]} in {v['labels'][0]}, {v['distinct'][1]} in {v['labels'][1]}, "
+        f"{v['both']} in both."),
+    # profiledn.capture: the profiles (their workload is the profile's label), and a comparison of two
+    "profile failed": lambda v, c: f"{v['workload']}: not profiled ({v['reason']}).",
+    "profile coverage": lambda v, c: (
+        f"{v['workload']}: oneDNN primitives account for {v['coverage']:.0%} of the logged run's steps "
+        f"({v['calls_per_step']:.0f} calls per {v['step_ms']:.1f} ms step)"
+        + (f"; efficiency ratio {v['efficiency']:.0%}" if v["efficiency"] is not None else "") + "."),
+    "profile outside onednn": lambda v, c: (
+        f"For {', '.join(v['profiles'])} most of the step runs outside oneDNN (GEMMs through MKL, PyTorch's own "
+        "kernels): the oneDNN log alone does not explain it; the framework profiler trace does."),
+    "profile comparison": lambda v, c: (
+        f"{v['workload']}, {v['labels'][0]} vs {v['labels'][1]}: measured step {v['step_ms'][0]:.2f} ms vs "
+        f"{v['step_ms'][1]:.2f} ms ({v['step_ms'][0] / v['step_ms'][1]:.2f}x in one run each; the optimisation "
+        "notebooks measure it with repeats)."),
+    "profile comparison note": lambda v, c: v["note"],  # why the pair is worth reading, as variant_pairs says it
+    # profiledn.replay.projection_findings: the log's primitives replayed in isolation
+    "projection kernels": lambda v, c: (
+        f"{_who(v)}oneDNN primitives replayed in isolation take {v['kernel_ms_per_step']:.2f} ms per step "
+        f"({v['replayed']} distinct primitives replayed, {v['not_replayed']} counted at logged time)."),
+    "projection against log": _replay_against_log,
+    "projection efficiency": _projection_efficiency,
+    "projection not replayed": lambda v, c: (f"{_who(v)}not replayed: {', '.join(v['kinds'])} "
+                                             f"({v['ms_per_step']:.2f} ms per step at logged time)."),
+    # profiledn.trace.trace_findings: a torch.profiler trace of the timed steps
+    "trace top operators": lambda v, c: f"{_who(v)}top operators by self CPU time: " + ", ".join(
+        f"{name} {share:.0%}" for name, share in v["operators"]) + ".",
+    "trace outside onednn": lambda v, c: (f"{_who(v)}{v['share']:.0%} of self CPU time is in operators that do not "
+                                          "call oneDNN."),
+    "trace spans": lambda v, c: (
+        f"{_who(v)}{v['ops_per_step']:.0f} operator spans per step ({v['ops_per_ms']:.1f} per ms), median "
+        f"{v['median_span_us']:.0f} µs; {v['short_span_share']:.0%} are shorter than 10 µs."),
+    "trace fragmented": lambda v, c: (f"{_who(v)}the step is fragmented into many short spans: dispatch overhead is a "
+                                      "large part of it, and fusing operators (a compiled graph or a custom kernel) "
+                                      "may pay."),
+    "trace loss": lambda v, c: (
+        f"{_who(v)}the loss: forward {v['loss_forward_ms']:.1f} ms a step, backward {v['loss_backward_ms']:.1f} ms, "
+        f"{v['loss_backward_share']:.1%} of the {v['backward_ms']:.0f} ms of backward nodes (autograd sequence numbers "
+        "in the trace of the real step)."),
+    # profiledn.wholestep.wholestep_findings: every operator of a traced step against its ceiling
+    "whole step count unknown": lambda v, c: (
+        f"{_who(v)}the trace does not say how many steps it holds (no FILE.ops.json beside it, no Optimizer.step "
+        "annotation): every time below is for the whole trace, not per step."),
+    "whole step coverage": _whole_step_coverage,
+    "whole step projection": _whole_step_projection,
+    "whole step between ops": lambda v, c: (
+        f"{_who(v)}of the {sum(v['between_ops_ms'].values()):.2f} ms a step between operators, "
+        f"{_shares(v['between_ops_ms'])}: most of it leads to "
+        f"{_PHASE_WORDS[max(v['between_ops_ms'], key=v['between_ops_ms'].get)]}."),
+    "whole step gemm": lambda v, c: (
+        f"{_who(v)}GEMM-like operators run at {v['of_ceiling']:.0%} of the GEMM ceiling on average (time-weighted); "
+        f"the heaviest, {v['heaviest']} ({v['shapes']}), at {v['heaviest_of_ceiling']:.0%}."),
+    "whole step above ceiling": lambda v, c: (
+        f"{_who(v)}{v['share']:.0%} of the operators' time is in operators measured above the DRAM copy rate (data "
+        "in cache): for them the ceiling is cache bandwidth, and the projection keeps their measured time."),
+    # stages.profiling.slow_kernels: the implementations that take the most oneDNN time
+    "no primitive ran": lambda v, c: "No oneDNN primitive ran.",
+    "slowest kernels": lambda v, c: "Slowest kernels: " + "; ".join(
+        f"{kind} {impl} {share:.0%} ({calls} calls)" for kind, impl, share, calls in v["kernels"]) + ".",
 }
 
 

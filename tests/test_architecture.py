@@ -20,10 +20,11 @@ PACKAGE = Path(config.__file__).resolve().parent
 LAYERS = (
     # foundations: no import of the package beyond these
     {"cpuopt_helpers", "errors", "compare", "stats", "throughput", "flops", "rank_exec", "kernels", "kernels.focal_loss",
-     "kernels.lamb", "workloads", "profiledn.parse", "profiledn.breakdown", "profiledn.trace", "profiledn.benchdnn",
-     "peak"},
+     "kernels.lamb", "workloads", "profiledn.parse", "profiledn.benchdnn",
+     "peak", "power"},
     {"config", "system"},  # what a run is; what the machine is
-    {"decisions", "wording", "provenance", "runtimes"},  # records and their words; where a run ran; interpreters
+    # records and their words; where a run ran; interpreters; a oneDNN log's and a trace's findings (records)
+    {"decisions", "wording", "provenance", "runtimes", "profiledn.breakdown", "profiledn.trace"},
     {"worker"},  # the measured process
     {"fixes", "workloads.cnn", "workloads.retinanet", "workloads.rnn", "workloads.transformer", "roofline",
      "accuracy", "profiledn.replay", "kernels.benchmark"},  # what the worker trains; other measured processes
@@ -33,7 +34,7 @@ LAYERS = (
     {"stages", "stages.baseline", "stages.profiling", "stages.choosing", "stages.threads", "stages.allocator",
      "stages.extensions", "stages.precision", "stages.multi_instance", "stages.case_study", "stages.climb",
      "stages.summary"},  # the deciding layer
-    {"scripts", "tune", "session", "report", "pages", "workbook"},  # what notebooks and commands drive
+    {"scripts", "tune", "session", "report", "pages", "records", "workbook"},  # what notebooks and commands drive
     {"site"},  # the docs site, over the report
     {"cli"},
     {"__main__"},

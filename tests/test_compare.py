@@ -275,3 +275,36 @@ def test_the_fresh_headline_guards_the_whole_ladder_at_five_percent():
         claimed += compare.pays(headline)
     assert handed / ladders > 0.05  # the stages alone would not guard it
     assert claimed / ladders <= 0.05, claimed / ladders
+
+
+def test_the_standard_presets_one_look_confirmation_finds_a_true_15_percent_gain():
+    # make run's confirmations (notebooks 03-08 at the standard preset): fixed rounds, one look,
+    # at the simulation's noise; 5 rounds found it 38.5% of the time
+    from cpuopt_helpers.workbook import PRESET_PARAMETERS
+
+    designs = {(p["MIN_ROUNDS"], p["MAX_ROUNDS"]) for nb, p in PRESET_PARAMETERS["standard"].items()
+               if "MAX_ROUNDS" in p}
+    assert designs == {(compare.FIXED_ROUNDS, compare.FIXED_ROUNDS)}
+    rng = random.Random(15)
+    runs = [compare.run_adaptive(simulated_ab(1.15, rng), min_rounds=compare.FIXED_ROUNDS,
+                                 max_rounds=compare.FIXED_ROUNDS, seed=k) for k in range(2000)]
+    assert sum(r["verdict"] == "faster" for r in runs) / len(runs) >= 0.60
+    fewer = [compare.run_adaptive(simulated_ab(1.15, rng), min_rounds=compare.FIXED_ROUNDS - 1,
+                                  max_rounds=compare.FIXED_ROUNDS - 1, seed=k) for k in range(2000)]
+    assert sum(r["verdict"] == "faster" for r in fewer) / len(fewer) < 0.60  # the fewest that do
+
+
+def test_a_confirmation_cut_short_says_what_its_minimum_rounds_could_detect():
+    rng, now = random.Random(8), [0.0]
+
+    def clock():
+        now[0] += 5.0  # every call: a round costs 10 s, so a 40 s budget stops after 3 rounds
+        return now[0]
+
+    cut = compare.run_adaptive(simulated_ab(1.0, rng), budget_s=40, clock=clock)
+    assert (cut["verdict"], cut["stopped"], cut["n"]) == ("too few rounds", "budget", 3)
+    at_five = compare.detectable_gain(dict(cut, n=5))
+    assert at_five > 0 and f"at the noise seen, 5 rounds could detect a gain of {at_five:.0%} or more" in \
+        compare.describe(cut)
+    screened = compare.paired_ratio([10, 11, 12], [11, 12, 12])  # a screening: ranks, claims no detectable gain
+    assert "could detect" not in compare.describe(screened)

@@ -230,3 +230,11 @@ def test_the_docs_site_builds_offline_with_no_warning(tmp_path):
     assert "https://" not in "".join(line for line in home.splitlines() if "<script" in line or "stylesheet" in line)
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert (tmp_path / "site" / ("contents.html" if page.stem == "index" else f"{page.stem}.html")).exists()
+
+
+def test_the_measuring_pages_power_table_is_what_the_simulation_gives():
+    from cpuopt_helpers import power
+
+    text = (ROOT / "docs" / "measuring.md").read_text()
+    inside = text.split("<!-- power:start -->\n", 1)[1].split("\n<!-- power:end -->", 1)[0]
+    assert inside == power.block(), "run `python -m cpuopt_helpers.power --write docs/measuring.md` (make docs does)"

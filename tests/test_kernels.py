@@ -226,3 +226,28 @@ def test_lamb_foreach_and_fused_equal_the_per_parameter_loop_and_the_formula():
     torch.testing.assert_close(m[0].weight.detach(), expected)
     with pytest.raises(ValueError, match="loop, foreach, fused"):
         Lamb(model.parameters(), impl="cuda")
+
+
+def test_the_kernel_benchmarks_say_when_a_compiled_kernel_fell_back(fresh_focal_status, monkeypatch):
+    """Forced (torch.compile fails): the focal benchmark leaves its compiled row out and says why,
+    the Lamb benchmark says its fused update ran eager, and notebook 08's findings name both."""
+    from cpuopt_helpers.kernels import benchmark, lamb
+    from cpuopt_helpers.stages import case_study
+
+    def broken_compile(*args, **kwargs):
+        raise RuntimeError("no C++ compiler here")
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setattr(lamb, "STATUS", {"compiled": None, "reason": ""})  # as in a new process
+    monkeypatch.setattr(lamb, "_compiled", None)
+    focal = benchmark.focal(rounds=2, presets=("quick",), classes=(80,))
+    assert {r["kernel"] for r in focal["rows"]} == {"reference", "closed-form eager"}
+    assert focal["fallbacks"] == [{"what": "closed-form compiled", "fell_back_to": "eager",
+                                   "reason": "RuntimeError: no C++ compiler here"}]
+    fused = benchmark.lamb_here(["loop", "fused"], "quick", 2)
+    assert fused["fallbacks"] == [{"what": "fused", "fell_back_to": "eager",
+                                   "reason": "RuntimeError: no C++ compiler here"}]
+    said = [f for f in case_study.focal_findings(focal, {}) + case_study.lamb_findings([fused])
+            if f.kind == "kernel fell back"]
+    assert [f.values["benchmark"] for f in said] == ["focal-loss", "Lamb"]
+    assert said[0].sentence.startswith("focal-loss benchmark: closed-form compiled fell back to eager (RuntimeError")

@@ -154,8 +154,16 @@ def test_breakdowns_shares_and_per_step():
     assert profiledn.breakdown(df, "shape").index.nlevels == 3
     with pytest.raises(CpuoptError, match="unknown breakdown"):
         profiledn.breakdown(df, "colour")
-    text = " ".join(profiledn.findings(df, steps=2))
-    assert "132 primitive executions" in text and "Reorders" in text
+    total, directions, reorders = profiledn.findings(df, steps=2, label="cnn")  # no reference kernel ran
+    assert (total.workload, total.stage, total.kind) == ("cnn", "profiling", "log total")
+    assert total.values["executions"] == 132 and total.values["steps"] == 2
+    assert [k for k, _ in total.values["kinds"]] == ["reorder", "convolution"]
+    assert total.sentence.startswith("cnn: 132 primitive executions took 43.9 ms (21.96 ms per step over 2 steps); ")
+    assert [d for d, _, _ in directions.values["directions"]] == ["none", "forward", "backward_weights", "backward_data"]
+    assert reorders.kind == "log reorders" and reorders.values["calls"] == 98 and reorders.values["share"] > 0.1
+    ref = profiledn.findings(parse("onednn_312_rnn_quick.log").exec)[-1]
+    assert (ref.kind, ref.values["executions"], ref.values["kinds"]) == ("log reference kernels", 2, ["rnn"])
+    assert [f.kind for f in profiledn.findings(df.iloc[:0])] == ["log empty"]
 
 
 def test_compare_finds_counts_and_kernels_in_one_run_only():
@@ -165,16 +173,24 @@ def test_compare_finds_counts_and_kernels_in_one_run_only():
     table = profiledn.compare(a, b, labels=("ref", "mine"))
     assert table.loc[("convolution", "backward_weights"), "calls_ref"] == 12
     assert table.loc[("convolution", "backward_weights"), "calls_mine"] == 0
-    lines = profiledn.compare_findings(a, b, labels=("ref", "mine"))
-    assert "backward weights convolution runs only in ref (12 calls)." in lines
-    assert "reorder: 98 calls vs 103." in lines
-    assert not any(line.startswith("The heaviest implementation changed") for line in profiledn.compare_findings(a, a))
+    found = profiledn.compare_findings(a, b, labels=("ref", "mine"), workload="cnn")
+    assert {f.workload for f in found} == {"cnn"} and {f.stage for f in found} == {"profiling"}
+    said = lambda kind: [f.values for f in found if f.kind == kind]  # noqa: E731
+    assert said("logs one run only") == [{"primitive": "convolution", "direction": "backward_weights",
+                                          "only_in": "ref", "calls": 12}]
+    assert said("logs calls") == [{"primitive": "reorder", "direction": "none", "calls": [98, 103]}]
+    assert said("logs distinct primitives") == [{"labels": ["ref", "mine"], "distinct": [36, 31], "both": 31}]
+    assert said("logs onednn time")[0]["per_step"] is False
+    assert "backward weights convolution runs only in ref (12 calls)." in [f.sentence for f in found]
+    assert "logs heaviest implementation" not in {f.kind for f in profiledn.compare_findings(a, a)}
     ref = a.assign(impl=a["impl"].where(a.kind != "convolution", "ref:any"))  # as bf16 without a fast path runs
     top = profiledn.breakdown(a, "impl").index[0]
-    changed = [line for line in profiledn.compare_findings(a, ref, labels=("fp32", "bf16"))
-               if line.startswith("The heaviest implementation changed")]
-    assert changed == [f"The heaviest implementation changed: {' '.join(top)} (37% of oneDNN time) in fp32, "
-                       "convolution ref:any (37%) in bf16."]
+    changed = [f for f in profiledn.compare_findings(a, ref, labels=("fp32", "bf16"), steps=(2, 2), stage="precision")
+               if f.kind == "logs heaviest implementation"]
+    assert [(f.stage, f.values["implementations"]) for f in changed] == [("precision", [" ".join(top),
+                                                                                      "convolution ref:any"])]
+    assert [f.sentence for f in changed] == [f"The heaviest implementation changed: {' '.join(top)} (37% of oneDNN "
+                                             "time) in fp32, convolution ref:any (37%) in bf16."]
 
 
 def test_parse_conv_descriptor_with_benchdnn_defaults():
@@ -196,7 +212,13 @@ def test_projection_arithmetic():
     assert proj["kernel_ms_per_step"] == pytest.approx(9.0)
     assert proj["efficiency"] == pytest.approx(0.45)
     assert proj["not_replayed_kinds"] == ["rnn"] and proj["not_replayed_ms_per_step"] == pytest.approx(4.0)
-    assert "efficiency ratio 45%" in " ".join(replay.projection_findings(proj))
+    kernels, efficiency, missing = replay.projection_findings(proj)
+    assert (kernels.kind, kernels.values) == ("projection kernels", {"kernel_ms_per_step": 9.0, "replayed": 1,
+                                                                     "not_replayed": 1})
+    assert efficiency.kind == "projection efficiency" and efficiency.values == {"step_ms": 20.0,
+                                                                              "efficiency": pytest.approx(0.45)}
+    assert efficiency.sentence.startswith("measured step 20.00 ms; efficiency ratio 45%: the other 55% of the step")
+    assert missing.values == {"kinds": ["rnn"], "ms_per_step": 4.0}
 
 
 CONV = ("onednn_verbose,v1,primitive,exec,cpu,convolution,jit:avx512_core,forward_training,src:f32:a:blocked:abcd::f0 "
@@ -228,7 +250,9 @@ def test_the_projection_reports_replay_against_log_like_for_like():
     assert proj["agreement"] == pytest.approx(1.1) and proj["alike"] == 1
     assert proj["call_replayed_ms_per_step"] == pytest.approx((30 + 2) / 2)
     assert list(proj["table"]["replay_over_logged"].round(2).fillna(-1)) == [1.1, -1]
-    assert "like for like (1 primitives" in " ".join(replay.projection_findings(proj))
+    against = next(f for f in replay.projection_findings(proj, "cnn") if f.kind == "projection against log")
+    assert against.workload == "cnn" and against.values["alike"] == 1
+    assert against.values["agreement"] == pytest.approx(1.1)
 
 
 @pytest.mark.slow
@@ -253,6 +277,7 @@ def test_cli_profile_json_and_bad_logs(tmp_path, capsys):
     out = json.loads(out)
     assert {r["direction"] for r in out["breakdown"]} == {"forward", "backward_data", "backward_weights", "none"}
     assert out["exec_lines"] == 132 and out["total_ms"] == pytest.approx(sum(r["time_ms"] for r in out["breakdown"]))
+    assert out["findings"][0].startswith("132 primitive executions took ")  # the findings' sentences
     assert pd.read_csv(tmp_path / "t.csv")["ncalls"].sum() == 132  # verbose_converter's breakdown
     (tmp_path / "junk.log").write_text("just program output\n")
     (tmp_path / "random.log").write_bytes(bytes(range(256)) * 64)
@@ -326,7 +351,14 @@ def test_trace_summary_fragmentation_and_onednn_share(tmp_path):
     assert s["median_top_level_us"] == 5.0
     assert s["outside_onednn_share"] == pytest.approx(0.06 / 1.02)
     assert s["top_ops"].iloc[0]["name"] == "aten::mkldnn_convolution"
-    assert "operator spans per step" in " ".join(trace.trace_findings(s))
+    top, outside, spans = trace.trace_findings(s, "cnn")  # 4.7 spans a ms, median 242 µs: not fragmented
+    assert [name for name, _ in top.values["operators"]] == ["aten::mkldnn_convolution", "aten::conv2d", "aten::relu"]
+    assert outside.values["share"] == pytest.approx(0.06 / 1.02) and spans.values["ops_per_step"] == 4
+    assert spans.sentence == "cnn: 4 operator spans per step (4.7 per ms), median 242 µs; 50% are shorter than 10 µs."
+    fragmented = trace.trace_findings(dict(s, median_span_us=8.0, loss={
+        "loss_forward_ms": 1.0, "loss_backward_ms": 2.0, "backward_ms": 20.0, "loss_backward_share": 0.1}))
+    assert [f.kind for f in fragmented[3:]] == ["trace fragmented", "trace loss"]
+    assert fragmented[4].values["loss_backward_share"] == 0.1
     with pytest.raises(CpuoptError, match="cannot read trace"):
         trace.summarize_trace(tmp_path / "missing.json")
 
@@ -335,7 +367,8 @@ def test_projection_above_one_is_worded_as_kernel_bound():
     prims = pd.DataFrame({"kind": ["convolution"], "calls": [10], "time_ms": [20.0], "mean_ms": [2.0]})
     proj = replay.projection(prims, [{"replayed": True, "replay_ms": 3.0, "note": ""}], steps=1, step_ms=25.0)
     assert proj["efficiency"] == pytest.approx(1.2)
-    assert "kernel-bound" in " ".join(replay.projection_findings(proj))
+    efficiency = next(f for f in replay.projection_findings(proj) if f.kind == "projection efficiency")
+    assert efficiency.values["efficiency"] == pytest.approx(1.2) and "the step is kernel-bound" in efficiency.sentence
 
 
 def test_the_loss_backward_is_found_in_a_trace_by_autograd_sequence_numbers(tmp_path):
@@ -390,3 +423,95 @@ def test_the_papers_comparisons_are_planned_or_left_out_with_the_reason():
     assert "no fast path" in next(p for p in missing if p["variant"] == "bf16")["note"]
     with pytest.raises(CpuoptError, match="unknown comparison"):
         profiling.variant_pairs([cnn], {"fp16": ["cnn"]}, built, {})
+
+
+def made_profile(label, log, step_ms, projection=None, summary=None, steps=2):
+    """A capture.Profile of a fixture log, as profile_workload makes one (no run): its logged
+    run's timed window ``step_ms`` a step."""
+    from cpuopt_helpers.config import RunConfig
+    from cpuopt_helpers.profiledn import capture
+
+    window = {"timed_start": 100.0, "timed_end": 100.0 + step_ms * steps / 1e3}
+    return capture.Profile(label, RunConfig.for_preset("cnn", "quick").replace(steps=steps),
+                           {"status": "ok", "step_ms": {"median": step_ms}},
+                           {"status": "ok", "step_ms": {"median": step_ms}, "instances": [window]},
+                           f"{log}", parse(log), projection, summary)
+
+
+def profiles_and_comparisons():
+    """Two profiles of fixture logs (a projection, a trace summary), one that failed, and the
+    comparison of the first with its bf16 channels-last log."""
+    from cpuopt_helpers.config import RunConfig
+    from cpuopt_helpers.profiledn import capture
+
+    prims = pd.DataFrame({"kind": ["convolution", "rnn"], "calls": [10, 2], "time_ms": [20.0, 8.0],
+                          "mean_ms": [2.0, 4.0]})
+    proj = replay.projection(prims, [{"replayed": True, "replay_ms": 1.0, "note": ""},
+                                     {"replayed": False, "replay_ms": None, "note": ""}], steps=2, step_ms=40.0)
+    summary = {"top_ops": pd.DataFrame({"name": ["aten::addmm", "aten::add_"], "share": [0.7, 0.3]}),
+               "outside_onednn_share": 0.9, "ops_per_step": 400.0, "ops_per_ms": 30.0, "median_span_us": 12.0,
+               "short_span_share": 0.4, "loss": None}
+    cnn = made_profile("cnn", "onednn_312_cnn_two_steps.log", 40.0, proj)
+    rnn = made_profile("rnn", "onednn_312_rnn_quick.log", 300.0, None, summary)
+    failed = capture.Profile("transformer", RunConfig.for_preset("transformer", "quick"),
+                             {"status": "failed", "reason": "killed\nby the OOM killer"}, {}, "t.log", None, None)
+    bf16 = made_profile("cnn bf16", "onednn_312_cnn_bf16_channels_last.log", 30.0)
+    return [cnn, rnn, failed], [capture.Comparison(cnn, bf16, ("fp32", "bf16"), "bf16 has a fast path here: amx")]
+
+
+def test_the_answer_is_records_each_profiles_under_its_label():
+    from cpuopt_helpers.profiledn import capture
+
+    profiles, comparisons = profiles_and_comparisons()
+    found = capture.answer(profiles, comparisons)
+    assert {f.stage for f in found} == {"profiling"}
+    failed, *coverage, outside = [f for f in found if f.kind in ("profile failed", "profile coverage",
+                                                                 "profile outside onednn")]
+    assert (failed.workload, failed.kind, failed.values) == ("transformer", "profile failed", {"reason": "killed"})
+    assert [(f.workload, f.values["efficiency"]) for f in coverage] == [("cnn", pytest.approx(9.0 / 40.0)),
+                                                                        ("rnn", None), ("cnn bf16", None)]
+    assert (outside.kind, outside.values["profiles"]) == ("profile outside onednn", ["rnn", "cnn bf16"])
+    assert [f.kind for f in found if f.workload == "rnn"] == [
+        "profile coverage", "log total", "log directions", "log reorders", "log reference kernels",
+        "trace top operators", "trace outside onednn", "trace spans", "trace fragmented"]
+    head, note = [f for f in found if f.kind.startswith("profile comparison")]
+    assert head.workload == "cnn" and head.values == {"labels": ["fp32", "bf16"], "step_ms": [40.0, 30.0]}
+    assert head.sentence == ("cnn, fp32 vs bf16: measured step 40.00 ms vs 30.00 ms (1.33x in one run each; the "
+                             "optimisation notebooks measure it with repeats).")
+    assert note.sentence == "bf16 has a fast path here: amx"
+    per_profile = next(f for f in found if f.kind == "log total" and f.workload == "rnn")
+    assert per_profile.sentence.startswith("rnn: 7 primitive executions took ")  # after its label, as a detail
+    assert {f.stage for f in capture.answer(profiles, comparisons, stage="case_study")} == {"case_study"}
+
+
+def test_slow_kernels_names_the_heaviest_implementations():
+    from cpuopt_helpers.stages import profiling
+
+    slowest, = profiling.slow_kernels(parse("onednn_312_cnn_two_steps.log").exec, top=2, workload="cnn")
+    assert (slowest.workload, slowest.stage, slowest.kind) == ("cnn", "profiling", "slowest kernels")
+    assert [k[:2] for k in slowest.values["kernels"]] == [["convolution", "jit:avx512_core"], ["reorder", "jit:blk"]]
+    assert slowest.sentence.startswith("Slowest kernels: convolution jit:avx512_core 37% (")
+    none, = profiling.slow_kernels(parse("onednn_312_cnn_two_steps.log").exec.iloc[:0], stage="precision")
+    assert (none.kind, none.stage, none.sentence) == ("no primitive ran", "precision", "No oneDNN primitive ran.")
+
+
+def profiledn_findings() -> list:
+    """A finding of every kind ProfileDNN makes (tests/test_wording.py stores and loads them back)."""
+    from cpuopt_helpers.profiledn import capture, trace, wholestep
+    from cpuopt_helpers.stages import profiling
+    from tests.test_wholestep import CEIL, TRACE
+
+    profiles, comparisons = profiles_and_comparisons()
+    log = parse("onednn_312_cnn_two_steps.log").exec
+    whole = wholestep.whole_step(TRACE, CEIL, steps=2, plain_step_ms=0.7)
+    light = dict(whole, steps_known=False, timing="light trace", shaped_step_ms=3.0, above_ceiling_share=0.5)
+    wide = dict(profiles[1].trace, loss={"loss_forward_ms": 1.0, "loss_backward_ms": 2.0, "backward_ms": 20.0,
+                                         "loss_backward_share": 0.1})
+    prims = pd.DataFrame({"kind": ["convolution"], "calls": [10], "time_ms": [20.0], "mean_ms": [2.0]})
+    alike = replay.projection(prims, [{"replayed": True, "replay_ms": 3.0, "kernel_replay_ms": 2.2, "note": ""}],
+                              steps=1, step_ms=25.0)
+    return (capture.answer(profiles, comparisons) + profiledn.findings(log.iloc[:0])
+            + replay.projection_findings(alike, "cnn") + trace.trace_findings(wide, "rnn")
+            + wholestep.wholestep_findings(whole, "fixture") + wholestep.wholestep_findings(light)
+            + profiledn.compare_findings(log, log.assign(time_ms=0.0), ("A", "B"), (2, 2))
+            + profiling.slow_kernels(log) + profiling.slow_kernels(log.iloc[:0]))

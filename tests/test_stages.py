@@ -306,6 +306,13 @@ def test_the_headline_is_the_top_against_the_defaults_in_fresh_rounds_and_is_kep
     rows = ladder.rungs(session.store, "m", "cnn", "quick", 2)
     assert rows[1].end_to_end.ratio == 1.2 and rows[2].end_to_end is None  # on the rung that changed it
     assert summary.ends(session, tables(), 5, None)["cnn"]["ratio"] == 1.2 and len(asked) == 1  # kept, not re-run
+    headline, = summary.headline_findings(tables(), finals, 2.0)  # notebook 09's claim, from the fresh rounds
+    assert (headline.kind, headline.comparison.ratio, headline.comparison.n) == ("ladder headline", 1.2, 5)
+    assert headline.values["largest_step"] == {"step": "threading", "change": "threads=1", "ratio": 1.3}
+    assert headline.values["peak_share"] is None and headline.values["usd_per_1000"] is None  # nothing measured
+    assert headline.sentence.startswith("cnn: the ladder's top over PyTorch's defaults, in 5 fresh paired rounds: 1.20x")
+    nothing, = summary.headline_findings(tables(), {}, 2.0)
+    assert nothing.comparison is None and nothing.sentence.startswith("cnn: nothing was handed on beyond")
 
 
 def test_a_stage_rerun_alone_starts_from_its_own_base_and_keeps_the_ladders_order(tmp_path):
@@ -511,3 +518,81 @@ def test_every_stage_that_hands_on_follows_one_protocol():
         assert isinstance(plan, Plan) and plan.workload == base.workload and plan.arms[0].config == plan.base
         choice = s.module.choose(s.module.table([], plan), plan, None, **context.get(s.rung, {}))
         assert isinstance(choice, Choice) and choice.finding.workload == base.workload, s.name
+
+
+def test_every_table_shows_the_runs_that_timed_out_or_crashed():
+    base = RunConfig.for_preset("cnn", "quick", threads=2)
+    slow, broken = base.replace(allocator="jemalloc"), base.replace(dtype="bf16")
+    results = []
+    for i in range(3):
+        results += [result(base, i, 10.0, arm=0), result(slow, i, 11.0, arm=1),
+                    dict(result(broken, i, None, arm=2), status="failed", reason="RuntimeError")]
+    results[1] = dict(results[1], status="timeout", samples_per_s=None)  # one of the slow arm's runs timed out
+    table = choosing.compare_configs(results, base.to_dict(), "cnn").set_index("setting")
+    assert table.loc["allocator=jemalloc", "failed"] == 1 and table.loc["allocator=jemalloc", "runs"] == 2
+    assert table.loc["baseline", "failed"] == 0
+    assert (table.loc["dtype=bf16", "runs"], table.loc["dtype=bf16", "failed"]) == (0, 3)
+    assert table.loc["dtype=bf16", "verdict"] == "no result: crashed" and math.isnan(table.loc["dtype=bf16", "samples_per_s"])
+    choice = choosing.choose(table.reset_index(), "cnn", lambda a, b: {"verdict": "faster", "ratio": 1.1, "n": 5})
+    assert choice.config.allocator == "jemalloc"  # the arm that never finished is no candidate
+    for r in results:
+        r.update(step_ms={"median": 100.0}, achieved_gflops=None, startup_s=1.0,
+                 phase_ms={"forward": 30.0, "backward": 50.0, "optimizer": 10.0})
+    assert choosing.throughput_table(results).loc["cnn", "failed"] == 4  # notebook 01's table counts them too
+
+
+def test_the_layout_table_shows_a_layout_that_never_finished():
+    from cpuopt_helpers.stages import multi_instance
+
+    plan = multi_instance.configs(RunConfig.for_preset("cnn", "quick"), Facts(physical_cores=2))
+    speeds = {(1, 1): 10.0, (1, 2): 19.0, (2, 1): 15.0}
+    results = [dict(result(c, i, speeds.get((c.threads, c.instances)), rss=200.0), params_in_sync=True)
+               if c.mode == "independent" else dict(result(c, i, None), status="timeout")
+               for i in range(2) for c in plan.configs]
+    table = multi_instance.table(results, plan).set_index(["mode", "ranks"])
+    assert table.loc[("ddp", 2), "failed"] == 2 and table.loc[("ddp", 2), "runs"] == 0
+    assert math.isnan(table.loc[("ddp", 2), "samples_per_s"]) and table.loc[("independent", 2), "failed"] == 0
+    choice = multi_instance.choose(table.reset_index(), plan, lambda a, b: pytest.fail("nothing to confirm"))
+    assert choice.finding.kind == "no ddp layout" and choice.config.threads == 2
+
+
+def test_the_summary_says_whether_a_workloads_runs_time_enough_steps(tmp_path):
+    import random
+
+    from cpuopt_helpers.results import ResultStore
+    from tests.test_stats import _runs
+
+    store, rng = ResultStore(tmp_path / "r.sqlite"), random.Random(3)
+    for steps, count in ((3, 1), (3, 2)):  # two configurations of 8 runs each, three noisy steps a run
+        config = RunConfig.for_preset("retinanet", "standard", steps=steps, threads=count)
+        for i, r in enumerate(_runs(rng, 0.3, 0.01, steps)):
+            store.save_result(dict(r, status="ok", config=config.to_dict(), config_hash=config.config_hash(),
+                                   system="m", step_ms={"n": steps}, created_at="2026-12-02"), sweep="s", round=i)
+    logged = RunConfig.for_preset("retinanet", "standard", onednn_verbose="x.log")
+    store.save_result({"status": "ok", "config": logged.to_dict(), "config_hash": logged.config_hash(), "system": "m",
+                       "created_at": "2026-12-02",
+                       "onednn_logs": ["x.log"], "samples_per_s": 1.0, "step_cv": 9.0, "step_ms": {"n": 3}})
+    found, = summary.steady_findings(store, "m", "retinanet", "standard")
+    assert (found.kind, found.values["steady"], found.values["runs"], found.values["steps"]) == (
+        "steady window", False, 16, [3])
+    assert "not steady: more timed steps a run would narrow every interval" in found.sentence
+    assert summary.steady_findings(store, "m", "cnn", "standard")[0].kind == "steadiness unknown"
+
+
+def test_a_run_without_a_climb_never_overwrites_the_ladder_a_climb_stored(tmp_path):
+    from cpuopt_helpers.results import ResultStore
+    from cpuopt_helpers.session import Session
+
+    session = Session(facts=make_facts(), store=ResultStore(tmp_path / "r.sqlite"))
+    base = RunConfig.for_preset("retinanet", "standard", threads=2)
+    plans = {"retinanet": case_study.configs(base, session.facts)}
+    line, = case_study.settle_fixes(session, plans, {}, {}, "standard", 5, 5, None)  # nothing measured: no fix table
+    assert line == "retinanet: it declares none of the fixes; nothing to hand on."  # its ladder starts here
+    assert [s["step"] for s in session.store.get_fact("m", "ladder/retinanet/standard")] == ["baseline"]
+    climbed = [{"step": "baseline", "stage": "baseline", "config": base.to_dict()},
+               {"step": "bf16", "stage": "bf16", "config": base.replace(dtype="bf16").to_dict()}]
+    session.store.put_fact("m", "ladder/retinanet/standard", climbed)  # as `make case-study` leaves it
+    session.store.put_fact("m", case_study.climbed_fact("retinanet", "standard"), {"day": "2026-12-01"})
+    line, = case_study.settle_fixes(session, plans, {}, {}, "standard", 5, 5, None)
+    assert line.startswith("retinanet: its ladder is the climb `make case-study` stored on 2026-12-01")
+    assert session.store.get_fact("m", "ladder/retinanet/standard") == climbed

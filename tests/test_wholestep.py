@@ -141,9 +141,17 @@ def test_operator_table_rates_intensity_and_ceilings(result):
     assert linear["of_ceiling"] == pytest.approx(linear["achieved_gflops"] / 100.0)
     add = table[table["op"] == "aten::add_"].iloc[0]
     assert add["ceiling"] == 10.0 and add["achieved_gbs"] == pytest.approx(3 * 64 * 256 * 4 / 40e-6 / 1e9)
-    lines = " ".join(wholestep.wholestep_findings(result, "fixture"))
-    assert f"{result['coverage']:.1%}" in lines and "GEMM ceiling" in lines
-    assert "between operators, forward 82%, backward 8%, loss 5%, optimizer 5%: most of it leads to forward" in lines
+    found = {f.kind: f for f in wholestep.wholestep_findings(result, "fixture")}
+    assert list(found) == ["whole step coverage", "whole step projection", "whole step between ops", "whole step gemm"]
+    assert {f.workload for f in found.values()} == {"fixture"} and {f.stage for f in found.values()} == {"profiling"}
+    assert found["whole step coverage"].values["coverage"] == result["coverage"]
+    assert found["whole step projection"].values["gap_ms"] == result["gap_ms"]
+    gemm = found["whole step gemm"].values
+    assert gemm["heaviest"] == "aten::linear" and gemm["heaviest_of_ceiling"] == pytest.approx(linear["of_ceiling"])
+    between = found["whole step between ops"]
+    assert between.values["between_ops_ms"] == result["between_ops_by_phase_ms"]
+    assert ("fixture: of the 0.39 ms a step between operators, forward 82%, backward 8%, loss 5%, optimizer 5%: most "
+            "of it leads to forward") in between.sentence
 
 
 def test_an_op_is_its_own_estimate_or_its_childrens_sum_whichever_is_larger():
@@ -207,7 +215,8 @@ def test_cli_whole_step_on_a_trace(tmp_path, capsys):
     assert cli.main(["profile", str(TRACE), "--whole-step", "--roofline", str(roof), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["coverage"] == pytest.approx((356 - 10) / 356)
-    assert set(out["gap_ms"]) == set(wholestep.CAUSES) and out["operators"] and out["findings"]
+    assert set(out["gap_ms"]) == set(wholestep.CAUSES) and out["operators"]
+    assert out["findings"][0].endswith("of the whole step is projected.")  # the findings' sentences
     assert cli.main(["profile", str(TRACE), "--whole-step", "--roofline", str(roof)]) == 0
     text = capsys.readouterr().out
     assert "coverage 97.2%" in text and "between ops" in text
@@ -306,6 +315,8 @@ def test_a_trace_that_names_no_step_count_says_its_times_are_for_the_whole_trace
     events["traceEvents"] = [e for e in events["traceEvents"] if not str(e.get("name", "")).startswith("Optimizer.step")]
     trace.write_text(json.dumps(events))
     out = wholestep.whole_step(trace, CEIL)
-    assert out["steps_known"] is False and "not per step" in wholestep.wholestep_findings(out)[0]
+    assert out["steps_known"] is False and wholestep.wholestep_findings(out)[0].kind == "whole step count unknown"
+    assert "not per step" in wholestep.wholestep_findings(out)[0].sentence
     known = wholestep.whole_step(TRACE, CEIL)
-    assert known["steps_known"] is True and "not per step" not in " ".join(wholestep.wholestep_findings(known))
+    assert known["steps_known"] is True
+    assert "whole step count unknown" not in {f.kind for f in wholestep.wholestep_findings(known)}

@@ -12,11 +12,13 @@ import pytest
 
 from cpuopt_helpers import wording
 from cpuopt_helpers.decisions import Comparison, Finding
+from cpuopt_helpers.profiledn import capture
 from cpuopt_helpers.stages import allocator, baseline, choosing, climb, threads
 from tests.conftest import make_facts
 from tests.test_stages import screened
 
 STAGES = Path(choosing.__file__).parent
+PROFILEDN = Path(capture.__file__).parent
 
 
 def kinds_made(path: Path) -> set[str]:
@@ -77,6 +79,26 @@ def test_a_finding_stored_and_loaded_back_says_the_same():
                          "compile from a warm cache in their untimed warm-up).")
 
 
+def test_every_kind_profiledn_makes_has_a_sentence_and_says_it_again_stored_and_loaded():
+    """ProfileDNN's findings (profiledn/*, stages/profiling.py): the notebooks 02, 06 and 08 tell them."""
+    from tests.test_profiledn import profiledn_findings
+
+    made = {kind for path in sorted(PROFILEDN.glob("*.py")) for kind in kinds_made(path)} | kinds_made(
+        STAGES / "profiling.py")
+    assert {"log total", "logs one run only", "profile coverage", "projection efficiency", "trace spans",
+            "whole step projection", "slowest kernels"} <= made
+    missing = sorted(kind for kind in made if kind not in wording.TEMPLATES)
+    assert not missing, f"add these kinds to wording.TEMPLATES: {missing}"
+    found = profiledn_findings()
+    assert {f.kind for f in found} == made  # every kind, made from the fixtures
+    for finding in found:
+        again = stored_and_loaded(finding)
+        assert json.dumps(again.to_dict()) == json.dumps(finding.to_dict()) and again.sentence == finding.sentence
+    said = {f.kind: f.sentence for f in found if f.workload == "fixture"}  # a sentence made in the template
+    assert said["whole step projection"].endswith(": most of the room is in time between operators (Python, the "
+                                                  "autograd engine, the loop).")
+
+
 def test_the_template_is_given_the_findings_workload():
     assert Finding("rnn", "threads", "one thread count").sentence == "rnn: only one thread count measured."
 
@@ -89,12 +111,14 @@ def test_tell_prints_the_findings_and_keeps_them_as_notes(tmp_path, capsys):
     session = Session(facts=make_facts(), store=store)
     cnn, rnn = Finding("cnn", "threads", "one thread count"), Finding("rnn", "threads", "one thread count")
     gate = Finding("", "precision", "bf16 gate", {"accelerated": False, "path": None, "reason": "no flags"})
-    session.tell([cnn, "a ProfileDNN line, printed only", gate], "quick")
+    with pytest.raises(TypeError, match="tell takes decisions.Finding records, not str"):
+        session.tell([cnn, "a line, not a record"], "quick")
+    assert capsys.readouterr().out == "" and session.notes("threads", "quick") == []  # nothing printed or kept
+    session.tell([cnn, gate], "quick")
     session.tell([rnn], "quick")  # the next workload adds to the stage's notes
     session.tell([rnn], "quick")  # a cell run again replaces its own
     assert capsys.readouterr().out.splitlines() == [
-        "- cnn: only one thread count measured.", "- a ProfileDNN line, printed only",
-        "- bf16 fast path on this CPU: no (no flags).", "- rnn: only one thread count measured.",
+        "- cnn: only one thread count measured.", "- bf16 fast path on this CPU: no (no flags).", "- rnn: only one thread count measured.",
         "- rnn: only one thread count measured."]
     assert session.notes("threads", "quick") == [cnn, rnn] and session.notes("precision", "quick") == [gate]
     assert session.notes("threads", "standard") == []

@@ -1,9 +1,11 @@
-"""Where the time goes: breakdowns of a parsed log, and comparisons of two logs."""
+"""Where the time goes: breakdowns of a parsed log, and comparisons of two logs; what they say as
+``decisions.Finding`` records (worded by ``cpuopt_helpers.wording``)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from cpuopt_helpers.decisions import Finding
 from cpuopt_helpers.errors import CpuoptError
 
 GROUPINGS = {
@@ -16,6 +18,7 @@ GROUPINGS = {
 }
 PRIMITIVE_KEY = ["kind", "direction", "data_type", "src_layout", "wei_layout", "dst_layout", "problem"]
 SHARE_MOVED = 0.05  # a share that moved by more than 5 points is worth a sentence
+STAGE = "profiling"  # ProfileDNN's findings are stage 02's (stages/profiling.py), where no caller names another
 
 
 def _group_columns(by: str) -> list[str]:
@@ -49,30 +52,26 @@ def distinct_primitives(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("time_ms", ascending=False).reset_index(drop=True)
 
 
-def findings(df: pd.DataFrame, steps: int | None = None) -> list[str]:
-    """Sentences about one log: the top kinds and directions, and the reorder overhead."""
+def findings(df: pd.DataFrame, steps: int | None = None, label: str = "") -> list[Finding]:
+    """What one log says: the top kinds and directions, the reorder overhead, reference kernels
+    (``label``: the profile's, said before each sentence where given)."""
     if df.empty:
-        return ["The log holds no executed primitive."]
+        return [Finding(label, STAGE, "log empty")]
     total = df["time_ms"].sum()
-    per = f" ({total / steps:.2f} ms per step over {steps} steps)" if steps else ""
     kinds = breakdown(df, "kind")
-    lines = [f"{len(df)} primitive executions took {total:.1f} ms{per}; "
-             + ", ".join(f"{k} {r.share:.0%}" for k, r in kinds.head(4).iterrows()) + "."]
-    dirs = breakdown(df, "direction")
-    lines.append("By direction: " + ", ".join(f"{d.replace('_', ' ')} {r.share:.0%} ({int(r.calls)} calls)"
-                                               for d, r in dirs.iterrows()) + ".")
-    reorder = kinds.loc["reorder"] if "reorder" in kinds.index else None
-    if reorder is not None:
-        hint = "; a consistent layout (channels-last for CNNs) may remove many of them" if reorder.share > 0.1 else ""
-        lines.append(f"Reorders (layout conversions, no useful compute) take {reorder.share:.0%} of oneDNN time "
-                     f"in {int(reorder.calls)} calls{hint}.")
+    found = [Finding(label, STAGE, "log total", {
+        "executions": len(df), "total_ms": float(total), "steps": steps,
+        "kinds": [[k, float(r.share)] for k, r in kinds.head(4).iterrows()]})]
+    found.append(Finding(label, STAGE, "log directions", {"directions": [
+        [d, float(r.share), int(r.calls)] for d, r in breakdown(df, "direction").iterrows()]}))
+    if "reorder" in kinds.index:
+        found.append(Finding(label, STAGE, "log reorders", {"share": float(kinds.loc["reorder"].share),
+                                                            "calls": int(kinds.loc["reorder"].calls)}))
     slow = df[df["isa"].isin(["any", "ref"]) | df["impl"].str.startswith("ref")]
     if len(slow):
-        share = slow["time_ms"].sum() / total
-        kinds_slow = ", ".join(sorted(set(slow["kind"])))
-        lines.append(f"Reference (unoptimised) implementations run {len(slow)} times ({share:.0%} of the time): "
-                     f"{kinds_slow}.")
-    return lines
+        found.append(Finding(label, STAGE, "log reference kernels", {"executions": len(slow), "kinds": sorted(
+            set(slow["kind"])), "share": float(slow["time_ms"].sum() / total)}))
+    return found
 
 
 def compare(a: pd.DataFrame, b: pd.DataFrame, by: str = "kind_direction",
@@ -94,33 +93,36 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, by: str = "kind_direction",
 
 
 def compare_findings(a: pd.DataFrame, b: pd.DataFrame, labels: tuple[str, str] = ("A", "B"),
-                     steps: tuple[int | None, int | None] = (None, None)) -> list[str]:
-    """Worded differences: kernels in one run only, call counts and shares that moved."""
+                     steps: tuple[int | None, int | None] = (None, None), workload: str = "",
+                     stage: str = STAGE) -> list[Finding]:
+    """The differences of two logs: kernels in one run only, call counts and shares that moved
+    (``workload``: whose logs, kept on the records; ``stage``: the notebook's that tells them)."""
     la, lb = labels
-    table = compare(a, b, "kind_direction", labels, steps)
-    lines = []
-    ta, tb = a["time_ms"].sum(), b["time_ms"].sum()
-    if steps[0] and steps[1]:
-        ta, tb = ta / steps[0], tb / steps[1]
-        lines.append(f"oneDNN time per step: {ta:.2f} ms in {la} vs {tb:.2f} ms in {lb} ({tb / ta:.2f}x)."
-                     if ta else f"{la} logged no oneDNN time.")
-    else:
-        lines.append(f"Logged oneDNN time: {ta:.1f} ms in {la} vs {tb:.1f} ms in {lb}.")
-    for (kind, direction), row in table.iterrows():
-        name = f"{direction.replace('_', ' ')} {kind}" if direction != "none" else kind
+
+    def said(kind: str, **values) -> Finding:
+        return Finding(workload, stage, kind, values)
+
+    ta, tb = float(a["time_ms"].sum()), float(b["time_ms"].sum())
+    per_step = bool(steps[0] and steps[1])
+    found = [said("logs onednn time", labels=[la, lb], per_step=per_step,
+                  ms=[ta / steps[0], tb / steps[1]] if per_step else [ta, tb])]
+    for (kind, direction), row in compare(a, b, "kind_direction", labels, steps).iterrows():
         ca, cb = int(row[f"calls_{la}"]), int(row[f"calls_{lb}"])
         if ca == 0 or cb == 0:
-            lines.append(f"{name} runs only in {lb if ca == 0 else la} ({max(ca, cb)} calls).")
+            found.append(said("logs one run only", primitive=kind, direction=direction,
+                              only_in=lb if ca == 0 else la, calls=max(ca, cb)))
         elif ca != cb and (not steps[0] or ca / steps[0] != cb / steps[1]):
-            lines.append(f"{name}: {ca} calls vs {cb}.")
+            found.append(said("logs calls", primitive=kind, direction=direction, calls=[ca, cb]))
         if abs(row["share_moved"]) >= SHARE_MOVED:
-            lines.append(f"{name}: share of oneDNN time {row[f'share_{la}']:.0%} -> {row[f'share_{lb}']:.0%}.")
+            found.append(said("logs share moved", primitive=kind, direction=direction,
+                              shares=[float(row[f"share_{la}"]), float(row[f"share_{lb}"])]))
     impl_a, impl_b = breakdown(a, "impl"), breakdown(b, "impl")
     if len(impl_a) and len(impl_b) and impl_a.index[0] != impl_b.index[0]:
         name = lambda key: " ".join(key) if isinstance(key, tuple) else key  # noqa: E731  (kind, impl)
-        lines.append(f"The heaviest implementation changed: {name(impl_a.index[0])} ({impl_a['share'].iloc[0]:.0%} "
-                     f"of oneDNN time) in {la}, {name(impl_b.index[0])} ({impl_b['share'].iloc[0]:.0%}) in {lb}.")
+        found.append(said("logs heaviest implementation", labels=[la, lb],
+                          implementations=[name(impl_a.index[0]), name(impl_b.index[0])],
+                          shares=[float(impl_a["share"].iloc[0]), float(impl_b["share"].iloc[0])]))
     ka = set(map(tuple, distinct_primitives(a)[PRIMITIVE_KEY].values.tolist()))
     kb = set(map(tuple, distinct_primitives(b)[PRIMITIVE_KEY].values.tolist()))
-    lines.append(f"Distinct primitives: {len(ka)} in {la}, {len(kb)} in {lb}, {len(ka & kb)} in both.")
-    return lines
+    found.append(said("logs distinct primitives", labels=[la, lb], distinct=[len(ka), len(kb)], both=len(ka & kb)))
+    return found

@@ -1,16 +1,18 @@
 """A workload's profile as data: what ran, what its oneDNN log says, its projection; the tables,
-shares and sentences made from profiles. The runs themselves are made by the profiling stage
-(``stages.profiling.profile_workload``)."""
+shares and findings (``decisions.Finding`` records) made from profiles. The runs themselves are
+made by the profiling stage (``stages.profiling.profile_workload``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
 import pandas as pd
 
 from cpuopt_helpers.config import RunConfig
-from cpuopt_helpers.profiledn.breakdown import breakdown, compare, compare_findings, findings
+from cpuopt_helpers.decisions import Finding
+from cpuopt_helpers.profiledn.breakdown import STAGE, breakdown, compare, compare_findings, findings
 from cpuopt_helpers.profiledn.parse import ParsedLog
 from cpuopt_helpers.profiledn.replay import projection_findings
 from cpuopt_helpers.profiledn.trace import trace_findings
@@ -83,23 +85,22 @@ def kind_shares(profiles: list[Profile], by: str = "kind") -> dict[str, pd.Serie
     return {p.label: breakdown(p.parsed.exec, by)["share"] for p in profiles if p.ok and not p.parsed.exec.empty}
 
 
-def profiling_findings(profiles: list[Profile]) -> list[str]:
-    """Sentences comparing the workloads' profiles, from their numbers."""
+def profiling_findings(profiles: list[Profile]) -> list[Finding]:
+    """What the workloads' profiles say, from their numbers (each under its profile's label)."""
     table = profile_table(profiles)
-    lines = []
+    found = []
     for p in profiles:
         if not p.ok:
             reason = (p.plain if p.plain["status"] != "ok" else p.traced)["reason"].splitlines()[0]
-            lines.append(f"{p.label}: not profiled ({reason}).")
+            found.append(Finding(p.label, STAGE, "profile failed", {"reason": reason}))
     for name, row in table.iterrows():
-        eff = f"; efficiency ratio {row.efficiency:.0%}" if pd.notna(row.efficiency) else ""
-        lines.append(f"{name}: oneDNN primitives account for {row.coverage:.0%} of the logged run's steps "
-                     f"({row.onednn_calls_per_step:.0f} calls per {row.step_ms:.1f} ms step){eff}.")
+        found.append(Finding(name, STAGE, "profile coverage", {
+            "coverage": float(row.coverage), "calls_per_step": float(row.onednn_calls_per_step),
+            "step_ms": float(row.step_ms), "efficiency": float(row.efficiency) if pd.notna(row.efficiency) else None}))
     if len(table) and (table["coverage"] < 0.3).any():
-        low = ", ".join(table.index[table["coverage"] < 0.3])
-        lines.append(f"For {low} most of the step runs outside oneDNN (GEMMs through MKL, PyTorch's own kernels): "
-                     "the oneDNN log alone does not explain it; the framework profiler trace does.")
-    return lines
+        found.append(Finding("", STAGE, "profile outside onednn",
+                             {"profiles": list(table.index[table["coverage"] < 0.3])}))
+    return found
 
 
 @dataclass
@@ -119,29 +120,32 @@ class Comparison:
         return compare(self.base.parsed.exec, self.other.parsed.exec, "kind_direction", self.labels,
                        (self.base.steps, self.other.steps))
 
-    def findings(self) -> list[str]:
+    def findings(self) -> list[Finding]:
+        """The measured steps, why the pair is worth reading, and how the two logs differ (under the
+        base profile's label)."""
         b, o = self.base.plain["step_ms"]["median"], self.other.plain["step_ms"]["median"]
-        head = (f"{self.base.label}, {self.labels[0]} vs {self.labels[1]}: measured step {b:.2f} ms vs {o:.2f} ms "
-                f"({b / o:.2f}x in one run each; the optimisation notebooks measure it with repeats).")
-        return [head] + ([self.note] if self.note else []) + compare_findings(
-            self.base.parsed.exec, self.other.parsed.exec, self.labels, (self.base.steps, self.other.steps))
+        who = self.base.label
+        head = Finding(who, STAGE, "profile comparison", {"labels": list(self.labels), "step_ms": [float(b), float(o)]})
+        return [head] + ([Finding(who, STAGE, "profile comparison note", {"note": self.note})] if self.note else []) \
+            + compare_findings(self.base.parsed.exec, self.other.parsed.exec, self.labels,
+                               (self.base.steps, self.other.steps), workload=who)
 
 
-def answer(profiles: list[Profile], comparisons: list[Comparison]) -> list[str]:
-    """The notebook's answer: every sentence computed from this run's profiles."""
-    lines = profiling_findings(profiles + [c.other for c in comparisons])
+def answer(profiles: list[Profile], comparisons: list[Comparison], stage: str = STAGE) -> list[Finding]:
+    """The notebook's answer: every finding computed from this run's profiles, each profile's own
+    under its label (``stage``: the notebook's that tells them, where not 02's)."""
+    found = profiling_findings(profiles + [c.other for c in comparisons])
     for p in profiles:
         if p.ok:
-            details = findings(p.parsed.exec, p.steps)
+            found += findings(p.parsed.exec, p.steps, p.label)
             if p.projection:
-                details += projection_findings(p.projection)
+                found += projection_findings(p.projection, p.label)
             if p.trace:
-                details += trace_findings(p.trace)
-            lines += [f"{p.label}: {line}" for line in details]
+                found += trace_findings(p.trace, p.label)
     for c in comparisons:
         if c.ok:
-            lines += c.findings()
-    return lines
+            found += c.findings()
+    return [f if f.stage == stage else dataclasses.replace(f, stage=stage) for f in found]
 
 
 def profile_summary(profile: Profile) -> dict:

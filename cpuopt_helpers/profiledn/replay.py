@@ -38,7 +38,8 @@ import tempfile
 
 import pandas as pd
 
-from cpuopt_helpers.profiledn.breakdown import PRIMITIVE_KEY, distinct_primitives
+from cpuopt_helpers.decisions import Finding
+from cpuopt_helpers.profiledn.breakdown import PRIMITIVE_KEY, STAGE, distinct_primitives
 from cpuopt_helpers.profiledn.parse import parse_log
 from cpuopt_helpers.stats import time_calls
 
@@ -265,31 +266,22 @@ def project_log(log: str, steps: int, step_ms: float | None, threads: int, cores
     return projection(prims, replay_log(log, threads, cores, repeats), steps, step_ms)
 
 
-def projection_findings(proj: dict, label: str = "") -> list[str]:
-    """Sentences about one projection, from its numbers."""
-    who = f"{label}: " if label else ""
-    lines = [f"{who}oneDNN primitives replayed in isolation take {proj['kernel_ms_per_step']:.2f} ms per step "
-             f"({proj['replayed']} distinct primitives replayed, {proj['not_replayed']} counted at logged time)."]
+def projection_findings(proj: dict, label: str = "") -> list[Finding]:
+    """What one projection says, from its numbers (``label``: the profile's, said before each sentence)."""
+    found = [Finding(label, STAGE, "projection kernels", {
+        "kernel_ms_per_step": float(proj["kernel_ms_per_step"]), "replayed": int(proj["replayed"]),
+        "not_replayed": int(proj["not_replayed"])})]
     if proj.get("agreement") is not None:
-        lines.append(
-            f"{who}replay against the log, like for like ({proj['alike']} primitives found in the replay's own log, "
-            f"first creation and warm-up excluded): {proj['alike_replayed_ms_per_step']:.2f} ms per step replayed vs "
-            f"{proj['alike_logged_ms_per_step']:.2f} ms logged ({proj['agreement']:.2f}x). Timed as whole PyTorch "
-            f"calls the replayed primitives take {proj['call_replayed_ms_per_step']:.2f} ms against "
-            f"{proj['call_logged_ms_per_step']:.2f} ms logged: the difference is the call's dispatch and the "
-            "reorders it adds around the primitive, which the projection leaves out.")
-    if proj["step_ms"] and proj["efficiency"] > 1:
-        lines.append(f"{who}measured step {proj['step_ms']:.2f} ms; efficiency ratio {proj['efficiency']:.0%}: "
-                     "replayed one by one, the kernels take longer than the whole step, so the step is kernel-bound "
-                     "and isolated replay (cold caches, no overlap between primitives) overstates them.")
-    elif proj["step_ms"]:
-        lines.append(f"{who}measured step {proj['step_ms']:.2f} ms; efficiency ratio "
-                     f"{proj['efficiency']:.0%}: the other {1 - proj['efficiency']:.0%} of the step is spent outside "
-                     "oneDNN kernels (framework overhead, operators served by other libraries, Python).")
+        found.append(Finding(label, STAGE, "projection against log", {"alike": int(proj["alike"]), **{
+            k: float(proj[k]) for k in ("alike_replayed_ms_per_step", "alike_logged_ms_per_step", "agreement",
+                                        "call_replayed_ms_per_step", "call_logged_ms_per_step")}}))
+    if proj["step_ms"]:
+        found.append(Finding(label, STAGE, "projection efficiency", {"step_ms": float(proj["step_ms"]),
+                                                                     "efficiency": float(proj["efficiency"])}))
     if proj["not_replayed_kinds"]:
-        lines.append(f"{who}not replayed: {', '.join(proj['not_replayed_kinds'])} "
-                     f"({proj['not_replayed_ms_per_step']:.2f} ms per step at logged time).")
-    return lines
+        found.append(Finding(label, STAGE, "projection not replayed", {
+            "kinds": list(proj["not_replayed_kinds"]), "ms_per_step": float(proj["not_replayed_ms_per_step"])}))
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from cpuopt_helpers.decisions import Finding
 from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.profiledn.breakdown import STAGE
 
 # Operators that hand their work to oneDNN on CPU (convolutions and mkldnn_* ops).
 ONEDNN_OPS = re.compile(r"mkldnn|onednn|convolution_backward|_convolution\b")
@@ -135,23 +137,19 @@ def summarize_trace(path: str | Path, top: int = 10) -> dict:
     }
 
 
-def trace_findings(summary: dict, label: str = "") -> list[str]:
-    """Sentences about one trace, from its numbers."""
-    who = f"{label}: " if label else ""
-    top = summary["top_ops"].head(3)
-    lines = [
-        f"{who}top operators by self CPU time: "
-        + ", ".join(f"{r['name']} {r['share']:.0%}" for _, r in top.iterrows()) + ".",
-        f"{who}{summary['outside_onednn_share']:.0%} of self CPU time is in operators that do not call oneDNN.",
-        f"{who}{summary['ops_per_step']:.0f} operator spans per step ({summary['ops_per_ms']:.1f} per ms), median "
-        f"{summary['median_span_us']:.0f} µs; {summary['short_span_share']:.0%} are shorter than 10 µs.",
+def trace_findings(summary: dict, label: str = "") -> list[Finding]:
+    """What one trace says, from its numbers (``label``: the profile's, said before each sentence)."""
+    spans = {k: float(summary[k]) for k in ("ops_per_step", "ops_per_ms", "median_span_us", "short_span_share")}
+    found = [
+        Finding(label, STAGE, "trace top operators", {
+            "operators": [[r["name"], float(r["share"])] for _, r in summary["top_ops"].head(3).iterrows()]}),
+        Finding(label, STAGE, "trace outside onednn", {"share": float(summary["outside_onednn_share"])}),
+        Finding(label, STAGE, "trace spans", spans),
     ]
     if summary["ops_per_ms"] > 20 or summary["median_span_us"] < 20:
-        lines.append(f"{who}the step is fragmented into many short spans: dispatch overhead is a large part of it, "
-                     "and fusing operators (a compiled graph or a custom kernel) may pay.")
+        found.append(Finding(label, STAGE, "trace fragmented", {k: spans[k] for k in ("ops_per_ms", "median_span_us")}))
     loss = summary.get("loss")
     if loss and loss["loss_backward_share"] is not None:
-        lines.append(f"{who}the loss: forward {loss['loss_forward_ms']:.1f} ms a step, backward {loss['loss_backward_ms']:.1f} "
-                     f"ms, {loss['loss_backward_share']:.1%} of the {loss['backward_ms']:.0f} ms of backward nodes "
-                     "(autograd sequence numbers in the trace of the real step).")
-    return lines
+        found.append(Finding(label, STAGE, "trace loss", {
+            k: float(loss[k]) for k in ("loss_forward_ms", "loss_backward_ms", "loss_backward_share", "backward_ms")}))
+    return found

@@ -32,8 +32,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from cpuopt_helpers.decisions import Finding
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.flops import attention_flops, conv_flops, rnn_layer_flops
+from cpuopt_helpers.profiledn.breakdown import STAGE
 from cpuopt_helpers.profiledn.trace import load_events
 
 log = logging.getLogger(__name__)
@@ -486,60 +488,33 @@ def summary_row(result: dict) -> dict:
     return row
 
 
-def wholestep_findings(result: dict, label: str = "") -> list[str]:
-    """Sentences about one whole-step projection, from its numbers."""
-    who = f"{label}: " if label else ""
-    gap = result["gap_ms"]
-    total_gap = sum(gap.values())
-    lines = [] if result.get("steps_known", True) else [
-        f"{who}the trace does not say how many steps it holds (no FILE.ops.json beside it, no Optimizer.step "
-        "annotation): every time below is for the whole trace, not per step."]
-    lines += [f"{who}{result['coverage']:.1%} of the operators' time has a work count and a ceiling "
-             f"({result['top_level_per_step']:.0f} top-level operators a step); {result['between_ops_share']:.1%} "
-             f"of the {result['step_ms']:.2f} ms traced step falls between operators, so "
-             f"{result['step_coverage']:.1%} of the whole step is projected."]
-    if result["plain_step_ms"]:
-        lines[-1] += f" Unprofiled, the step took {result['plain_step_ms']:.2f} ms."
-    if result.get("timing") == "light trace":
-        lines[-1] += (f" (Times from a trace without shapes; recording shapes stretched the step to "
-                     f"{result['shaped_step_ms']:.2f} ms.)")
-    lines.append(f"{who}at every ceiling the step would take {result['projected_ms']:.2f} ms "
-                 f"({result['speedup_bound']:.1f}x faster)" if result["speedup_bound"] else f"{who}no projection")
-    if total_gap > 0:
-        biggest = max(gap, key=gap.get)
-        lines[-1] += (f"; of the {total_gap:.2f} ms gap, " + ", ".join(
-            f"{k} {v / total_gap:.0%}" for k, v in sorted(gap.items(), key=lambda kv: -kv[1]) if v > 0)
-            + f": most of the room is in {_CAUSE_WORDS[biggest]}.")
+def wholestep_findings(result: dict, label: str = "") -> list[Finding]:
+    """What one whole-step projection says, from its numbers (``label``: the workload's, said
+    before each sentence)."""
+    found = [] if result.get("steps_known", True) else [Finding(label, STAGE, "whole step count unknown")]
+    found.append(Finding(label, STAGE, "whole step coverage", {
+        **{k: float(result[k]) for k in ("coverage", "top_level_per_step", "between_ops_share", "step_ms",
+                                         "step_coverage")},
+        "plain_step_ms": float(result["plain_step_ms"]) if result["plain_step_ms"] else result["plain_step_ms"],
+        "shaped_step_ms": float(result["shaped_step_ms"]) if result.get("timing") == "light trace" else None}))
+    found.append(Finding(label, STAGE, "whole step projection", {
+        "projected_ms": float(result["projected_ms"]),
+        "speedup_bound": float(result["speedup_bound"]) if result["speedup_bound"] else result["speedup_bound"],
+        "gap_ms": {k: float(v) for k, v in result["gap_ms"].items()}}))
     waits = result.get("between_ops_by_phase_ms") or {}
     if sum(waits.values()) > 0:
-        total = sum(waits.values())
-        most = max(waits, key=waits.get)
-        lines.append(f"{who}of the {total:.2f} ms a step between operators, " + ", ".join(
-            f"{p} {v / total:.0%}" for p, v in sorted(waits.items(), key=lambda kv: -kv[1]) if v > 0)
-            + f": most of it leads to {_PHASE_WORDS[most]}.")
+        found.append(Finding(label, STAGE, "whole step between ops",
+                             {"between_ops_ms": {k: float(v) for k, v in waits.items()}}))
     table = result["table"]
     gemm = table[table["bound"] == "compute"]
     if len(gemm):
-        weighted = (gemm["of_ceiling"] * gemm["ms"]).sum() / gemm["ms"].sum()
-        lines.append(f"{who}GEMM-like operators run at {weighted:.0%} of the GEMM ceiling on average (time-weighted); "
-                     f"the heaviest, {gemm.iloc[0]['op']} ({gemm.iloc[0]['shapes']}), at "
-                     f"{gemm.iloc[0]['of_ceiling']:.0%}.")
+        found.append(Finding(label, STAGE, "whole step gemm", {
+            "of_ceiling": float((gemm["of_ceiling"] * gemm["ms"]).sum() / gemm["ms"].sum()),
+            "heaviest": gemm.iloc[0]["op"], "shapes": gemm.iloc[0]["shapes"],
+            "heaviest_of_ceiling": float(gemm.iloc[0]["of_ceiling"])}))
     if result["above_ceiling_share"] > 0.01:
-        lines.append(f"{who}{result['above_ceiling_share']:.0%} of the operators' time is in operators measured above "
-                     "the DRAM copy rate (data in cache): for them the ceiling is cache bandwidth, and the projection "
-                     "keeps their measured time.")
-    return lines
-
-
-_PHASE_WORDS = {"forward": "forward operators (Python and module calls, and the loop from one step to the next)",
-                "loss": "the loss's operators",
-                "backward": "backward operators (the autograd engine between nodes)",
-                "optimizer": "the optimizer's operators (notebook 05 measures its foreach and fused implementations)"}
-_CAUSE_WORDS = {"compute": "GEMM-like kernels running below the GEMM peak",
-                "memory": "memory-bound operators running below the copy bandwidth (many are too small to reach it)",
-                "no work": "operators that move no data (views, allocations: framework overhead)",
-                "unknown": "operators whose work is not counted",
-                "between ops": "time between operators (Python, the autograd engine, the loop)"}
+        found.append(Finding(label, STAGE, "whole step above ceiling", {"share": float(result["above_ceiling_share"])}))
+    return found
 
 
 # ---------------------------------------------------------------------------------- oneDNN primitives

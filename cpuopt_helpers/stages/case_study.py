@@ -141,6 +141,7 @@ def focal_findings(bench: dict, phase_backward_ms: dict) -> list[Finding]:
                                    best.get("rounds", bench.get("rounds", 0)), best.get("verdict", "no different"))
         found.append(_note("retinanet", "focal kernel", ratio, shape=shape, elements=int(best.elements),
                            kernel=best.kernel))
+    found += [_note("retinanet", "kernel fell back", benchmark="focal-loss", **f) for f in bench.get("fallbacks", [])]
     ref = rows[(rows["kernel"] == "reference") & (rows["part"] == "backward")]
     for shape, backward_ms in phase_backward_ms.items():
         hit = ref[ref["shape"] == shape]
@@ -176,6 +177,7 @@ def lamb_findings(bench: list[dict]) -> list[Finding]:
         if "kernels" not in r:
             found.append(_note("retinanet", "lamb not run", reason=r.get("skipped") or r.get("error")))
             continue
+        found += [_note("retinanet", "kernel fell back", benchmark="Lamb", **f) for f in r.get("fallbacks", [])]
         for k, v in r["kernels"].items():
             if k != "loop":
                 ratio = _kernel_comparison(v["speedup_vs_loop"], v["ci"][0], v["ci"][1], v.get("rounds", 0),
@@ -346,15 +348,24 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
     return pd.DataFrame(out)
 
 
+def climbed_fact(ladder: str, preset: str) -> str:
+    """The store's mark of a ladder that a climb made (``make case-study``): a later run keeps it."""
+    return f"climbed/{ladder}/{preset}"
+
+
 def settle_fixes(session, plans: dict[str, Plan], tables: dict, climbs: dict, preset: str, min_rounds: int,
                  max_rounds: int, budget_min: float | None, resume: bool = True) -> list[str]:
     """Notebook 08's hand-on, per workload: the fastest of the fixes it declares, confirmed against
     its baseline (``Session.settle``). RetinaNet's ladder starts here (no earlier notebook
-    measures it) unless a climb above made it. Returns the sentences, in order."""
+    measures it) unless a climb made it: the one above, or one stored by an earlier ``make
+    case-study``, which this run never overwrites. Returns the sentences, in order."""
     lines = []
     for workload, plan in plans.items():
-        if workload in climbs:
-            lines.append(f"{workload}: its ladder is the climb above.")
+        stored = session.store.get_fact(session.machine, climbed_fact(workload, preset))
+        if workload in climbs or stored:
+            lines.append(f"{workload}: its ladder is the climb above." if workload in climbs else
+                         f"{workload}: its ladder is the climb `make case-study` stored on {stored['day']}; this run "
+                         "leaves it as it is (notebook 09 confirms its top against PyTorch's defaults in fresh rounds).")
             continue
         if workload == "retinanet":  # a climb's ladder, from an earlier run, is replaced
             session.reset_ladder(workload, preset)

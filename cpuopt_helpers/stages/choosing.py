@@ -34,17 +34,20 @@ PHASES = ("forward", "backward", "optimizer")
 def throughput_table(results: list[dict]) -> pd.DataFrame:
     """One row per workload: median samples/s over runs with their range (low-high; a few
     runs give no honest interval of their own), median step and phase times, achieved
-    GFLOP/s, and the spread warning."""
-    rows = {}
+    GFLOP/s, the spread warning, and how many of its runs timed out or crashed (``failed``)."""
+    rows, failed = {}, {}
     for r in results:
+        workload = r["config"]["workload"]
         if r["status"] == "ok":
-            rows.setdefault(r["config"]["workload"], []).append(r)
+            rows.setdefault(workload, []).append(r)
+        else:
+            failed[workload] = failed.get(workload, 0) + 1
     out = []
     for workload, runs in rows.items():
         sps = [r["samples_per_s"] for r in runs]
         step = stats.summarize([r["step_ms"]["median"] for r in runs])["median"]
         row = {"workload": workload, "samples_per_s": stats.summarize(sps)["median"], "low": min(sps),
-               "high": max(sps), "runs": len(runs), "step_ms": step,
+               "high": max(sps), "runs": len(runs), "failed": failed.get(workload, 0), "step_ms": step,
                "gflops": (stats.summarize([r["achieved_gflops"] for r in runs])["median"]  # uncounted: unknown, not 0
                           if all(r["achieved_gflops"] for r in runs) else math.nan),
                "startup_s": stats.summarize([r["startup_s"] for r in runs])["median"],
@@ -99,14 +102,33 @@ def loss_drift(loss: float | None, base_loss: float | None) -> float | None:
     return abs(loss - base_loss) / max(abs(base_loss), LOSS_FLOOR)
 
 
+HOW_IT_FAILED = {"failed": "crashed", "timeout": "timed out", "unsupported": "no kernel on this CPU"}
+
+
+def failed_rows(failed: dict[tuple, list[dict]], keys, baseline: dict) -> list[dict]:
+    """A row for each arm none of whose runs finished, so that a table shows it, with why."""
+    rows = []
+    for key in [k for k in failed if k not in keys]:
+        runs = failed[key]
+        how = sorted({HOW_IT_FAILED.get(r["status"], r["status"]) for r in runs})
+        rows.append({"setting": setting_label(runs[0]["config"], baseline), "samples_per_s": math.nan, "runs": 0,
+                     "failed": len(runs), "verdict": f"no result: {', '.join(how)}", "arm": key[1],
+                     "config_hash": runs[0]["config_hash"], "config": runs[0]["config"], "fell_back": False,
+                     "is_baseline": False})
+    return rows
+
+
 def compare_configs(results: list[dict], baseline: dict, workload: str | None = None) -> pd.DataFrame:
     """One row per arm of a sweep: median samples/s with the range over rounds, peak RSS,
     and the ratio to the baseline arm paired round by round (``compare.paired_ratio``:
-    ``ratio_low``/``ratio_high`` are its interval, NaN below the minimum rounds)."""
+    ``ratio_low``/``ratio_high`` are its interval, NaN below the minimum rounds). ``failed``
+    counts an arm's runs that timed out or crashed (its numbers are its finished runs'); an
+    arm none of whose runs finished has a row of its own, its verdict saying how it failed."""
     groups: dict[tuple, list[dict]] = {}
+    failed: dict[tuple, list[dict]] = {}
     for r in results:
-        if r["status"] == "ok" and (workload is None or r["config"]["workload"] == workload):
-            groups.setdefault((r.get("sweep"), r.get("arm", 0)), []).append(r)
+        if workload is None or r["config"]["workload"] == workload:
+            (groups if r["status"] == "ok" else failed).setdefault((r.get("sweep"), r.get("arm", 0)), []).append(r)
     wanted = setting_hash(baseline)
     base_key = next((k for k, rs in sorted(groups.items(), key=lambda kv: kv[0][1])
                      if setting_hash(rs[0]["config"]) == wanted), None)
@@ -120,7 +142,8 @@ def compare_configs(results: list[dict], baseline: dict, workload: str | None = 
         row = {"setting": "baseline" if key == base_key else setting_label(runs[0]["config"], baseline),
                "samples_per_s": stats.summarize(sps)["median"], "low": min(sps), "high": max(sps), "runs": len(runs),
                "peak_rss_mb": stats.summarize([r["peak_rss_mb"] for r in runs])["median"],
-               "config_hash": runs[0]["config_hash"], "arm": key[1], "config": runs[0]["config"]}
+               "config_hash": runs[0]["config_hash"], "arm": key[1], "config": runs[0]["config"],
+               "failed": len(failed.get(key, []))}
         same_data = all(runs[0]["config"].get(k) == baseline.get(k) for k in ("loader_workers", "batch_size", "instances"))
         loss = mean_loss(runs, steps)
         row.update(loss=loss,  # other batches (a DataLoader's, other sizes): not comparable
@@ -144,7 +167,7 @@ def compare_configs(results: list[dict], baseline: dict, workload: str | None = 
         row["fell_back"] = bool(fell)
         row["is_baseline"] = key == base_key
         rows.append(row)
-    table = pd.DataFrame(rows)
+    table = pd.DataFrame(rows + failed_rows(failed, groups, baseline))
     return table.sort_values("samples_per_s", ascending=False).reset_index(drop=True) if len(table) else table
 
 

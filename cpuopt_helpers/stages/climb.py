@@ -17,6 +17,7 @@ in fresh paired rounds: the end-to-end verdict.
 
 from __future__ import annotations
 
+import datetime
 import shutil
 from dataclasses import dataclass
 from typing import Callable
@@ -192,6 +193,7 @@ def climb(session, base: RunConfig, ladder: str, image_like: bool, tag: str, min
     if unknown:
         raise CpuoptError(f"unknown rung(s) {', '.join(sorted(unknown))}; use some of {', '.join(CLIMB_RUNGS)}")
     session.reset_ladder(ladder, base.preset)
+    session.store.put_fact(session.machine, case_study.climbed_fact(ladder, base.preset), {"day": f"{datetime.date.today()}"})
     session.hand_on(base, "baseline", {"workload": base.workload, "sentence": "PyTorch's defaults"}, ladder=ladder)
     current, climbed = base, []
     confirm = session.confirmer(f"{tag}/confirm", min_rounds, max_rounds, budget_min, resume)

@@ -4,6 +4,7 @@ larger global batch does to convergence.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -103,20 +104,24 @@ PAPER_TABLE2.index.name, PAPER_TABLE2.columns.name = "threads/rank", "ranks"
 
 def layout_table(results: list[dict], workload: str) -> pd.DataFrame:
     """One row per (mode, threads per rank, ranks): median total samples/s, normalised to
-    one rank with the fewest threads (the paper's normalisation), and the ideal for it."""
-    rows = {}
+    one rank with the fewest threads (the paper's normalisation), and the ideal for it. ``failed``
+    counts a layout's runs that timed out or crashed (a layout with none finished: no numbers)."""
+    rows, failed = {}, {}
     for r in results:
-        if r["status"] == "ok" and r["config"]["workload"] == workload:
-            c = r["config"]
-            rows.setdefault((c["mode"], c["threads"], c["instances"]), []).append(r)
+        if r["config"]["workload"] == workload:
+            key = (r["config"]["mode"], r["config"]["threads"], r["config"]["instances"])
+            (rows.setdefault(key, []) if r["status"] == "ok" else failed.setdefault(key, [])).append(r)
     table = pd.DataFrame([{"mode": m, "threads": t, "ranks": n,
                            "samples_per_s": stats.summarize([r["samples_per_s"] for r in rs])["median"],
-                           "in_sync": all(r.get("params_in_sync", True) for r in rs), "runs": len(rs),
-                           "peak_rss_mb": max(r["peak_rss_mb"] or 0 for r in rs),  # the largest rank's
-                           "config": rs[0]["config"]} for (m, t, n), rs in rows.items()])
-    if table.empty:
+                           "in_sync": bool(rs) and all(r.get("params_in_sync", True) for r in rs), "runs": len(rs),
+                           "failed": len(failed.get((m, t, n), [])),
+                           "peak_rss_mb": max((r["peak_rss_mb"] or 0 for r in rs), default=math.nan),  # largest rank
+                           "config": (rs or failed[(m, t, n)])[0]["config"]}
+                          for (m, t, n), rs in {**{k: [] for k in failed}, **rows}.items()])
+    ones = table[(table["ranks"] == 1) & table["samples_per_s"].notna()].sort_values("threads") \
+        if len(table) else table
+    if ones.empty:
         return table
-    ones = table[table["ranks"] == 1].sort_values("threads")
     base_threads, base = int(ones.iloc[0]["threads"]), ones.iloc[0]["samples_per_s"]
     table["normalised"] = table["samples_per_s"] / base
     table["ideal"] = table["threads"] * table["ranks"] / base_threads
@@ -186,7 +191,8 @@ def choose(table: pd.DataFrame, plan: Plan, confirm=None) -> Choice:
         finding = Finding(workload, "multi-instance", kind, dict(values, what=workload), comparison)
         return Choice(RunConfig.from_dict(config) if config is not None else None, comparison, finding)
 
-    if table.empty:
+    table = table.dropna(subset=["samples_per_s"]) if len(table) else table  # a layout never finished: no candidate
+    if table.empty or "normalised" not in table:
         return decided(None, "no layout")
     single = table[table["ranks"] == 1].sort_values("threads").iloc[-1]
     ddp = table[(table["mode"] == "ddp") & table["in_sync"]].sort_values("samples_per_s", ascending=False)

@@ -11,22 +11,26 @@ from pathlib import Path
 import pandas as pd
 
 from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.decisions import Finding
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.profiledn import wholestep
+from cpuopt_helpers.profiledn.breakdown import STAGE
 from cpuopt_helpers.profiledn.capture import Comparison, Profile, safe_name
 from cpuopt_helpers.profiledn.parse import parse_log
 from cpuopt_helpers.profiledn.replay import project_log
 from cpuopt_helpers.profiledn.trace import summarize_trace
 
 
-def slow_kernels(df: pd.DataFrame, top: int = 5) -> list[str]:
-    """The implementations that take the most oneDNN time, with their ISA: names the slow kernels."""
+def slow_kernels(df: pd.DataFrame, top: int = 5, workload: str = "", stage: str = STAGE) -> list[Finding]:
+    """The implementations that take the most oneDNN time, with their ISA: names the slow kernels
+    (``workload``: whose log, kept on the record; ``stage``: the notebook's that tells it)."""
     if df.empty:
-        return ["No oneDNN primitive ran."]
+        return [Finding(workload, stage, "no primitive ran")]
     by_impl = df.groupby(["kind", "impl"])["time_ms"].agg(["sum", "count"]).sort_values("sum", ascending=False)
     total = by_impl["sum"].sum()
-    return ["Slowest kernels: " + "; ".join(f"{kind} {impl} {row['sum'] / total:.0%} ({int(row['count'])} calls)"
-                                            for (kind, impl), row in by_impl.head(top).iterrows()) + "."]
+    kernels = [[kind, impl, float(row["sum"] / total), int(row["count"])]
+               for (kind, impl), row in by_impl.head(top).iterrows()]
+    return [Finding(workload, stage, "slowest kernels", {"kernels": kernels})]
 
 
 def profile_workload(session, config: RunConfig, log_dir: Path, label: str | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cpuopt_helpers import compare, stats
+from cpuopt_helpers import stats
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.decisions import Comparison, Finding
 
@@ -87,28 +87,40 @@ def ends(session, tables: dict, rounds: int, budget_min: float | None, resume: b
     return finals
 
 
-def ladder_summary(tables: dict, finals: dict, price_per_hour: float) -> list[str]:
+def _number(value) -> float | None:
+    """A table's number as a float, None where it is missing or NaN."""
+    return float(value) if value is not None and value == value else None
+
+
+def headline_findings(tables: dict, finals: dict, price_per_hour: float) -> list[Finding]:
     """Per workload: the ladder's end against its start in fresh paired rounds (the one
     speedup claimed), the rung that paid most by its own confirmed comparison, and cost."""
-    lines = []
+    found = []
     for w, t in tables.items():
         if t.empty:
             continue
-        last = t.iloc[-1]
-        final = finals.get(w)
-        head = (f"{w}: the ladder's top over PyTorch's defaults, in {final['n']} fresh paired rounds: "
-                f"{compare.describe(final)}"
-                if final else f"{w}: nothing was handed on beyond PyTorch's defaults")
-        confirmed = t[t["verdict"] == "faster"]
-        if len(confirmed):
-            top = confirmed.loc[confirmed["vs_previous"].idxmax()]
-            head += f"; the largest confirmed step: {top.step} ({top.change}, {top.vs_previous:.2f}x the rung before)"
-        if last.samples_per_s == last.samples_per_s and last.samples_per_s:
-            head += f"; ${last.usd_per_1000_samples:.4f} per 1000 samples at ${price_per_hour:g}/hour"
-        if last.peak_share is not None and last.peak_share == last.peak_share:
-            head += f"; {last.peak_share:.0%} of the measured {last.ceiling} ceiling"
-            share = last.get("theoretical_share")
-            head += (f", {share:.0%} of the theoretical {last.ceiling.split()[0]} peak" if share is not None and share == share
-                     else f", the theoretical {last.ceiling.split()[0]} peak unknown here (`cpuopt doctor`)")
-        lines.append(head + ".")
-    return lines
+        last, confirmed = t.iloc[-1], t[t["verdict"] == "faster"]
+        top = confirmed.loc[confirmed["vs_previous"].idxmax()] if len(confirmed) else None
+        values = {"largest_step": None if top is None else {"step": top.step, "change": top.change,
+                                                            "ratio": float(top.vs_previous)},
+                  "usd_per_1000": _number(last.usd_per_1000_samples) if _number(last.samples_per_s) else None,
+                  "price_per_hour": price_per_hour, "ceiling": last.ceiling, "peak_share": _number(last.peak_share),
+                  "theoretical_share": _number(last.get("theoretical_share"))}
+        found.append(Finding(w, "summary", "ladder headline", values, Comparison.from_dict(finals.get(w))))
+    return found
+
+
+def steady_findings(store, machine: str, workload: str, preset: str) -> list[Finding]:
+    """Whether the preset's timed window is long enough for this workload, from every plain run of
+    it stored on this machine (``stats.steady_window``; runs that logged or traced are left out)."""
+    groups: dict[str, list[dict]] = {}
+    for r in store.results(machine=machine):
+        c = r["config"]
+        if (r["status"] == "ok" and c["workload"] == workload and c["preset"] == preset
+                and not r.get("onednn_logs") and not r.get("traces")):
+            groups.setdefault(r["config_hash"], []).append(r)
+    check = stats.steady_window(list(groups.values()))
+    steps = sorted({int(r["config"]["steps"]) for g in groups.values() for r in g})
+    if check is None:
+        return [Finding(workload, "summary", "steadiness unknown", {"preset": preset})]
+    return [Finding(workload, "summary", "steady window", dict(check, preset=preset, steps=steps))]

@@ -1,0 +1,168 @@
+"""Dated records of the commands that measure outside the workbook: `make overhead`, `make
+parse-speed` and `make test`'s own duration. Each writes FOLDER/DAY-CPU-ISA-NAME.md (the slug
+scheme of the workbook's results pages), stamped with the machine, the day, the commit and the
+command that regenerates it, its figures as a table rendered from the command's JSON. A second
+run on the same day and machine replaces that day's page; another day or machine is another
+file, never merged into one table.
+
+A peer (another tool timed beside ours) is named by ``git_identity``: its commit read from its
+own checkout, or the page says its version is unknown and claims nothing against it.
+
+``python -m cpuopt_helpers.records make-test --seconds N --status S [--folder docs/results]``
+writes `make test`'s record (the Makefile's `test` target calls it)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+from cpuopt_helpers.pages import cpu_slug, isa_slug
+from cpuopt_helpers.provenance import code_version
+from cpuopt_helpers.system import Facts, collect_facts
+
+ROOT = Path(__file__).resolve().parents[1]
+NOT_A_CHECKOUT = "not a git checkout"
+
+
+class Row(NamedTuple):
+    """One measured figure: what it is, its value with its unit, its interval (where the
+    benchmark has one, labelled) and the rounds or runs it came from."""
+
+    figure: str
+    value: str
+    interval: str = ""
+    rounds: str = ""
+
+
+def _git(folder: Path, *args: str) -> str | None:
+    """``git -C FOLDER ARGS``'s output, stripped; None where git or the checkout is missing."""
+    try:
+        done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def own_commit(root: Path = ROOT) -> str:
+    """This code's commit: ``abc1234``, ``abc1234 with uncommitted changes``, or ``not a git
+    checkout`` (also where the package lies inside some other repository's tree)."""
+    top = _git(root, "rev-parse", "--show-toplevel")
+    short = _git(root, "rev-parse", "--short", "HEAD")
+    if not top or not short or Path(top).resolve() != Path(root).resolve():
+        return NOT_A_CHECKOUT
+    dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
+    return f"{short} with uncommitted changes" if dirty else short
+
+
+def git_identity(folder: Path, tracked: str | None = None) -> dict:
+    """What FOLDER's git says it is: {"commit" (full), "describe" (``git describe --tags``),
+    "origin" (the remote it was cloned from, without any user or token), "dirty" (changes to
+    tracked files under FOLDER), "exact"}. ``tracked``: a file that must be under git's control
+    there (else the folder is a copy lying in some other checkout). Every value is None, and
+    exact False, where FOLDER is not a git checkout."""
+    folder = Path(folder)
+    commit = _git(folder, "rev-parse", "HEAD")
+    if commit and tracked and _git(folder, "ls-files", "--error-unmatch", tracked) is None:
+        commit = None
+    if not commit:
+        return {"commit": None, "describe": None, "origin": None, "dirty": None, "exact": False}
+    dirty = bool(_git(folder, "status", "--porcelain", "--untracked-files=no", "--", "."))
+    origin = _git(folder, "remote", "get-url", "origin")
+    return {"commit": commit, "describe": _git(folder, "describe", "--tags"),
+            "origin": re.sub(r"//[^/@]*@", "//", origin) if origin else None, "dirty": dirty, "exact": not dirty}
+
+
+def page_path(folder: Path, facts: Facts, name: str, day: str) -> Path:
+    """FOLDER/DAY-CPU-ISA-NAME.md: one page per day, machine and command."""
+    return Path(folder) / f"{day}-{cpu_slug(facts)}-{isa_slug(facts)}-{name}.md"
+
+
+def stamp(facts: Facts, day: str, command: str, commit: str, preset: str | None = None) -> str:
+    """Where, when, with what code and by which command the page's figures were measured."""
+    code = code_version()
+    setting = f" (preset `{preset}`)" if preset else ""
+    return (f"Measured on {day}{setting} on **{facts.cpu_model}** ({isa_slug(facts)}), {facts.physical_cores} "
+            f"physical / {facts.logical_cores} logical cores, torch {facts.versions.get('torch', '?')}; "
+            f"commit {commit}, cpuopt {code['package']} (measuring code {code['measuring_hash']}). "
+            f"Regenerate with `{command}`.")
+
+
+def table(rows: Sequence[Row]) -> list[str]:
+    """The figures as a markdown table (``|`` inside a cell escaped)."""
+    def cell(text: str) -> str:
+        return str(text).replace("|", "\\|")
+
+    return ["| figure | value | interval | rounds |", "|---|---|---|---|",
+            *[f"| {' | '.join(cell(c) for c in row)} |" for row in rows]]
+
+
+def record_page(title: str, stamp_line: str, rows: Sequence[Row], notes: Sequence[str] = ()) -> str:
+    """The page's markdown: the title, the stamp, the table, the notes (one paragraph each)."""
+    lines = [f"# {title}", "", stamp_line, "", *table(rows)]
+    for note in notes:
+        lines += ["", note]
+    lines += ["", "A page of another machine or day is another file; a rerun on the same day and machine "
+              "replaces this one."]
+    return "\n".join(lines) + "\n"
+
+
+def write_record(folder: Path, name: str, title: str, rows: Sequence[Row], command: str, *,
+                 notes: Sequence[str] = (), facts: Facts | None = None, when: datetime | None = None,
+                 commit: str | None = None, preset: str | None = None) -> Path:
+    """Write FOLDER/DAY-CPU-ISA-NAME.md (replacing that day's page of this machine) and return its
+    path. ``when``: the measurement's time (default now, the day taken in UTC like the store's);
+    ``facts``: the machine (default this one); ``commit``: default ``own_commit()``."""
+    facts = facts or collect_facts()
+    day = (when or datetime.now(timezone.utc)).astimezone(timezone.utc).date().isoformat()
+    page = page_path(folder, facts, name, day)
+    page.parent.mkdir(parents=True, exist_ok=True)
+    line = stamp(facts, day, command, commit or own_commit(), preset)
+    page.write_text(record_page(f"{title}: {facts.cpu_model} ({isa_slug(facts)}), {day}", line, rows, notes))
+    return page
+
+
+def duration_words(seconds: float) -> str:
+    """``1 h 2 min 5 s``, ``31 min 5 s``, ``42 s``: whole seconds."""
+    total = max(0, round(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{hours} h"] * bool(hours) + [f"{minutes} min"] * bool(hours or minutes) + [f"{secs} s"]
+    return " ".join(parts)
+
+
+def make_test_rows(seconds: float, status: int) -> list[Row]:
+    """`make test`'s record: how long it took, and whether it passed."""
+    outcome = "passed" if status == 0 else f"failed (exit status {status})"
+    return [Row("`make test`, wall time (setup excluded)", duration_words(seconds), "", "1 run"),
+            Row("outcome", outcome, "", "1 run")]
+
+
+def write_make_test(folder: Path, seconds: float, status: int, command: str = "make test", **kwargs) -> Path:
+    """The record of one `make test`: its duration and outcome on this machine, today."""
+    notes = ["Every test, the notebooks included, as two pytest processes side by side (the notebooks and "
+             "the rest); the duration is the whole `test` recipe after `setup`, timed by the Makefile."]
+    return write_record(folder, "make-test", "make test", make_test_rows(seconds, status), command,
+                        notes=notes, **kwargs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m cpuopt_helpers.records", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="record", required=True)
+    test = sub.add_parser("make-test", help="the record of one `make test`: its duration and outcome")
+    test.add_argument("--seconds", type=float, required=True, help="the recipe's wall time")
+    test.add_argument("--status", type=int, required=True, help="the tests' exit status (0: passed)")
+    test.add_argument("--folder", type=Path, default=Path("docs/results"))
+    test.add_argument("--command", default="make test", help="the command that regenerates the record")
+    args = ap.parse_args(argv)
+    page = write_make_test(args.folder, args.seconds, args.status, args.command)
+    print(f"cpuopt: make test's record: {page}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

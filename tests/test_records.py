@@ -1,0 +1,253 @@
+"""The dated records of `make overhead`, `make parse-speed` and `make test`: the page's name, its
+stamp, a rerun replacing that day's page and another day making another, the make-test record,
+and a peer named by its own git (a repository made here with `git init`). Starts no worker and
+runs no benchmark: the pages are written from made-up JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import shutil
+import subprocess
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from cpuopt_helpers import records
+
+ROOT = Path(__file__).resolve().parents[1]
+DAY1, DAY2 = datetime(2026, 12, 1, 9, 30, tzinfo=timezone.utc), datetime(2026, 12, 2, 9, 30, tzinfo=timezone.utc)
+XEON = {"cpu_model": "Intel(R) Xeon(R) Platinum 8480+", "isa": {"avx2": True, "avx512f": True, "amx_bf16": True},
+        "physical_cores": 56, "logical_cores": 112, "versions": {"torch": "2.13.0+cpu"}}
+needs_git = pytest.mark.skipif(not shutil.which("git"), reason="git is not installed")
+
+
+def benchmark(name: str):
+    """benchmarks/NAME.py as a module (the folder is no package)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def git(folder: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@example.org",
+                           "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false", *args],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def checkout(tmp_path: Path, tag: str | None = "v3.7") -> Path:
+    """A made-up oneDNN checkout: scripts/verbose_converter/verbose_converter.py committed (and tagged)."""
+    repo = tmp_path / "oneDNN"
+    converter = repo / "scripts" / "verbose_converter"
+    converter.mkdir(parents=True)
+    (converter / "verbose_converter.py").write_text("print('made up')\n")
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "one")
+    git(repo, "remote", "add", "origin", "https://user:secret@github.com/uxlfoundation/oneDNN.git")
+    if tag:
+        git(repo, "tag", tag)
+    return converter
+
+
+def write(folder, facts, name="overhead", rows=(records.Row("x", "1 s"),), when=DAY1, **kwargs):
+    return records.write_record(folder, name, "A record", list(rows), f"make {name}", facts=facts, when=when,
+                                commit="abc1234", **kwargs)
+
+
+def test_the_page_is_named_by_day_cpu_isa_and_command(tmp_path, facts):
+    page = write(tmp_path / "results", facts(**XEON))
+    assert page == tmp_path / "results" / "2026-12-01-intel-r-xeon-r-platinum-8480-amx-overhead.md"
+    assert records.page_path(tmp_path, facts(cpu_model="AMD EPYC 7B13", isa={"avx2": True}), "make-test",
+                             "2026-12-01").name == "2026-12-01-amd-epyc-7b13-avx2-make-test.md"
+    late = datetime(2026, 12, 2, 0, 30, tzinfo=timezone(timedelta(hours=2)))  # 22:30 UTC on the 1st
+    assert write(tmp_path, facts(**XEON), when=late).name.startswith("2026-12-01-")  # the day in UTC, as the store's
+
+
+def test_the_stamp_names_the_machine_day_commit_torch_and_command(tmp_path, facts):
+    text = write(tmp_path, facts(**XEON), preset="quick").read_text()
+    stamp = text.splitlines()[2]
+    for needed in ("**Intel(R) Xeon(R) Platinum 8480+** (amx)", "56 physical / 112 logical cores", "2026-12-01",
+                   "commit abc1234", "torch 2.13.0+cpu", "Regenerate with `make overhead`", "preset `quick`",
+                   "measuring code "):
+        assert needed in stamp, (needed, stamp)
+    assert text.startswith("# A record: Intel(R) Xeon(R) Platinum 8480+ (amx), 2026-12-01\n")
+    assert "| figure | value | interval | rounds |" in text and "| x | 1 s |  |  |" in text
+
+
+def test_a_rerun_on_the_same_day_replaces_the_page_and_another_day_or_machine_is_another_file(tmp_path, facts):
+    first = write(tmp_path, facts(**XEON), rows=[records.Row("launch", "1.50 s")])
+    again = write(tmp_path, facts(**XEON), rows=[records.Row("launch", "1.70 s")], when=DAY1.replace(hour=17))
+    assert again == first and "1.70 s" in first.read_text() and "1.50 s" not in first.read_text()
+    other_day = write(tmp_path, facts(**XEON), when=DAY2)
+    other_machine = write(tmp_path, facts(**{**XEON, "isa": {"avx2": True}}))
+    assert len({first, other_day, other_machine}) == 3
+    assert sorted(p.name for p in tmp_path.glob("*.md")) == sorted(p.name for p in (first, other_day, other_machine))
+    assert "1.70 s" in first.read_text()  # the other files left it alone
+
+
+def test_a_cell_with_a_bar_does_not_break_the_table():
+    assert records.table([records.Row("a | b", "1")])[-1] == "| a \\| b | 1 |  |  |"
+
+
+@pytest.mark.parametrize("seconds, words", [(42, "42 s"), (60, "1 min 0 s"), (1865.4, "31 min 5 s"),
+                                            (3725, "1 h 2 min 5 s"), (-1, "0 s")])
+def test_durations_in_words(seconds, words):
+    assert records.duration_words(seconds) == words
+
+
+def test_the_make_test_record_says_how_long_it_took_and_whether_it_passed(tmp_path, facts, monkeypatch, capsys):
+    monkeypatch.setattr(records, "collect_facts", lambda: facts(**XEON))
+    monkeypatch.setattr(records, "own_commit", lambda root=records.ROOT: "abc1234 with uncommitted changes")
+    assert records.main(["make-test", "--seconds", "1865", "--status", "0", "--folder", str(tmp_path)]) == 0
+    (page,) = tmp_path.glob("*-make-test.md")
+    assert page.name.endswith("-intel-r-xeon-r-platinum-8480-amx-make-test.md") and str(page) in capsys.readouterr().out
+    text = page.read_text()
+    for needed in ("# make test: Intel(R) Xeon(R) Platinum 8480+ (amx)", "| 31 min 5 s |", "| outcome | passed |",
+                   "commit abc1234 with uncommitted changes", "Regenerate with `make test`", "56 physical / 112"):
+        assert needed in text, needed
+    records.main(["make-test", "--seconds", "42", "--status", "2", "--folder", str(tmp_path)])
+    text = page.read_text()  # the same day: replaced
+    assert "failed (exit status 2)" in text and "42 s" in text and "31 min" not in text
+
+
+@needs_git
+def test_the_own_commit_comes_from_git_or_says_there_is_none(tmp_path):
+    repo = checkout(tmp_path, tag=None).parents[1]
+    short = git(repo, "rev-parse", "--short", "HEAD")
+    assert records.own_commit(repo) == short
+    (repo / "scripts" / "verbose_converter" / "verbose_converter.py").write_text("changed\n")
+    assert records.own_commit(repo) == f"{short} with uncommitted changes"
+    assert records.own_commit(repo / "scripts") == records.NOT_A_CHECKOUT  # inside someone else's tree
+    (tmp_path / "plain").mkdir()
+    assert records.own_commit(tmp_path / "plain") == records.NOT_A_CHECKOUT == "not a git checkout"
+
+
+@needs_git
+def test_the_peer_is_named_by_the_commit_its_checkout_gives(tmp_path):
+    parse_speed = benchmark("parse_speed")
+    converter = checkout(tmp_path)
+    peer = parse_speed.peer(converter)
+    commit = git(converter, "rev-parse", "HEAD")
+    assert peer["commit"] == commit and peer["describe"] == "v3.7" and peer["exact"] and not peer["dirty"]
+    assert peer["origin"] == "https://github.com/uxlfoundation/oneDNN.git"  # no user, no token
+    assert (f"the scripts/verbose_converter folder of a oneDNN checkout at commit {commit} (v3.7), cloned from "
+            "https://github.com/uxlfoundation/oneDNN.git, given as VERBOSE_CONVERTER") == peer["obtained"]
+    (converter / "verbose_converter.py").write_text("print('changed')\n")
+    changed = parse_speed.peer(converter)
+    assert changed["commit"] == commit and changed["dirty"] and not changed["exact"]
+    assert "uncommitted changes" in changed["obtained"] and "no claim" in changed["obtained"]
+
+
+@needs_git
+def test_a_peer_outside_git_is_of_unknown_version(tmp_path):
+    parse_speed = benchmark("parse_speed")
+    plain = tmp_path / "copy"
+    plain.mkdir()
+    (plain / "verbose_converter.py").write_text("print('made up')\n")
+    inside = checkout(tmp_path).parent / "untracked"  # a copy lying untracked in some other checkout
+    inside.mkdir()
+    (inside / "verbose_converter.py").write_text("print('made up')\n")
+    for folder in (plain, inside):
+        peer = parse_speed.peer(folder)
+        assert peer["commit"] is None and not peer["exact"], folder
+        assert "not a git checkout" in peer["obtained"] and "version is unknown" in peer["obtained"]
+
+
+def parse_speed_json(peer: dict | None) -> dict:
+    out = {"lines": 1_000_000, "rounds": 3, "exec_rows": 999_000,
+           "seconds": {"cpuopt profile --json": [2.0, 2.1, 2.2], "parse_log alone": [1.0, 1.1, 1.2]},
+           "median_s": {"cpuopt profile --json": 2.1, "parse_log alone": 1.1}, "lines_per_s": 909091,
+           "ratio_over_cpuopt": {}}
+    if peer:
+        out["seconds"]["verbose_converter breakdown"] = [9.0, 9.5, 10.0]
+        out["median_s"]["verbose_converter breakdown"] = 9.5
+        out["ratio_over_cpuopt"]["verbose_converter breakdown"] = [4.5, 4.52, 4.55]
+        out["peer"] = peer
+    return out
+
+
+@needs_git
+def test_the_parse_speed_page_claims_a_ratio_only_against_a_named_peer(tmp_path, facts):
+    parse_speed = benchmark("parse_speed")
+    converter = checkout(tmp_path)
+    commit = git(converter, "rev-parse", "HEAD")
+    kwargs = {"facts": facts(**XEON), "when": DAY1, "commit": "abc1234"}
+    known = parse_speed_json(parse_speed.peer(converter))
+    text = parse_speed.write_page(known, tmp_path / "known", **kwargs).read_text()
+    assert f"at commit {commit} (v3.7)" in text and "never copied" in text
+    assert "Regenerate with `make parse-speed VERBOSE_CONVERTER=DIR`" in text
+    assert "| `verbose_converter breakdown` over `cpuopt profile --json`, round by round | 4.52x (median) |" in text
+    plain = tmp_path / "copy"
+    plain.mkdir()
+    (plain / "verbose_converter.py").write_text("")
+    page = parse_speed.write_page(parse_speed_json(parse_speed.peer(plain)), tmp_path / "unknown", **kwargs)
+    text = page.read_text()
+    assert page.name == "2026-12-01-intel-r-xeon-r-platinum-8480-amx-parse-speed.md"
+    assert "version is unknown" in text and "no ratio against it" in text and "over `cpuopt profile" not in text
+    assert "| `verbose_converter breakdown` | 9.50 s (median) | range 9.00-10.00 s | 3 paired rounds |" in text
+    alone = parse_speed.write_page(parse_speed_json(None), tmp_path / "alone", **kwargs).read_text()
+    assert "Regenerate with `make parse-speed`." in alone and "peer" not in alone and "909,091 lines/s" in alone
+
+
+def test_the_overhead_page_from_its_json(tmp_path, facts):
+    overhead = benchmark("overhead")
+    result = {"workload": "cnn quick", "startup_s": {"median": 3.21, "p10": 3.1, "p90": 3.5, "n": 5},
+              "per_step": {"bare_step_ms": 12.3, "timed_step_ms": 12.4, "overhead_us_median": 55.0,
+                           "timed_over_bare": {"ratio": 1.004, "ci_low": 1.001, "ci_high": 1.007, "n": 7,
+                                               "label": "95% CI", "verdict": "faster"},
+                           "rounds": 7, "steps_per_round": 30}}
+    text = overhead.write_page(result, tmp_path, facts=facts(**XEON), when=DAY1, commit="abc1234").read_text()
+    for needed in ("| launch to first step (median) | 3.21 s | p10-p90 3.10-3.50 s | 5 fresh workers |",
+                   "| 55.0 µs |", "| 1.004x | 95% CI 1.001-1.007 | 7 paired blocks |", "7 blocks of 30 steps",
+                   "Regenerate with `make overhead`", "preset `quick`"):
+        assert needed in text, needed
+    result["per_step"]["timed_over_bare"].update(ci_low=math.nan, ci_high=math.nan, n=3)
+    assert "none (too few blocks)" in "\n".join(" | ".join(r) for r in overhead.rows(result))
+
+
+def stub_make(tmp_path: Path, pytest_status: int, *flags: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`make test` in a copy of the Makefile, setup taken as done, every python a stub that logs its
+    arguments and exits with ``pytest_status`` for pytest."""
+    if not shutil.which("make"):
+        pytest.skip("make is not installed")
+    work, venv = tmp_path / "repo", tmp_path / "env"
+    (work / "scripts").mkdir(parents=True)
+    (venv / "bin").mkdir(parents=True)
+    shutil.copy2(ROOT / "Makefile", work / "Makefile")
+    (work / "scripts" / "system-deps.sh").write_text("exit 0\n")
+    log = tmp_path / "calls.log"
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/bash\necho "$*" >> {log}\ncase "$*" in *pytest*) exit {pytest_status};; esac\n')
+    python.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    log.touch()
+    done = subprocess.run(["make", *flags, "-o", "setup", "test", f"VENV={venv}"], cwd=work, capture_output=True,
+                          text=True, timeout=60, env=env)
+    return done, log.read_text().splitlines()
+
+
+@pytest.mark.parametrize("status", [0, 1])
+def test_make_test_records_its_duration_and_keeps_the_tests_status(tmp_path, status):
+    done, calls = stub_make(tmp_path, status)
+    assert len([c for c in calls if "pytest" in c]) == 2, calls  # both halves ran
+    (record,) = [c for c in calls if "cpuopt_helpers.records" in c]
+    assert record.startswith("-m cpuopt_helpers.records make-test --seconds ")
+    assert record.endswith(f" --status {2 if status else 0} --folder docs/results"), record  # the sub-make's status
+    assert int(record.split("--seconds ")[1].split()[0]) >= 0
+    assert (done.returncode != 0) == bool(status), done.stdout + done.stderr
+
+
+def test_make_n_test_writes_no_record(tmp_path):
+    done, calls = stub_make(tmp_path, 0, "-n")
+    assert done.returncode == 0 and calls == [] and "cpuopt_helpers.records" not in done.stdout, done.stdout
+
+
+def test_the_measuring_targets_write_their_pages():
+    makefile = (ROOT / "Makefile").read_text()
+    assert "$(PY) benchmarks/overhead.py --page docs/results" in makefile
+    assert "$(PY) benchmarks/parse_speed.py --page docs/results" in makefile
