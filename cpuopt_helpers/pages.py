@@ -11,6 +11,7 @@ from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig, setting_label
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.results import ResultStore
+from cpuopt_helpers.stages.case_study import RECIPE
 from cpuopt_helpers.system import Facts
 
 RESULTS_START, RESULTS_END = "<!-- results:start -->", "<!-- results:end -->"
@@ -59,6 +60,8 @@ def _answer_row(workload: str, rungs) -> str:
     top, end = rungs[-1], ladder.top_end_to_end(rungs)
     changed = any(not r.kept for r in rungs[1:])
     setting = (setting_label(top.config, rungs[0].config) if changed else "") or "PyTorch's defaults"
+    if changed and top.step == RECIPE:  # make run's RetinaNet: named as what it is
+        setting = f"{RECIPE}: {setting}"
     over = (f"{end.describe()}, the top against the defaults in fresh paired rounds" if end else
             f"{compare.describe(top.vs_baseline)}, from the rungs' own confirmations" if changed
             else "nothing confirmed faster than the defaults")

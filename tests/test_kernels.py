@@ -5,6 +5,8 @@ The value matrices run the eager kernels (fast). The compiled kernels are checke
 fallback cannot pass for a compiled run.
 """
 
+import contextlib
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -251,3 +253,25 @@ def test_the_kernel_benchmarks_say_when_a_compiled_kernel_fell_back(fresh_focal_
             if f.kind == "kernel fell back"]
     assert [f.values["benchmark"] for f in said] == ["focal-loss", "Lamb"]
     assert said[0].sentence.startswith("focal-loss benchmark: closed-form compiled fell back to eager (RuntimeError")
+
+
+def test_a_flop_counters_step_leaves_the_fused_lamb_update_compiled(monkeypatch):
+    """The worker counts a step's FLOPs under a dispatch mode, where dynamo cannot trace: that step
+    runs the update eager, and later steps still compile it (every run's fused Lamb fell back to
+    eager for good before: 'found no compiled frames')."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from cpuopt_helpers.kernels import lamb
+
+    if cpp_compiler() is None:
+        pytest.skip("no C++ compiler: torch.compile cannot work on CPU here")
+    monkeypatch.setattr(lamb, "STATUS", {"compiled": None, "reason": ""})  # as in a new process
+    monkeypatch.setattr(lamb, "_compiled", None)
+    params = [torch.nn.Parameter(torch.randn(8, 4)), torch.nn.Parameter(torch.randn(4))]
+    opt = lamb.Lamb(params, impl="fused")
+    for counted in (True, False):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        with FlopCounterMode(display=False) if counted else contextlib.nullcontext():
+            opt.step()
+    assert lamb.STATUS == {"compiled": True, "reason": ""}

@@ -420,7 +420,10 @@ def test_the_papers_comparisons_are_planned_or_left_out_with_the_reason():
     assert [p["skip"] for p in pairs if "skip" in p] == ["rnn: not compared (bf16): it was not profiled above"]
     missing = profiling.variant_pairs([cnn], asked, {"available": False, "reason": "IPEX=0"}, {"accelerated": False})
     assert "cnn: not compared with IPEX: IPEX=0" in [p.get("skip") for p in missing]
-    assert "no fast path" in next(p for p in missing if p["variant"] == "bf16")["note"]
+    slow = next(p for p in missing if p["variant"] == "bf16")  # no fast path: its kernels seen over a few steps
+    assert "no fast path" in slow["note"] and planned["bf16"]["other"].steps == cnn.config.steps
+    assert (slow["other"].steps, slow["other"].warmup, slow["repeats"]) == (
+        min(cnn.config.steps, profiling.SLOW_BF16_STEPS), 1, profiling.SLOW_BF16_REPEATS)
     with pytest.raises(CpuoptError, match="unknown comparison"):
         profiling.variant_pairs([cnn], {"fp16": ["cnn"]}, built, {})
 

@@ -596,3 +596,22 @@ def test_a_run_without_a_climb_never_overwrites_the_ladder_a_climb_stored(tmp_pa
     line, = case_study.settle_fixes(session, plans, {}, {}, "standard", 5, 5, None)
     assert line.startswith("retinanet: its ladder is the climb `make case-study` stored on 2026-12-01")
     assert session.store.get_fact("m", "ladder/retinanet/standard") == climbed
+
+
+def test_make_runs_retinanet_ladder_is_the_papers_recipe_named_and_confirmed_once_by_the_headline(tmp_path):
+    from cpuopt_helpers import ladder
+    from cpuopt_helpers.results import ResultStore
+    from cpuopt_helpers.session import Session
+
+    for fast in (False, True):
+        facts = make_facts(bf16={"accelerated": fast, "path": "AMX" if fast else None, "reason": "made up"})
+        session = Session(facts=facts, store=ResultStore(tmp_path / f"r{fast}.sqlite"))
+        plan = case_study.configs(RunConfig.for_preset("retinanet", "standard", threads=2), facts)
+        session.confirm = lambda *a, **k: pytest.fail("the recipe is confirmed once, by notebook 09, not here")
+        line, = case_study.settle_fixes(session, {"retinanet": plan}, {}, {}, "standard", 8, 8, None, recipe=True)
+        assert line.startswith("retinanet: the paper's recipe adapted to this CPU (")
+        rows = ladder.rungs(session.store, "m", "retinanet", "standard", 2)
+        assert [r.step for r in rows] == ["baseline", case_study.RECIPE] and rows[1].vs_previous is None
+        top = RunConfig.from_dict(rows[1].config)
+        assert dict(top.options) == dict(plan.named["all fixes"].options) and top.dtype == ("bf16" if fast else "fp32")
+        assert top.compile is None  # torch.compile: make case-study's climb weighs its compile time

@@ -24,6 +24,7 @@ than the loop with gradients left in place.) All three compute the same update:
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 IMPLS = ("loop", "foreach", "fused")
 STATUS: dict = {"compiled": None, "reason": ""}  # the fused update: compiled, or eager and why
@@ -203,6 +204,8 @@ def _fused(opt: Lamb, group) -> None:
     scalars = [torch.tensor(x, dtype=f["p"].dtype) for x in (b1, b2, group["eps"], group["weight_decay"],
                                                              1 - b1**t, 1 - b2**t)]
     update = _update_fn()
+    if is_in_torch_dispatch_mode():  # a FLOP counter's step: dynamo cannot trace under it; eager, this step only
+        update = _moments_and_update
     u = f["u"]
     try:
         update(f["p"], f["g"], f["m"], f["v"], u, *scalars)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from cpuopt_helpers import compare, fixes
-from cpuopt_helpers.config import RunConfig, normalise
+from cpuopt_helpers.config import RunConfig, normalise, setting_label
 from cpuopt_helpers.decisions import Choice, Finding, Plan, as_comparison
 from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.stages.choosing import with_options
@@ -211,7 +211,7 @@ def frozen_time_findings(results: list[dict], base: RunConfig, arms: dict[str, R
         found.append(_note(base.workload, "frozen backward skipped",
                            choosing.paired(results, arms[UNFIXED].config_hash(), base.config_hash())))
     for name, config in arms.items():
-        if name.startswith("trainable_layers"):
+        if "trainable_layers" in dict(config.options):
             found.append(_note(base.workload, "trainable layers",
                                choosing.paired(results, base.config_hash(), config.config_hash()), name=name,
                                default=declared_options(base.workload)["trainable_layers"]))
@@ -353,23 +353,57 @@ def climbed_fact(ladder: str, preset: str) -> str:
     return f"climbed/{ladder}/{preset}"
 
 
+RECIPE = "the paper's recipe"  # the rung of RetinaNet's ladder that notebook 08 names so (``recipe``)
+
+
+def recipe(plan: Plan, facts: Facts) -> RunConfig | None:
+    """The paper's recipe adapted to this CPU: every fix the workload declares together, in bf16
+    where the gate finds a fast path (None: it declares none). torch.compile is left to ``make
+    case-study``, whose climb weighs its compile time against a training run."""
+    fixed = plan.named.get("all fixes")
+    if fixed is None or not facts.bf16.get("accelerated"):
+        return fixed
+    return fixed.replace(dtype="bf16", bf16_loss=False)
+
+
+def hand_on_recipe(session, plan: Plan) -> str:
+    """RetinaNet's ladder in ``make run``: PyTorch's defaults, then the paper's recipe adapted to
+    this CPU, named as such and handed on without a confirmation of its own: notebook 09's
+    headline, the top against the defaults in fresh rounds, is its one confirmation."""
+    top = recipe(plan, session.facts)
+    if top is None:
+        return f"{plan.workload}: it declares none of the fixes; nothing to hand on."
+    words = (f"{plan.workload}: {RECIPE} adapted to this CPU ({setting_label(top.to_dict(), plan.base.to_dict())}; "
+             f"bf16 {'on: this CPU has a fast path' if top.dtype == 'bf16' else 'off: no fast path here'}; "
+             "torch.compile left to make case-study) is the top of its ladder; notebook 09 confirms it against "
+             "PyTorch's defaults in fresh rounds.")
+    session.hand_on(top, RECIPE, {"workload": plan.workload, "sentence": words, "recipe": True},
+                    stage="case-study fixes")
+    return words
+
+
 def settle_fixes(session, plans: dict[str, Plan], tables: dict, climbs: dict, preset: str, min_rounds: int,
-                 max_rounds: int, budget_min: float | None, resume: bool = True) -> list[str]:
+                 max_rounds: int, budget_min: float | None, resume: bool = True, recipe: bool = False) -> list[str]:
     """Notebook 08's hand-on, per workload: the fastest of the fixes it declares, confirmed against
     its baseline (``Session.settle``). RetinaNet's ladder starts here (no earlier notebook
     measures it) unless a climb made it: the one above, or one stored by an earlier ``make
-    case-study``, which this run never overwrites. Returns the sentences, in order."""
+    case-study``, which this run never overwrites. With ``recipe`` (the standard preset) its top
+    is the paper's recipe instead (``hand_on_recipe``). Returns the sentences, in order."""
     lines = []
     for workload, plan in plans.items():
         stored = session.store.get_fact(session.machine, climbed_fact(workload, preset))
         if workload in climbs or stored:
             lines.append(f"{workload}: its ladder is the climb above." if workload in climbs else
                          f"{workload}: its ladder is the climb `make case-study` stored on {stored['day']}; this run "
-                         "leaves it as it is (notebook 09 confirms its top against PyTorch's defaults in fresh rounds).")
+                         "leaves it as it is (notebook 09 confirms its top against PyTorch's defaults in fresh "
+                         "rounds).")
             continue
-        if workload == "retinanet":  # a climb's ladder, from an earlier run, is replaced
+        if workload == "retinanet":  # its ladder starts here (an earlier run's, not a climb's, is replaced)
             session.reset_ladder(workload, preset)
             session.hand_on(plan.base, "baseline", {"workload": workload})
+            if recipe:
+                lines.append(hand_on_recipe(session, plan))
+                continue
         if workload not in tables:
             lines.append(f"{workload}: it declares none of the fixes; nothing to hand on.")
             continue

@@ -149,9 +149,9 @@ def zentorch_findings(table: pd.DataFrame, plan: Plan, results: list[dict], stat
         last = [line for line in (failed or "no result").splitlines() if line.strip()][-1:] or ["no result"]
         return [_note(workload, "zentorch failed", error=last[0][:200])]
     found = [_note(workload, "zentorch over eager", paired(results, h["torch (stock)"], h[ZENTORCH]))]
-    inductor = [n for n in configs if n.startswith("torch.compile (") and n != ZENTORCH]
-    found += [_note(workload, "zentorch over inductor", paired(results, h[n], h[ZENTORCH]),
-                    mode=n[len("torch.compile ("):-1]) for n in inductor]
+    inductor = [c for c in configs.values() if c.compile and c.compile != "zentorch"]
+    found += [_note(workload, "zentorch over inductor", paired(results, c.config_hash(), h[ZENTORCH]),
+                    mode=c.compile) for c in inductor]
     if not inductor:
         found.append(_note(workload, "zentorch without inductor"))
     drift = row.iloc[0].get("loss_drift")

@@ -73,6 +73,7 @@ def profile_workload(session, config: RunConfig, log_dir: Path, label: str | Non
 
 
 VARIANTS = ("channels-last", "IPEX", "bf16")
+SLOW_BF16_STEPS, SLOW_BF16_REPEATS = 3, 2  # bf16 without a fast path: enough to see its kernels
 
 
 def variant_pairs(profiles: list[Profile], workloads: dict[str, list[str]], ipex: dict, bf16: dict) -> list[dict]:
@@ -84,7 +85,9 @@ def variant_pairs(profiles: list[Profile], workloads: dict[str, list[str]], ipex
       (one oneDNN build, so what differs is IPEX's); where the runtime is built (``ipex``:
       ``runtimes.ipex_facts()``);
     - bf16: the profile above (fp32) against bf16 autocast; where the CPU has no bf16 fast
-      path (``bf16``: the gate) it still runs, and the log shows the kernels that serve it.
+      path (``bf16``: the gate) it still runs, and the log shows the kernels that serve it, over
+      ``SLOW_BF16_STEPS`` timed steps with ``SLOW_BF16_REPEATS`` replay repeats a primitive (a
+      comparison per step: it runs many times slower than fp32 there).
     """
     unknown = set(workloads) - set(VARIANTS)
     if unknown:
@@ -112,11 +115,17 @@ def variant_pairs(profiles: list[Profile], workloads: dict[str, list[str]], ipex
                               "other": config.replace(runtime="ipex", ipex=True),
                               "note": f"Both in the IPEX runtime (torch {ipex.get('torch')}, IPEX {ipex.get('ipex')}): "
                                       "one oneDNN build, so what differs is ipex.optimize's doing."})
-            else:
-                state = ("bf16 has a fast path here" if bf16.get("accelerated") else
-                         "bf16 has no fast path here, so expect reference or emulated kernels")
+            elif bf16.get("accelerated"):
                 pairs.append({"workload": w, "variant": variant, "base": base, "labels": ("fp32", "bf16"),
-                              "other": config.replace(dtype="bf16"), "note": f"{state}: {bf16.get('reason', '')}"})
+                              "other": config.replace(dtype="bf16"),
+                              "note": f"bf16 has a fast path here: {bf16.get('reason', '')}"})
+            else:
+                slow = config.replace(dtype="bf16", steps=min(config.steps, SLOW_BF16_STEPS), warmup=min(config.warmup, 1))
+                pairs.append({"workload": w, "variant": variant, "base": base, "labels": ("fp32", "bf16"),
+                              "other": slow, "repeats": SLOW_BF16_REPEATS,
+                              "note": f"bf16 has no fast path here, so expect reference or emulated kernels "
+                                      f"({bf16.get('reason', '')}); profiled over {slow.steps} timed steps with "
+                                      f"{SLOW_BF16_REPEATS} replay repeats a primitive, compared per step."})
     return pairs
 
 
@@ -130,7 +139,8 @@ def compare_variants(session, pairs: list[dict], log_dir: Path, repeats: int = 1
         w, (la, lb) = pair["workload"], pair["labels"]
         base = pair["base"] if isinstance(pair["base"], Profile) else profile_workload(
             session, pair["base"], log_dir, label=f"{w} {la}", repeats=repeats)
-        other = profile_workload(session, pair["other"], log_dir, label=f"{w} {lb}", repeats=repeats)
+        other = profile_workload(session, pair["other"], log_dir, label=f"{w} {lb}",
+                                 repeats=min(repeats, pair.get("repeats", repeats)))
         comparison = Comparison(base, other, (la, lb), pair["note"])
         if comparison.ok:
             comparisons.append(comparison)
