@@ -291,7 +291,7 @@ def run_adaptive(measure: Callable[[str, int], float | None], done: Sequence[tup
         if on_round:
             on_round(i, rounds[-1])
     logs = log_ratios([r[0] for r in rounds], [r[1] for r in rounds])
-    if result["verdict"] == "too few rounds" and len(logs) >= 2:  # the noise it saw: what min_rounds would detect
+    if result["verdict"] == "too few rounds" and len(logs) >= 3:  # the noise it saw: what min_rounds would detect
         mean = sum(logs) / len(logs)
         result.update(sd=math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1)),
                       level=result["per_look_confidence"])
@@ -309,7 +309,7 @@ def describe(result: dict | None, what: str = "") -> str:
         return f"{head} (chained over {result['steps']} rungs, one of them without an interval): too few rounds"
     if result["verdict"] == "too few rounds":  # a confirmation cut short says what its minimum would detect
         needed = result.get("min_rounds", MIN_ROUNDS)
-        gain = detectable_gain(dict(result, n=needed)) if result["n"] >= 2 else None
+        gain = detectable_gain(dict(result, n=needed)) if result["n"] >= 3 else None  # an sd from 3 rounds at least
         more = f"; at the noise seen, {needed} rounds could detect a gain of {gain:.0%} or more" if gain is not None else ""
         return (f"{head} ({result['n']} round{'s' * (result['n'] != 1)}, fewer than the {needed} a verdict needs"
                 f"{more}): too few rounds")

@@ -71,6 +71,9 @@ class Arm:
     config: RunConfig
 
 
+RECIPE = "the paper's recipe"  # the arm, and the ladder's rung, of the paper's fixes together adapted to the CPU
+
+
 @dataclass(frozen=True)
 class Plan:
     """What a stage measures for one workload (its ``configs(base, facts, ...)``): the arms in

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig, setting_label
+from cpuopt_helpers.decisions import RECIPE
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.results import ResultStore
-from cpuopt_helpers.stages.case_study import RECIPE
 from cpuopt_helpers.system import Facts
 
 RESULTS_START, RESULTS_END = "<!-- results:start -->", "<!-- results:end -->"
@@ -60,12 +60,15 @@ def _answer_row(workload: str, rungs) -> str:
     top, end = rungs[-1], ladder.top_end_to_end(rungs)
     changed = any(not r.kept for r in rungs[1:])
     setting = (setting_label(top.config, rungs[0].config) if changed else "") or "PyTorch's defaults"
-    if changed and top.step == RECIPE:  # make run's RetinaNet: named as what it is
+    trains = top.config
+    if changed and top.step == RECIPE:  # make run's RetinaNet: named as what it is; its headline its one confirmation
         setting = f"{RECIPE}: {setting}"
+        if not (end and end.pays):  # not confirmed faster: the defaults stay what to train with
+            setting, trains = f"PyTorch's defaults ({setting}: not confirmed faster)", rungs[0].config
     over = (f"{end.describe()}, the top against the defaults in fresh paired rounds" if end else
             f"{compare.describe(top.vs_baseline)}, from the rungs' own confirmations" if changed
             else "nothing confirmed faster than the defaults")
-    command = command_lines(RunConfig.from_dict(top.config))["bench"].replace("|", "\\|")
+    command = command_lines(RunConfig.from_dict(trains))["bench"].replace("|", "\\|")
     return f"| {workload} | {setting} | {over} | `{command}` |"
 
 
@@ -265,6 +268,9 @@ def _launcher_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
         table = choosing.compare_configs(runs, default, w)
         for _, row in table.iterrows():
             comparison = row.get("comparison") if isinstance(row.get("comparison"), dict) else None
+            if not row["runs"]:  # an arm that never finished: its row says how it failed
+                lines.append(f"| {w} | {row['setting']} | {row['verdict']} |")
+                continue
             name = ("PyTorch's defaults" if row["is_baseline"] else
                     "run_cpu's defaults" if row["config"]["launcher"] == "run_cpu" else f"best: {row['setting']}")
             lines.append(f"| {w} | {name} | {compare.describe(comparison) if comparison else '1.00x'} |")

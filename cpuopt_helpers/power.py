@@ -8,7 +8,11 @@ round to round (``DRIFT``, shared by every arm of a round). Through the project'
 
 - the power of one confirmation: how often it calls a true gain of ``GAIN`` faster;
 - the chance that a true gain among ``CANDIDATES`` settings (the others doing nothing) is
-  handed on after screening and confirmation, as a notebook's stage runs them.
+  handed on after screening and confirmation, as a notebook's stage runs them, and that a
+  setting is handed on where none of them pays (the stage's false hand-on).
+
+The confirmations run without a budget: a budget spent before the minimum rounds ends in "too
+few rounds", which hands nothing on.
 
 ``python -m cpuopt_helpers.power --write docs/measuring.md`` writes them between the page's
 ``<!-- power:start -->`` and ``<!-- power:end -->`` markers (``make docs`` does); seeded, so a
@@ -86,14 +90,16 @@ def block(trials: int = TRIALS) -> str:
     lines = [f"Simulated ({trials} trials each, seeded; a run's noise {SIGMA:.0%}, the machine drifting "
              f"{DRIFT:.0%} between rounds; `python -m cpuopt_helpers.power`):", "",
              f"| preset | screening | confirmation | power for a true {GAIN - 1:.0%} gain | "
-             f"that gain among {CANDIDATES} settings handed on | a do-nothing setting handed on |",
-             "|---|---|---|---|---|---|"]
+             f"that gain among {CANDIDATES} settings handed on | a do-nothing one handed on instead | "
+             f"a setting handed on where none of {CANDIDATES} pays |",
+             "|---|---|---|---|---|---|---|"]
     for design in DESIGNS:
         name, screen, low, high = design
         rounds = f"{low} rounds, one look" if low == high else f"{low}-{high} rounds, adaptive"
-        chances = hand_on(design, trials=trials)
+        chances, none = hand_on(design, trials=trials), hand_on(design, gain=1.0, trials=trials)
         lines.append(f"| {name} | {screen} round{'s' * (screen != 1)} | {rounds} | "
-                     f"{confirmation_power(design, trials=trials):.0%} | {chances['true']:.0%} | {chances['null']:.1%} |")
+                     f"{confirmation_power(design, trials=trials):.0%} | {chances['true']:.0%} | {chances['null']:.1%} | "
+                     f"{none['true'] + none['null']:.1%} |")
     return "\n".join(lines)
 
 

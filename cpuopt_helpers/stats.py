@@ -65,24 +65,26 @@ def step_cv(step_ms: Sequence[float]) -> float | None:
     return statistics.stdev(values) / statistics.fmean(values)
 
 
-def steady_window(groups: list[list[dict]]) -> dict | None:
-    """Whether runs time enough steps: the share of the run-to-run variance of log throughput
-    that the steps' own noise explains. A run's mean over ``n`` steps of coefficient of variation
-    ``cv`` varies by about ``cv**2 / n`` (in log terms) from its steps alone; runs of one
-    configuration in separate processes vary by that plus what differs between processes.
-    ``groups``: runs of one configuration each (``step_cv`` and ``step_ms["n"]`` recorded),
-    pooled over the groups of 3 or more. Steady when the steps explain under half of it: more
-    steps a run would then narrow an interval less than more rounds would."""
-    within, between, runs = [], [], 0
-    for group in groups:
-        usable = [r for r in group if r.get("step_cv") is not None and r["step_ms"]["n"] >= 2 and r["samples_per_s"]]
+def steady_window(comparisons: list[list[tuple[dict, dict]]]) -> dict | None:
+    """Whether runs time enough steps: the share of a paired comparison's noise that the steps'
+    own noise explains. A run's mean over ``n`` steps of coefficient of variation ``cv`` varies by
+    about ``cv**2 / n`` (in log terms) from its steps alone, so a round's log ratio log(b/a) varies
+    by cv_a²/n_a + cv_b²/n_b from the steps, and by what differs between the two processes
+    besides; the machine's drift, shared by a round's runs, cancels. ``comparisons``: the rounds
+    of each comparison as (a, b) runs (``step_cv`` and ``step_ms["n"]`` recorded), those of 3
+    rounds or more pooled. Steady when the steps explain under half: more steps a run would then
+    narrow an interval less than more rounds would."""
+    within, between, rounds = [], [], 0
+    for pairs in comparisons:
+        usable = [(a, b) for a, b in pairs if all(r.get("step_cv") is not None and r["step_ms"]["n"] >= 2
+                                                  and r["samples_per_s"] for r in (a, b))]
         if len(usable) < 3:
             continue
-        within.append(statistics.fmean(r["step_cv"] ** 2 / r["step_ms"]["n"] for r in usable))
-        between.append(statistics.variance([math.log(r["samples_per_s"]) for r in usable]))
-        runs += len(usable)
+        within.append(statistics.fmean(sum(r["step_cv"] ** 2 / r["step_ms"]["n"] for r in pair) for pair in usable))
+        between.append(statistics.variance([math.log(b["samples_per_s"] / a["samples_per_s"]) for a, b in usable]))
+        rounds += len(usable)
     if not between:
         return None
     w, b = statistics.fmean(within), statistics.fmean(between)
     share = min(1.0, w / b) if b > 0 else 1.0
-    return {"share": share, "steady": share < 0.5, "configs": len(between), "runs": runs}
+    return {"share": share, "steady": share < 0.5, "comparisons": len(between), "rounds": rounds}

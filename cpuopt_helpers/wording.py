@@ -256,12 +256,12 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "ladder headline": _headline,
     "steady window": lambda v, c: (
         f"{v['workload']} at the {v['preset']} preset ({'/'.join(map(str, v['steps']))} timed steps a run): the steps' "
-        f"own noise explains {v['share']:.0%} of the run-to-run variance ({v['runs']} runs of {v['configs']} "
-        f"configuration{'s' * (v['configs'] != 1)}): "
+        f"own noise explains {v['share']:.0%} of a paired comparison's variance ({v['rounds']} rounds of "
+        f"{v['comparisons']} comparison{'s' * (v['comparisons'] != 1)}): "
         + ("steady enough; more rounds, not more steps, narrow an interval." if v["steady"] else
            "not steady: more timed steps a run would narrow every interval.")),
-    "steadiness unknown": lambda v, c: (f"{v['workload']} at the {v['preset']} preset: no configuration ran 3 times "
-                                        "here, so whether its runs time enough steps is not known."),
+    "steadiness unknown": lambda v, c: (f"{v['workload']} at the {v['preset']} preset: no comparison of it ran 3 "
+                                        "paired rounds here, so whether its runs time enough steps is not known."),
     # stages.choosing.screened_only: settings ranked by a screening, no verdict (the table shows them)
     "screened only": lambda v, c: (
         f"{_who(v)}{len(v['settings'])} setting{'s' * (len(v['settings']) != 1)} screened only ({v['rounds']} "

@@ -2,6 +2,7 @@
 
 import math
 
+import pandas as pd
 import pytest
 
 from cpuopt_helpers.system import Facts
@@ -226,7 +227,9 @@ def test_case_study_takes_the_fixes_a_user_workload_declares_and_names_the_other
     plan = case_study.configs(RunConfig.for_preset("tests.user_workloads:tagger", "quick"), FACTS)
     configs, missing = plan.named, list(plan.left_out.values())
     assert list(configs) == ["baseline", "frozen batch norm", "fused FrozenBatchNorm2d",
-                             "FrozenBatchNorm2d folded into the conv", "closed-form focal loss", "all fixes"]
+                             "FrozenBatchNorm2d folded into the conv", "closed-form focal loss", "all fixes",
+                             case_study.RECIPE]  # FACTS has a bf16 fast path: the fixes in bf16 too
+    assert configs[case_study.RECIPE] == configs["all fixes"].replace(dtype="bf16")
     assert configs["baseline"].optimizer == "sgd" and dict(configs["all fixes"].options) == {
         "frozen_bn": "fused", "focal": "fast"}
     assert len(missing) == 1 and "multi-tensor and fused Lamb (it trains with sgd" in missing[0]
@@ -560,21 +563,21 @@ def test_the_summary_says_whether_a_workloads_runs_time_enough_steps(tmp_path):
     import random
 
     from cpuopt_helpers.results import ResultStore
-    from tests.test_stats import _runs
+    from tests.test_stats import _rounds
 
     store, rng = ResultStore(tmp_path / "r.sqlite"), random.Random(3)
-    for steps, count in ((3, 1), (3, 2)):  # two configurations of 8 runs each, three noisy steps a run
-        config = RunConfig.for_preset("retinanet", "standard", steps=steps, threads=count)
-        for i, r in enumerate(_runs(rng, 0.3, 0.01, steps)):
+    a, b = (RunConfig.for_preset("retinanet", "standard", steps=3, threads=t) for t in (1, 2))
+    for i, pair in enumerate(_rounds(rng, 0.3, 0.01, 3)):  # a comparison of 8 paired rounds, three noisy steps a run
+        for arm, (config, r) in enumerate(zip((a, b), pair)):
             store.save_result(dict(r, status="ok", config=config.to_dict(), config_hash=config.config_hash(),
-                                   system="m", step_ms={"n": steps}, created_at="2026-12-02"), sweep="s", round=i)
+                                   system="m", created_at="2026-12-02"), sweep="ab", arm=arm, round=i)
     logged = RunConfig.for_preset("retinanet", "standard", onednn_verbose="x.log")
     store.save_result({"status": "ok", "config": logged.to_dict(), "config_hash": logged.config_hash(), "system": "m",
                        "created_at": "2026-12-02",
                        "onednn_logs": ["x.log"], "samples_per_s": 1.0, "step_cv": 9.0, "step_ms": {"n": 3}})
     found, = summary.steady_findings(store, "m", "retinanet", "standard")
-    assert (found.kind, found.values["steady"], found.values["runs"], found.values["steps"]) == (
-        "steady window", False, 16, [3])
+    assert (found.kind, found.values["steady"], found.values["rounds"], found.values["steps"]) == (
+        "steady window", False, 8, [3])
     assert "not steady: more timed steps a run would narrow every interval" in found.sentence
     assert summary.steady_findings(store, "m", "cnn", "standard")[0].kind == "steadiness unknown"
 
@@ -608,7 +611,14 @@ def test_make_runs_retinanet_ladder_is_the_papers_recipe_named_and_confirmed_onc
         session = Session(facts=facts, store=ResultStore(tmp_path / f"r{fast}.sqlite"))
         plan = case_study.configs(RunConfig.for_preset("retinanet", "standard", threads=2), facts)
         session.confirm = lambda *a, **k: pytest.fail("the recipe is confirmed once, by notebook 09, not here")
-        line, = case_study.settle_fixes(session, {"retinanet": plan}, {}, {}, "standard", 8, 8, None, recipe=True)
+        name = case_study.recipe(plan)
+        assert name == (case_study.RECIPE if fast else "all fixes")
+        swept = pd.DataFrame([{"name": name, "runs": 1, "fell_back": False, "loss_drift": 0.5}])  # its loss drifted
+        line, = case_study.settle_fixes(session, {"retinanet": plan}, {"retinanet": swept}, {}, "standard", 8, 8,
+                                        None, recipe=True)
+        assert "is not handed on: its loss drifted 50% from the baseline's" in line
+        line, = case_study.settle_fixes(session, {"retinanet": plan}, {"retinanet": swept.assign(loss_drift=0.01)},
+                                        {}, "standard", 8, 8, None, recipe=True)
         assert line.startswith("retinanet: the paper's recipe adapted to this CPU (")
         rows = ladder.rungs(session.store, "m", "retinanet", "standard", 2)
         assert [r.step for r in rows] == ["baseline", case_study.RECIPE] and rows[1].vs_previous is None

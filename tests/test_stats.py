@@ -22,24 +22,28 @@ def test_spread_warning_only_when_wide():
     assert stats.relative_spread([1, 1, 1]) == 0
 
 
-def _runs(rng, step_cv: float, process_sd: float, steps: int, n: int = 8) -> list[dict]:
-    """Runs of one configuration: each process at its own speed (log-normal, ``process_sd``),
-    each step around it with noise ``step_cv``."""
-    out = []
-    for _ in range(n):
-        level = math.exp(rng.gauss(0, process_sd))
-        step = [10.0 / level * math.exp(rng.gauss(0, step_cv)) for _ in range(steps)]
-        out.append({"step_cv": stats.step_cv(step), "step_ms": {"n": steps}, "samples_per_s": steps / sum(step) * 1e3})
-    return out
+def _run(rng, drift: float, step_cv: float, process_sd: float, steps: int) -> dict:
+    """One run: the machine's speed this round (``drift``), its process's own (log-normal,
+    ``process_sd``), each step around it with noise ``step_cv``."""
+    level = math.exp(drift + rng.gauss(0, process_sd))
+    step = [10.0 / level * math.exp(rng.gauss(0, step_cv)) for _ in range(steps)]
+    return {"step_cv": stats.step_cv(step), "step_ms": {"n": steps}, "samples_per_s": steps / sum(step) * 1e3}
+
+
+def _rounds(rng, step_cv: float, process_sd: float, steps: int, n: int = 8) -> list[tuple[dict, dict]]:
+    """A comparison's paired rounds on a machine that drifts from round to round (30%)."""
+    return [(_run(rng, d, step_cv, process_sd, steps), _run(rng, d, step_cv, process_sd, steps))
+            for d in (rng.gauss(0, 0.3) for _ in range(n))]
 
 
 def test_a_window_of_few_noisy_steps_is_not_steady_and_a_long_one_is():
     import random
 
     rng = random.Random(5)
-    few = stats.steady_window([_runs(rng, 0.3, 0.01, 3) for _ in range(3)])  # RetinaNet-like: 3 steps, noisy
-    assert not few["steady"] and few["share"] > 0.8 and (few["configs"], few["runs"]) == (3, 24)
-    long = stats.steady_window([_runs(rng, 0.05, 0.05, 20) for _ in range(3)])  # the process varies, not the steps
+    few = stats.steady_window([_rounds(rng, 0.3, 0.01, 3) for _ in range(3)])  # RetinaNet-like: 3 steps, noisy
+    assert not few["steady"] and few["share"] > 0.8 and (few["comparisons"], few["rounds"]) == (3, 24)
+    # the processes differ, the steps barely: steady, however much the machine drifts between rounds
+    long = stats.steady_window([_rounds(rng, 0.05, 0.05, 20) for _ in range(3)])
     assert long["steady"] and long["share"] < 0.2
-    assert stats.steady_window([_runs(rng, 0.1, 0.1, 5, n=2)]) is None  # two runs a configuration: no estimate
+    assert stats.steady_window([_rounds(rng, 0.1, 0.1, 5, n=2)]) is None  # two rounds: no estimate
     assert stats.step_cv([10.0]) is None and stats.step_cv([10.0, 10.0]) == 0.0

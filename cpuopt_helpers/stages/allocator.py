@@ -61,7 +61,7 @@ def memory_findings(table: pd.DataFrame, workload: str) -> list[Finding]:
     base = table[table["is_baseline"]] if "is_baseline" in table else table.iloc[0:0]
     if base.empty:
         return []
-    settings = [[r.setting, float(r.peak_rss_mb)] for r in table.itertuples() if not r.is_baseline]
+    settings = [[r.setting, float(r.peak_rss_mb)] for r in table.itertuples() if not r.is_baseline and r.runs]
     return [Finding(workload, "allocator", "peak memory", {"baseline_mb": float(base.iloc[0]["peak_rss_mb"]),
                                                            "settings": settings})] if settings else []
 

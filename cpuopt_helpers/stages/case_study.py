@@ -4,11 +4,13 @@ same fixes on any workload that declares them (``cpuopt_helpers.fixes``).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 
 from cpuopt_helpers import compare, fixes
 from cpuopt_helpers.config import RunConfig, normalise, setting_label
-from cpuopt_helpers.decisions import Choice, Finding, Plan, as_comparison
+from cpuopt_helpers.decisions import RECIPE, Choice, Finding, Plan, as_comparison
 from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.stages.choosing import with_options
 from cpuopt_helpers.system import Facts
@@ -53,6 +55,8 @@ def configs(base: RunConfig, facts: Facts, compiled_region: bool = False) -> Pla
     if len(arms) > 2:
         arms["all fixes"] = with_options(base, **together).replace(optimizer_impl="fused" if lamb else
                                                                     base.optimizer_impl)
+        if facts.bf16.get("accelerated"):  # the paper's recipe adapted to this CPU: the fixes in bf16 (make run's top)
+            arms[RECIPE] = arms["all fixes"].replace(dtype="bf16", bf16_loss=False)
     missing = {name: f"{base.workload}: not measured: {HOW_TO_DECLARE[name]}." for name in fixes.OPTIONS
                if name not in declared}
     if not lamb:
@@ -93,7 +97,9 @@ def findings(table: pd.DataFrame, plan: Plan, results: list[dict], name: str = "
     from cpuopt_helpers.stages import summary
 
     frozen = {n: c for n, c in plan.named.items() if n in frozen_layer_configs(plan.base)}
-    return summary.ladder_findings(table, name or plan.workload) + frozen_time_findings(results, plan.base, frozen)
+    arms = [dataclasses.replace(f, stage="case_study")  # notebook 08's notes: 09's own do not replace them
+            for f in summary.ladder_findings(table, name or plan.workload)]
+    return arms + frozen_time_findings(results, plan.base, frozen)
 
 
 def conv_counts(exec_df: pd.DataFrame, steps: int) -> dict:
@@ -353,26 +359,39 @@ def climbed_fact(ladder: str, preset: str) -> str:
     return f"climbed/{ladder}/{preset}"
 
 
-RECIPE = "the paper's recipe"  # the rung of RetinaNet's ladder that notebook 08 names so (``recipe``)
+def recipe(plan: Plan) -> str | None:
+    """The plan's arm that is the paper's recipe adapted to this CPU: every fix the workload declares
+    together (``configs``: in bf16 where the gate finds a fast path); None: it declares none.
+    torch.compile is left to ``make case-study``, whose climb weighs its compile time."""
+    return RECIPE if RECIPE in plan.named else "all fixes" if "all fixes" in plan.named else None
 
 
-def recipe(plan: Plan, facts: Facts) -> RunConfig | None:
-    """The paper's recipe adapted to this CPU: every fix the workload declares together, in bf16
-    where the gate finds a fast path (None: it declares none). torch.compile is left to ``make
-    case-study``, whose climb weighs its compile time against a training run."""
-    fixed = plan.named.get("all fixes")
-    if fixed is None or not facts.bf16.get("accelerated"):
-        return fixed
-    return fixed.replace(dtype="bf16", bf16_loss=False)
+def recipe_unfit(table: pd.DataFrame, name: str) -> str | None:
+    """Why the recipe's arm in notebook 08's sweep cannot be handed on (None: it can): it produced
+    no result, ran something else (a fallback), or its loss drifted from the baseline's."""
+    row = table[table["name"] == name] if len(table) and "name" in table else table.iloc[0:0]
+    if row.empty or not row.iloc[0]["runs"]:
+        return "it produced no result in the sweep above"
+    if row.iloc[0].get("fell_back"):
+        return "it fell back to another kernel in the sweep above"
+    drift = row.iloc[0].get("loss_drift")
+    if drift is not None and drift == drift and drift > choosing.LOSS_TOLERANCE:
+        return f"its loss drifted {drift:.0%} from the baseline's in the sweep above"
+    return None
 
 
-def hand_on_recipe(session, plan: Plan) -> str:
+def hand_on_recipe(session, plan: Plan, table: pd.DataFrame) -> str:
     """RetinaNet's ladder in ``make run``: PyTorch's defaults, then the paper's recipe adapted to
-    this CPU, named as such and handed on without a confirmation of its own: notebook 09's
-    headline, the top against the defaults in fresh rounds, is its one confirmation."""
-    top = recipe(plan, session.facts)
-    if top is None:
+    this CPU, named as such and handed on without a confirmation of its own where its arm of the
+    sweep ran as asked with the baseline's loss: notebook 09's headline, the top against the
+    defaults in fresh rounds, is its one confirmation."""
+    name = recipe(plan)
+    if name is None:
         return f"{plan.workload}: it declares none of the fixes; nothing to hand on."
+    unfit = recipe_unfit(table, name)
+    if unfit:
+        return f"{plan.workload}: {RECIPE} ({name}) is not handed on: {unfit}; PyTorch's defaults stay its top."
+    top = plan.named[name]
     words = (f"{plan.workload}: {RECIPE} adapted to this CPU ({setting_label(top.to_dict(), plan.base.to_dict())}; "
              f"bf16 {'on: this CPU has a fast path' if top.dtype == 'bf16' else 'off: no fast path here'}; "
              "torch.compile left to make case-study) is the top of its ladder; notebook 09 confirms it against "
@@ -402,7 +421,7 @@ def settle_fixes(session, plans: dict[str, Plan], tables: dict, climbs: dict, pr
             session.reset_ladder(workload, preset)
             session.hand_on(plan.base, "baseline", {"workload": workload})
             if recipe:
-                lines.append(hand_on_recipe(session, plan))
+                lines.append(hand_on_recipe(session, plan, tables.get(workload, pd.DataFrame())))
                 continue
         if workload not in tables:
             lines.append(f"{workload}: it declares none of the fixes; nothing to hand on.")

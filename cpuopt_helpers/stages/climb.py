@@ -133,7 +133,7 @@ def compile_finding(table: pd.DataFrame, comparison: Comparison | None, train_st
     def said(kind: str, **values) -> Finding:
         return Finding(workload, "climb", kind, values, comparison)
 
-    rows = table.set_index("name")
+    rows = table[table["runs"] > 0].set_index("name") if len(table) else table  # arms that produced a result
     if "torch.compile" not in rows.index or "baseline" not in rows.index:
         return said("compile no result"), False
     c, b = rows.loc["torch.compile"], rows.loc["baseline"]
@@ -193,7 +193,6 @@ def climb(session, base: RunConfig, ladder: str, image_like: bool, tag: str, min
     if unknown:
         raise CpuoptError(f"unknown rung(s) {', '.join(sorted(unknown))}; use some of {', '.join(CLIMB_RUNGS)}")
     session.reset_ladder(ladder, base.preset)
-    session.store.put_fact(session.machine, case_study.climbed_fact(ladder, base.preset), {"day": f"{datetime.date.today()}"})
     session.hand_on(base, "baseline", {"workload": base.workload, "sentence": "PyTorch's defaults"}, ladder=ladder)
     current, climbed = base, []
     confirm = session.confirmer(f"{tag}/confirm", min_rounds, max_rounds, budget_min, resume)
@@ -215,6 +214,9 @@ def climb(session, base: RunConfig, ladder: str, image_like: bool, tag: str, min
         session.hand_on(current, last["rung"], {"workload": base.workload, "sentence": last["sentence"],
                                                 "end_to_end": Comparison.from_dict(end).to_dict()},
                         last["comparison"], ladder=ladder, stage=next(r.stage for r in CLIMB if r.name == last["rung"]))
+    # a finished climb: later runs keep its ladder (one cut short is replaced by the next run's)
+    session.store.put_fact(session.machine, case_study.climbed_fact(ladder, base.preset),
+                           {"day": f"{datetime.date.today()}"})
     return {"ladder": ladder, "base": base, "top": current, "rungs": climbed, "end_to_end": end}
 
 

@@ -98,7 +98,7 @@ def breakeven_steps(compile_s: float, eager_step_ms: float, compiled_step_ms: fl
 def findings(table: pd.DataFrame, plan: Plan, results: list[dict]) -> list[Finding]:
     """Notebook 05's answer for one workload, from its measurements."""
     configs, workload = plan.named, plan.workload
-    if table.empty:
+    if table.empty or "ratio" not in table:  # nothing ran, or only failures (their rows say how)
         return [_note(workload, "no runtime result")]
     h = {n: c.config_hash() for n, c in configs.items()}
     found = ipex_own_findings(results, plan)

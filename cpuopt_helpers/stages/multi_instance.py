@@ -120,8 +120,9 @@ def layout_table(results: list[dict], workload: str) -> pd.DataFrame:
                           for (m, t, n), rs in {**{k: [] for k in failed}, **rows}.items()])
     ones = table[(table["ranks"] == 1) & table["samples_per_s"].notna()].sort_values("threads") \
         if len(table) else table
-    if ones.empty:
-        return table
+    if ones.empty:  # nothing to normalise by: the layouts that failed, with no numbers
+        return table.assign(normalised=math.nan, ideal=math.nan, efficiency=math.nan, total_rss_mb=math.nan) \
+            if len(table) else table
     base_threads, base = int(ones.iloc[0]["threads"]), ones.iloc[0]["samples_per_s"]
     table["normalised"] = table["samples_per_s"] / base
     table["ideal"] = table["threads"] * table["ranks"] / base_threads
@@ -143,7 +144,8 @@ def layout_findings(table: pd.DataFrame, results: list[dict], workload: str) -> 
     def note(kind: str, comparison=None, **values) -> Finding:
         return Finding(workload, "multi_instance", kind, values, as_comparison(comparison))
 
-    if table.empty:
+    table = table[table["runs"] > 0] if len(table) else table  # a layout that never finished: its failures say why
+    if table.empty or table["normalised"].isna().all():
         return [note("no layout", what=workload)]
     found = []
     for mode in ("independent", "ddp"):

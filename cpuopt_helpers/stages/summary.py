@@ -111,16 +111,22 @@ def headline_findings(tables: dict, finals: dict, price_per_hour: float) -> list
 
 
 def steady_findings(store, machine: str, workload: str, preset: str) -> list[Finding]:
-    """Whether the preset's timed window is long enough for this workload, from every plain run of
-    it stored on this machine (``stats.steady_window``; runs that logged or traced are left out)."""
-    groups: dict[str, list[dict]] = {}
+    """Whether the preset's timed window is long enough for this workload, from the paired rounds
+    of every comparison of it stored on this machine (``stats.steady_window``: each arm against the
+    first, round by round; one-process runs only, none that logged or traced)."""
+    rounds: dict[tuple, dict[int, dict]] = {}
     for r in store.results(machine=machine):
         c = r["config"]
-        if (r["status"] == "ok" and c["workload"] == workload and c["preset"] == preset
+        if (r["status"] == "ok" and c["workload"] == workload and c["preset"] == preset and c["instances"] == 1
                 and not r.get("onednn_logs") and not r.get("traces")):
-            groups.setdefault(r["config_hash"], []).append(r)
-    check = stats.steady_window(list(groups.values()))
-    steps = sorted({int(r["config"]["steps"]) for g in groups.values() for r in g})
+            rounds.setdefault((r["sweep"], r["round"]), {})[r["arm"]] = r
+    pairs: dict[tuple, list[tuple[dict, dict]]] = {}
+    for (sweep, _), arms in rounds.items():
+        for arm, run in arms.items():
+            if arm != 0 and 0 in arms:
+                pairs.setdefault((sweep, arm), []).append((arms[0], run))
+    check = stats.steady_window(list(pairs.values()))
+    steps = sorted({int(r["config"]["steps"]) for arms in rounds.values() for r in arms.values()})
     if check is None:
         return [Finding(workload, "summary", "steadiness unknown", {"preset": preset})]
     return [Finding(workload, "summary", "steady window", dict(check, preset=preset, steps=steps))]
