@@ -17,6 +17,7 @@ the one way a process other than the training worker starts, in this interpreter
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -197,18 +198,58 @@ def probe_here() -> dict:
     return facts
 
 
+def probe_cache_key(python: str) -> str | None:
+    """What a probe's answer depends on: the interpreter, what is installed in it (its site-packages
+    folders' modification times: an install or removal changes them), the path it runs with (IPEX
+    imports a transformers it finds there) and the CPU (the ISA levels). None where the interpreter
+    has no site-packages of its own to watch: such a probe is not cached."""
+    sites = sorted(Path(python).parent.parent.glob("lib/python*/site-packages"))
+    if not sites:
+        return None
+    try:
+        flags = sorted({line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")})
+        parts = [python, os.path.realpath(python), python_path(dict(os.environ)), *flags,
+                 *(f"{s}:{s.stat().st_mtime_ns}" for s in sites)]
+    except OSError:
+        return None
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def probe_cache_file() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "cpuopt" / "runtime_probes.json"
+
+
 @lru_cache(maxsize=None)
 def probe(python: str) -> dict:
-    """Run probe_here() under another interpreter (cached per path). A runtime that cannot even
-    be probed (IPEX 2.8 importing a newer transformers it finds on PYTHONPATH, say) is reported
-    unusable with the reason, so that what needs it is skipped and the rest goes on."""
+    """Run probe_here() under another interpreter. The answer is cached per interpreter, its installed
+    packages, path and CPU (``probe_cache_key``; starting torch 2.8 and IPEX takes 10-20 s of every
+    notebook and command that asks otherwise); a probe that did not finish is not cached. A runtime
+    that cannot even be probed (IPEX 2.8 importing a newer transformers it finds on PYTHONPATH, say)
+    is reported unusable with the reason, so that what needs it is skipped and the rest goes on."""
+    key, path = probe_cache_key(python), probe_cache_file()
     try:
-        return run_json_module("cpuopt_helpers.runtimes", [], f"probing the runtime {python}", python=python,
-                               timeout_s=180, error=CpuoptError)
+        cached = json.loads(path.read_text()) if key else {}
+    except (OSError, ValueError):
+        cached = {}
+    if isinstance(cached, dict) and isinstance(cached.get(key), dict):
+        return cached[key]
+    try:
+        facts = run_json_module("cpuopt_helpers.runtimes", [], f"probing the runtime {python}", python=python,
+                                timeout_s=180, error=CpuoptError)
     except CpuoptError as exc:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         return {"python": python, "torch": None, "ipex": None, "ipex_usable": False, "ipex_isa": None,
                 "reason": f"probing the runtime {python} failed: {lines[-1] if lines else exc}"}
+    if key:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps({**(cached if isinstance(cached, dict) else {}), key: facts}))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return facts
 
 
 def ipex_facts() -> dict:

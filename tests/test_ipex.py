@@ -116,3 +116,33 @@ def test_a_runtime_that_cannot_be_probed_is_unusable_with_its_reason_not_an_erro
     monkeypatch.setattr(runtimes, "ipex_status", lambda: {"available": True, "python": str(fake), "reason": ""})
     facts = runtimes.ipex_facts()
     assert facts["available"] is False and facts["reason"].startswith(f"probing the runtime {fake} failed")
+
+
+def test_a_runtime_probe_is_cached_per_interpreter_and_what_is_installed_in_it(tmp_path, monkeypatch):
+    """Starting torch 2.8 and IPEX to ask what they are costs 10-20 s a process: the answer is kept in
+    the user's cache, and asked again once a package is installed or removed there; a failed probe
+    is not kept."""
+    from cpuopt_helpers import runtimes
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (tmp_path / "venv" / "bin").mkdir()
+    python, calls = tmp_path / "venv" / "bin" / "python", tmp_path / "calls"
+    python.write_text(f"#!/bin/sh\necho probed >> {calls}\n"
+                      "echo '{\"torch\": \"2.8.0\", \"ipex\": \"2.8.0\", \"ipex_usable\": true, \"reason\": \"\"}'\n")
+    python.chmod(0o755)
+
+    def probed() -> tuple[dict, int]:
+        runtimes.probe.cache_clear()  # as a new process would
+        facts = runtimes.probe(str(python))
+        return facts, len(calls.read_text().splitlines())
+
+    assert probed() == ({"torch": "2.8.0", "ipex": "2.8.0", "ipex_usable": True, "reason": ""}, 1)
+    assert probed()[1] == 1  # from the cache: no process started
+    (site / "transformers").mkdir()  # something installed there: asked again
+    assert probed()[1] == 2 and probed()[1] == 2
+    python.write_text(f"#!/bin/sh\necho probed >> {calls}\nexit 1\n")
+    (site / "transformers").rmdir()
+    assert probed()[0]["ipex_usable"] is False and probed()[1] == 4  # a failed probe: asked every time
+    runtimes.probe.cache_clear()

@@ -34,6 +34,11 @@ def test_the_docs_name_the_module_and_the_commands_this_test_runs():
 
 @pytest.mark.slow
 def test_the_user_model_commands_run_as_written(tmp_path):
+    """The bench lines as written; the tune line (the suite's one real budgeted search) with --json
+    added: the same search, its recommendation read whole, and the text it prints without --json
+    (tune.format_tune of that result) checked too."""
+    from cpuopt_helpers import tune
+
     module, lines = user_model_section()
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "mymodel.py").write_text(module)
@@ -41,12 +46,18 @@ def test_the_user_model_commands_run_as_written(tmp_path):
                CPUOPT_BUILD=str(tmp_path / "build"))
     env.pop("PYTHONPATH", None)
     outputs = []
-    for line in lines[:RUN_LINES]:
+    for line in lines[:RUN_LINES - 1] + [lines[RUN_LINES - 1] + " --json"]:
         proc = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=600)
         assert proc.returncode == 0, f"{line}\n{proc.stderr[-3000:]}"
-        outputs.append(proc.stdout)
-    plain, fixed = json.loads(outputs[0]), json.loads(outputs[1])
+        outputs.append(json.loads(proc.stdout))
+    plain, fixed, t = outputs
     assert plain["status"] == fixed["status"] == "ok" and plain["samples_per_s"] > 0
     assert dict(fixed["config"]["options"]) == {"frozen_bn": "folded", "focal": "fast"}
-    assert outputs[2].startswith("recommended for mypkg.mymodel:build[quick]:")
+    assert tune.format_tune(t).startswith("recommended for mypkg.mymodel:build[quick]:")
+    measured = t["speedup_vs_default"] or t["run_cpu_vs_default"]  # the winner confirmed, or run_cpu vs defaults
+    assert measured["n"] == len(t["rounds"]) >= 5  # the final rounds kept their time: a verdict, not "too few"
+    low, high = measured["ci_low"], measured["ci_high"]  # the verdict is the one its interval gives
+    assert low <= measured["ratio"] <= high and measured["verdict"] in ("faster", "slower", "equivalent", "no different")
+    assert (measured["verdict"] == "faster") == (low > 1) and (measured["verdict"] == "slower") == (high < 1)
+    assert t["launch_command"].startswith("cpuopt launch") and "numactl" in t["shell_command"]
