@@ -215,11 +215,6 @@ def probe_cache_key(python: str) -> str | None:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def probe_cache_file() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "cpuopt" / "runtime_probes.json"
-
-
 @lru_cache(maxsize=None)
 def probe(python: str) -> dict:
     """Run probe_here() under another interpreter. The answer is cached per interpreter, its installed
@@ -227,13 +222,12 @@ def probe(python: str) -> dict:
     notebook and command that asks otherwise); a probe that did not finish is not cached. A runtime
     that cannot even be probed (IPEX 2.8 importing a newer transformers it finds on PYTHONPATH, say)
     is reported unusable with the reason, so that what needs it is skipped and the rest goes on."""
-    key, path = probe_cache_key(python), probe_cache_file()
-    try:
-        cached = json.loads(path.read_text()) if key else {}
-    except (OSError, ValueError):
-        cached = {}
-    if isinstance(cached, dict) and isinstance(cached.get(key), dict):
-        return cached[key]
+    from cpuopt_helpers import system
+
+    key, path = probe_cache_key(python), system.user_cache_file("runtime_probes.json")
+    cached = system.read_cache(path).get(key) if key else None
+    if isinstance(cached, dict):
+        return cached
     try:
         facts = run_json_module("cpuopt_helpers.runtimes", [], f"probing the runtime {python}", python=python,
                                 timeout_s=180, error=CpuoptError)
@@ -242,13 +236,7 @@ def probe(python: str) -> dict:
         return {"python": python, "torch": None, "ipex": None, "ipex_usable": False, "ipex_isa": None,
                 "reason": f"probing the runtime {python} failed: {lines[-1] if lines else exc}"}
     if key:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}")
-            tmp.write_text(json.dumps({**(cached if isinstance(cached, dict) else {}), key: facts}))
-            os.replace(tmp, path)
-        except OSError:
-            pass
+        system.keep_in_cache(path, key, facts)
     return facts
 
 

@@ -601,9 +601,35 @@ def onednn_isa_cache_key() -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def onednn_isa_cache_file() -> Path:
+def user_cache_file(name: str) -> Path:
+    """A file of answers kept between processes: ``$XDG_CACHE_HOME/cpuopt/NAME`` (``~/.cache/cpuopt``)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "cpuopt" / "onednn_isa.json"
+    return Path(base) / "cpuopt" / name
+
+
+def read_cache(path: Path) -> dict:
+    """The answers kept in ``path`` by key; none where it is missing or unreadable."""
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return cached if isinstance(cached, dict) else {}
+
+
+def keep_in_cache(path: Path, key: str, value) -> None:
+    """Add one answer to ``path``, replacing the file whole (a reader never sees half of it); where it
+    cannot be written, the answer is simply asked again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({**read_cache(path), key: value}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def onednn_isa_cache_file() -> Path:
+    return user_cache_file("onednn_isa.json")
 
 
 @functools.lru_cache(maxsize=1)
@@ -614,12 +640,9 @@ def onednn_isa() -> str | None:
     of every CLI call and notebook otherwise); a failed probe is not cached.
     """
     key, path = onednn_isa_cache_key(), onednn_isa_cache_file()
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if isinstance(cached, dict) and isinstance(cached.get(key), str):
-        return cached[key]
+    cached = read_cache(path).get(key)
+    if isinstance(cached, str):
+        return cached
     try:
         proc = subprocess.run([sys.executable, "-c", ONEDNN_ISA_PROBE], capture_output=True, text=True, timeout=60,
                               env=dict(os.environ, ONEDNN_VERBOSE="1"))
@@ -629,13 +652,7 @@ def onednn_isa() -> str | None:
     if not match:
         return None
     isa = match.group(1).strip()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({**(cached if isinstance(cached, dict) else {}), key: isa}))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    keep_in_cache(path, key, isa)
     return isa
 
 
