@@ -201,8 +201,9 @@ def probe_here() -> dict:
 def probe_cache_key(python: str) -> str | None:
     """What a probe's answer depends on: the interpreter, what is installed in it (its site-packages
     folders' modification times: an install or removal changes them), the path it runs with (IPEX
-    imports a transformers it finds there) and the CPU (the ISA levels). None where the interpreter
-    has no site-packages of its own to watch: such a probe is not cached."""
+    imports a transformers it finds there; a package added later to a folder already on that path
+    is not seen: delete ~/.cache/cpuopt) and the CPU (the ISA levels). None where the interpreter has
+    no site-packages of its own to watch: such a probe is not cached."""
     sites = sorted(Path(python).parent.parent.glob("lib/python*/site-packages"))
     if not sites:
         return None
