@@ -112,6 +112,14 @@ class Plan:
     def named(self) -> dict[str, RunConfig]:
         return {a.name: a.config for a in self.arms}
 
+    def row(self, table, name: str):
+        """The rows of a stage's table (a ``config_hash`` column) measured for the arm ``name``:
+        found by the arm's configuration hash, never by a label (empty: no such arm, or not measured)."""
+        arm = self.named.get(name)
+        if arm is None or not len(table) or "config_hash" not in table:
+            return table.iloc[0:0]
+        return table[table["config_hash"] == arm.config_hash()]
+
 
 @dataclass(frozen=True)
 class Finding:

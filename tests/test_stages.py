@@ -613,7 +613,8 @@ def test_make_runs_retinanet_ladder_is_the_papers_recipe_named_and_confirmed_onc
         session.confirm = lambda *a, **k: pytest.fail("the recipe is confirmed once, by notebook 09, not here")
         name = case_study.recipe(plan)
         assert name == (case_study.RECIPE if fast else "all fixes")
-        swept = pd.DataFrame([{"name": name, "runs": 1, "fell_back": False, "loss_drift": 0.5}])  # its loss drifted
+        swept = pd.DataFrame([{"name": name, "config_hash": plan.named[name].config_hash(), "runs": 1,
+                               "fell_back": False, "loss_drift": 0.5}])  # its loss drifted
         line, = case_study.settle_fixes(session, {"retinanet": plan}, {"retinanet": swept}, {}, "standard", 8, 8,
                                         None, recipe=True)
         assert "is not handed on: its loss drifted 50% from the baseline's" in line

@@ -88,7 +88,8 @@ def choose(table: pd.DataFrame, plan: Plan, confirm=None) -> Choice:
     table = table.assign(setting=table["name"]) if len(table) else table
     return choosing.choose(table, f"{plan.workload} case study", confirm, stage="case-study fixes",
                            workload=plan.workload,
-                           candidates=table[table["name"].isin(list(plan.named))] if len(table) else None)
+                           candidates=table[table["config_hash"].isin({c.config_hash() for c in plan.configs})]
+                           if len(table) else None)
 
 
 def findings(table: pd.DataFrame, plan: Plan, results: list[dict], name: str = "") -> list[Finding]:
@@ -366,10 +367,10 @@ def recipe(plan: Plan) -> str | None:
     return RECIPE if RECIPE in plan.named else "all fixes" if "all fixes" in plan.named else None
 
 
-def recipe_unfit(table: pd.DataFrame, name: str) -> str | None:
+def recipe_unfit(table: pd.DataFrame, plan: Plan, name: str) -> str | None:
     """Why the recipe's arm in notebook 08's sweep cannot be handed on (None: it can): it produced
     no result, ran something else (a fallback), or its loss drifted from the baseline's."""
-    row = table[table["name"] == name] if len(table) and "name" in table else table.iloc[0:0]
+    row = plan.row(table, name)
     if row.empty or not row.iloc[0]["runs"]:
         return "it produced no result in the sweep above"
     if row.iloc[0].get("fell_back"):
@@ -388,7 +389,7 @@ def hand_on_recipe(session, plan: Plan, table: pd.DataFrame) -> str:
     name = recipe(plan)
     if name is None:
         return f"{plan.workload}: it declares none of the fixes; nothing to hand on."
-    unfit = recipe_unfit(table, name)
+    unfit = recipe_unfit(table, plan, name)
     if unfit:
         return f"{plan.workload}: {RECIPE} ({name}) is not handed on: {unfit}; PyTorch's defaults stay its top."
     top = plan.named[name]

@@ -104,8 +104,8 @@ def findings(table: pd.DataFrame, plan: Plan, results: list[dict]) -> list[Findi
     found = ipex_own_findings(results, plan)
     if "torch 2.8 + IPEX" in h:
         found.append(_note(workload, "stock over ipex", paired(results, h["torch 2.8 + IPEX"], h["torch (stock)"])))
-    upstream = table[~table["name"].isin(["torch 2.8 (stock)", "torch 2.8 + IPEX", "AdamW (default)",
-                                          "AdamW fused"]) & ~table["is_baseline"]].dropna(subset=["ratio"])
+    other = {h[n] for n in ("torch 2.8 (stock)", "torch 2.8 + IPEX", "AdamW (default)", "AdamW fused") if n in h}
+    upstream = table[~table["config_hash"].isin(other) & ~table["is_baseline"]].dropna(subset=["ratio"])
     best = upstream.sort_values("ratio", ascending=False).iloc[0] if len(upstream) else None
     if best is not None:
         found.append(_note(workload, "fastest upstream", best["comparison"], name=best["name"],
@@ -115,12 +115,12 @@ def findings(table: pd.DataFrame, plan: Plan, results: list[dict]) -> list[Findi
                                                                       best["config_hash"]), name=best["name"]))
     if "AdamW fused" in h and "AdamW (default)" in h:
         found.append(_note(workload, "fused adamw", paired(results, h["AdamW (default)"], h["AdamW fused"])))
-    return found + compile_findings(table, workload)
+    return found + compile_findings(table, plan)
 
 
-def compile_findings(table: pd.DataFrame, workload: str) -> list[Finding]:
+def compile_findings(table: pd.DataFrame, plan: Plan) -> list[Finding]:
     """Each compiled setting's cold (and warm) compile time, and after how many steps it pays for itself."""
-    eager = table[table["name"] == "torch (stock)"]
+    workload, eager = plan.workload, plan.row(table, "torch (stock)")
     if eager.empty:
         return []
     found = []
@@ -143,7 +143,7 @@ def zentorch_findings(table: pd.DataFrame, plan: Plan, results: list[dict], stat
     if ZENTORCH not in configs:
         return [_note(workload, "zentorch not measured", reason=status.get("reason"))]
     h = {n: c.config_hash() for n, c in configs.items()}
-    row = table[table["name"] == ZENTORCH] if "name" in table else table.iloc[0:0]
+    row = plan.row(table, ZENTORCH)
     if row.empty or pd.isna(row.iloc[0]["samples_per_s"]):
         failed = next((r["reason"] for r in results if r["config_hash"] == h[ZENTORCH] and r["status"] != "ok"), "")
         last = [line for line in (failed or "no result").splitlines() if line.strip()][-1:] or ["no result"]
@@ -169,6 +169,6 @@ def choose(table: pd.DataFrame, plan: Plan, confirm=None) -> Choice:
     Both are reported, neither is handed on; the choice is made like every other (ratio
     above 1 over the whole interval).
     """
-    eager = [n for n, c in plan.named.items() if c.runtime == "main" and not c.compile and c.optimizer == "sgd"]
-    candidates = table[table["name"].isin(eager)] if len(table) else None
+    eager = [c.config_hash() for c in plan.configs if c.runtime == "main" and not c.compile and c.optimizer == "sgd"]
+    candidates = table[table["config_hash"].isin(eager)] if len(table) else None
     return choosing.choose(table, "runtime", confirm, candidates=candidates, stage="runtime", workload=plan.workload)

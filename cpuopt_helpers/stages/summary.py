@@ -14,10 +14,11 @@ def ladder_findings(table: pd.DataFrame, workload: str = "") -> list[Finding]:
     """Each fix alone and all together against the baseline (the paper: about 2x together)."""
     if table.empty:
         return [Finding(workload, "summary", "no case study result")]
-    first = table.iloc[0]["name"]
-    return [Finding(workload, "summary", "arm over first", {"name": r["name"], "first": first},
+    first = table.iloc[0]
+    return [Finding(workload, "summary", "arm over first", {"name": r["name"], "first": first["name"]},
                     Comparison.from_dict(r["comparison"]))
-            for _, r in table.iterrows() if r["name"] != first and isinstance(r.get("comparison"), dict)]
+            for _, r in table.iterrows()
+            if r["config_hash"] != first["config_hash"] and isinstance(r.get("comparison"), dict)]
 
 
 def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict | None,
