@@ -26,7 +26,10 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 # and RetinaNet at 80 classes in 08 (601 classes in `make case-study`), whose ladder is the paper's
 # recipe adapted to the CPU (RECIPE: the fixes together, bf16 where gated), confirmed once against
 # PyTorch's defaults by 09's headline (a stored climb of `make case-study` is kept instead);
-# the baseline runs 2 rounds a workload; RetinaNet runs 3 timed steps. Screening runs every
+# the baseline runs 2 rounds a workload; RetinaNet runs 3 timed steps. 02 profiles channels-last
+# and, where the CPU has a fast path, bf16; the IPEX runtime's profile and bf16's slow kernels
+# (10-20x slower without a fast path; with IPEX's, 4-5 minutes of 02 on the 2-core AVX2 EPYC) are
+# the full preset's. Screening runs every
 # candidate once (SCREEN_ROUNDS = 1, the notebooks' default); each screening winner is
 # confirmed in exactly compare.FIXED_ROUNDS = 8 fresh rounds (MIN_ROUNDS = MAX_ROUNDS: one look,
 # the plain Student-t interval, power enough for a true 15% gain; ~21 s a CNN round here, ~50 s
@@ -41,7 +44,7 @@ CONFIRM = {"MIN_ROUNDS": compare.FIXED_ROUNDS, "MAX_ROUNDS": compare.FIXED_ROUND
 SCREEN_TWICE = {"SCREEN_ROUNDS": 2, "BUDGET_MIN": 15.0}  # the full preset: and room for 5-14 rounds of its larger runs
 CNN = {"WORKLOADS": ["cnn"]}
 PRESET_PARAMETERS = {
-    "standard": {"01": {"ROUNDS": 2, **CNN}, "02": CNN,
+    "standard": {"01": {"ROUNDS": 2, **CNN}, "02": {**CNN, "COMPARE_IPEX": [], "SLOW_BF16": False},
                  "03": {**CNN, **CONFIRM},
                  "04": {**CNN, "LAUNCHER_ROUNDS": 0, **CONFIRM},
                  "05": {**CNN, "OPTIMIZER_ARMS": ["SGD fused"], "COMPILE_MODES": [], "ZENTORCH": False, **CONFIRM},

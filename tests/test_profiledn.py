@@ -424,6 +424,10 @@ def test_the_papers_comparisons_are_planned_or_left_out_with_the_reason():
     assert "no fast path" in slow["note"] and planned["bf16"]["other"].steps == cnn.config.steps
     assert (slow["other"].steps, slow["other"].warmup, slow["repeats"]) == (
         min(cnn.config.steps, profiling.SLOW_BF16_STEPS), 1, profiling.SLOW_BF16_REPEATS)
+    unasked = profiling.variant_pairs([cnn], asked, built, {"accelerated": False, "reason": "AVX2 only"}, slow_bf16=False)
+    assert "cnn: not compared in bf16: this CPU has no bf16 fast path (AVX2 only)" in unasked[-2]["skip"]
+    fast = profiling.variant_pairs([cnn], asked, built, {"accelerated": True, "reason": "AMX"}, slow_bf16=False)
+    assert [p["variant"] for p in fast if "skip" not in p] == ["channels-last", "IPEX", "bf16"]  # a fast path: profiled
     with pytest.raises(CpuoptError, match="unknown comparison"):
         profiling.variant_pairs([cnn], {"fp16": ["cnn"]}, built, {})
 

@@ -76,7 +76,8 @@ VARIANTS = ("channels-last", "IPEX", "bf16")
 SLOW_BF16_STEPS, SLOW_BF16_REPEATS = 3, 2  # bf16 without a fast path: enough to see its kernels
 
 
-def variant_pairs(profiles: list[Profile], workloads: dict[str, list[str]], ipex: dict, bf16: dict) -> list[dict]:
+def variant_pairs(profiles: list[Profile], workloads: dict[str, list[str]], ipex: dict, bf16: dict,
+                  slow_bf16: bool = True) -> list[dict]:
     """The paper's comparisons, planned: for each variant (``VARIANTS``) and each workload named
     in ``workloads[variant]``, the reference and the variant's config, or why it is left out.
 
@@ -87,7 +88,8 @@ def variant_pairs(profiles: list[Profile], workloads: dict[str, list[str]], ipex
     - bf16: the profile above (fp32) against bf16 autocast; where the CPU has no bf16 fast
       path (``bf16``: the gate) it still runs, and the log shows the kernels that serve it, over
       ``SLOW_BF16_STEPS`` timed steps with ``SLOW_BF16_REPEATS`` replay repeats a primitive (a
-      comparison per step: it runs many times slower than fp32 there).
+      comparison per step: it runs many times slower than fp32 there); unless ``slow_bf16`` is
+      False (``make run``'s standard preset), which leaves it out, saying so.
     """
     unknown = set(workloads) - set(VARIANTS)
     if unknown:
@@ -119,6 +121,10 @@ def variant_pairs(profiles: list[Profile], workloads: dict[str, list[str]], ipex
                 pairs.append({"workload": w, "variant": variant, "base": base, "labels": ("fp32", "bf16"),
                               "other": config.replace(dtype="bf16"),
                               "note": f"bf16 has a fast path here: {bf16.get('reason', '')}"})
+            elif not slow_bf16:
+                pairs.append({"workload": w, "variant": variant, "skip": f"{w}: not compared in bf16: this CPU has "
+                              f"no bf16 fast path ({bf16.get('reason') or 'the gate found none'}); the full preset "
+                              "profiles its slow kernels anyway (SLOW_BF16 = True)"})
             else:
                 slow = config.replace(dtype="bf16", steps=min(config.steps, SLOW_BF16_STEPS), warmup=min(config.warmup, 1))
                 pairs.append({"workload": w, "variant": variant, "base": base, "labels": ("fp32", "bf16"),
