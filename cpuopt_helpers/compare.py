@@ -307,6 +307,8 @@ def describe(result: dict | None, what: str = "") -> str:
     head = f"{what}{result['ratio']:.2f}x"
     if result["verdict"] == "too few rounds" and "steps" in result:
         return f"{head} (chained over {result['steps']} rungs, one of them without an interval): too few rounds"
+    if result["verdict"] == "too few rounds" and result.get("screened"):  # ranks settings, claims nothing
+        return f"{head} (screened only, {result['n']} round{'s' * (result['n'] != 1)})"
     if result["verdict"] == "too few rounds":  # a confirmation cut short says what its minimum would detect
         needed = result.get("min_rounds", MIN_ROUNDS)
         gain = detectable_gain(dict(result, n=needed)) if result["n"] >= 3 else None  # an sd from 3 rounds at least

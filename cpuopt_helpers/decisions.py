@@ -33,6 +33,7 @@ class Comparison:
     sd: float | None = None  # of the paired log ratios: with ``level``, what ``compare.detectable_gain`` needs
     level: float | None = None  # the confidence its verdict used (a sequential design's per-look level)
     min_gain: float = compare.MIN_GAIN  # the smallest confirmed gain worth handing on
+    screened: bool = False  # from a sweep's screening rounds (ranks settings), not a confirmation
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "Comparison | None":

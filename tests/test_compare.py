@@ -308,3 +308,10 @@ def test_a_confirmation_cut_short_says_what_its_minimum_rounds_could_detect():
         compare.describe(cut)
     screened = compare.paired_ratio([10, 11, 12], [11, 12, 12])  # a screening: ranks, claims no detectable gain
     assert "could detect" not in compare.describe(screened)
+    # a sweep's rounds (choosing.paired, the settings table) say they only screened: no verdict, no power
+    from cpuopt_helpers.stages import choosing
+
+    runs = [{"status": "ok", "sweep": "s", "round": i, "config_hash": h, "samples_per_s": v}
+            for i, (a, b) in enumerate([(10, 11), (11, 12)]) for h, v in (("a", a), ("b", b))]
+    said = compare.describe(choosing.paired(runs, "a", "b"))
+    assert said.endswith("x (screened only, 2 rounds)") and "verdict" not in said and "detect" not in said

@@ -152,7 +152,7 @@ def compare_configs(results: list[dict], baseline: dict, workload: str | None = 
         pairs = [(base_by_round[(r.get("sweep"), r["round"])], r["samples_per_s"]) for r in runs
                  if (r.get("sweep"), r["round"]) in base_by_round]
         if pairs and key != base_key:
-            ratio = compare.paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
+            ratio = dict(compare.paired_ratio([a for a, _ in pairs], [b for _, b in pairs]), screened=True)
             screened = ratio["verdict"] == "too few rounds"  # ranks, decides nothing: said so in the table
             row.update(ratio=ratio["ratio"], ratio_low=ratio["ci_low"], ratio_high=ratio["ci_high"], comparison=ratio,
                        verdict=f"screened, {ratio['n']} round{'s' * (ratio['n'] != 1)}" if screened else ratio["verdict"])
@@ -253,13 +253,14 @@ def choose(table: pd.DataFrame, what: str, confirm=None, candidates: pd.DataFram
 
 
 def paired(results: list[dict], a: str, b: str) -> dict | None:
-    """Throughput of config b over config a (hashes), paired by the rounds of their sweep."""
+    """Throughput of config b over config a (hashes), paired by the rounds of their sweep (screening
+    rounds: ``screened``, so that too few of them read "screened only", not a cut-short confirmation)."""
     by = {h: {(r.get("sweep"), r["round"]): r["samples_per_s"] for r in results
               if r["status"] == "ok" and r["config_hash"] == h} for h in (a, b)}
     rounds = sorted(set(by[a]) & set(by[b]), key=str)
     if not rounds:
         return None
-    return compare.paired_ratio([by[a][k] for k in rounds], [by[b][k] for k in rounds])
+    return dict(compare.paired_ratio([by[a][k] for k in rounds], [by[b][k] for k in rounds]), screened=True)
 
 
 def named_table(results: list[dict], configs: dict) -> pd.DataFrame:
