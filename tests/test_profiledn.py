@@ -489,6 +489,9 @@ def test_the_answer_is_records_each_profiles_under_its_label():
     per_profile = next(f for f in found if f.kind == "log total" and f.workload == "rnn")
     assert per_profile.sentence.startswith("rnn: 7 primitive executions took ")  # after its label, as a detail
     assert {f.stage for f in capture.answer(profiles, comparisons, stage="case_study")} == {"case_study"}
+    # notebook 08 compares profiles it lists itself: each is covered once
+    both = capture.answer(profiles + [comparisons[0].other], comparisons, stage="case_study")
+    assert [f.workload for f in both if f.kind == "profile coverage"] == ["cnn", "rnn", "cnn bf16"]
 
 
 def test_slow_kernels_names_the_heaviest_implementations():

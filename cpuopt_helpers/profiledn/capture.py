@@ -134,7 +134,8 @@ class Comparison:
 def answer(profiles: list[Profile], comparisons: list[Comparison], stage: str = STAGE) -> list[Finding]:
     """The notebook's answer: every finding computed from this run's profiles, each profile's own
     under its label (``stage``: the notebook's that tells them, where not 02's)."""
-    found = profiling_findings(profiles + [c.other for c in comparisons])
+    found = profiling_findings(profiles + [c.other for c in comparisons  # each profile once (08's compare its own)
+                                           if not any(c.other is p for p in profiles)])
     for p in profiles:
         if p.ok:
             found += findings(p.parsed.exec, p.steps, p.label)
