@@ -29,7 +29,7 @@ def results_markdown(store: ResultStore, facts: Facts, preset: str = "standard")
     runs = [r for r in store.results(machine=machine) if r["config"].get("preset") == preset]
     if not names or not runs:
         raise CpuoptError(f"no {preset} ladder for this machine in {store.path}; run `make run` first")
-    lines = [_stamp(facts, runs, preset), "",
+    lines = [_stamp(facts, runs, preset, run_commit(store, machine, preset)), "",
              "| workload | confirmed configuration | over PyTorch's defaults | train with it |", "|---|---|---|---|"]
     for name in names:
         rungs = ladder.rungs(store, machine, name, preset, facts.physical_cores or 1)
@@ -40,13 +40,22 @@ def results_markdown(store: ResultStore, facts: Facts, preset: str = "standard")
     return "\n".join(lines)
 
 
-def _stamp(facts: Facts, runs: list[dict], preset: str) -> str:
+RUN_FACT = "workbook/run/{preset}"  # what `cpuopt workbook run` keeps of itself: the commit it ran
+
+
+def run_commit(store: ResultStore, machine: str, preset: str) -> str | None:
+    """The commit of the last ``cpuopt workbook run`` of this preset into the store (None: not kept)."""
+    return (store.get_fact(machine, RUN_FACT.format(preset=preset)) or {}).get("commit")
+
+
+def _stamp(facts: Facts, runs: list[dict], preset: str, commit: str | None = None) -> str:
     """Where, when and with what code the block's figures were measured."""
     isa = facts.isa
     level = ", ".join(name for flag, name in (("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX"))
                       if isa.get(flag)) or ("AVX2" if isa.get("avx2") else "no AVX2")
     code = runs[-1].get("code_version") or {}
     made = f", cpuopt {code['package']} (measuring code {code['measuring_hash']})" if code.get("measuring_hash") else ""
+    made += f", commit {commit}" if commit else ""
     return (f"Measured on {max(r['created_at'] for r in runs)[:10]} (preset `{preset}`) on **{facts.cpu_model}** "
             f"({level}), {facts.physical_cores} physical / {facts.logical_cores} logical cores, "
             f"torch {facts.versions.get('torch', '?')}{made}.")
@@ -90,7 +99,8 @@ def results_page(store: ResultStore, facts: Facts, preset: str = "standard", fig
     lines = [
         f"Measured on {day} by `make run` (preset `{preset}`) on **{facts.cpu_model}**, "
         f"{facts.physical_cores} physical / {facts.logical_cores} logical cores, {facts.memory_gib} GiB, "
-        f"torch {facts.versions['torch']}, oneDNN {facts.versions['onednn']}.",
+        f"torch {facts.versions['torch']}, oneDNN {facts.versions['onednn']}"
+        + (f", commit {run_commit(store, machine, preset)}." if run_commit(store, machine, preset) else "."),
         "",
         "| workload | samples/s (median; range over runs) | step ms | forward | backward | optimizer | GFLOP/s | share of GEMM peak |",
         "|---|---|---|---|---|---|---|---|",

@@ -135,6 +135,7 @@ def run_workbook(preset: str = "standard", only: list[str] | None = None, out: s
         os.environ.pop("CPUOPT_RESULTS", None)  # results of this run belong beside its notebooks
     (out_dir / "notebooks").mkdir(parents=True, exist_ok=True)
     try:
+        keep_run_commit(preset)
         return _execute(books, out_dir, preset, parameters, progress, notebook_parameters or {})
     finally:
         for key, value in saved.items():  # leave the caller's environment as it was
@@ -142,6 +143,17 @@ def run_workbook(preset: str = "standard", only: list[str] | None = None, out: s
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def keep_run_commit(preset: str) -> None:
+    """Keep the commit this run measures with in its store, for the pages it writes
+    (``pages.run_commit``): the README block and the results page name it."""
+    from cpuopt_helpers.pages import RUN_FACT
+    from cpuopt_helpers.records import own_commit
+    from cpuopt_helpers.results import ResultStore
+    from cpuopt_helpers.system import collect_facts
+
+    ResultStore().put_fact(collect_facts().fingerprint, RUN_FACT.format(preset=preset), {"commit": own_commit()})
 
 
 def declared_parameters(book: Path) -> list[str]:

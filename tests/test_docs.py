@@ -208,6 +208,10 @@ def test_the_readme_block_is_one_answer_a_workload(tmp_path):
            "in fresh paired rounds | `cpuopt bench --workload cnn" in rows["cnn"]
     assert "1.10x (95% CI: 1.02-1.20, 5 rounds): faster, from the rungs' own confirmations" in rows["rnn"]  # not fresh
     assert "| PyTorch's defaults | nothing confirmed faster than the defaults |" in rows["retinanet"]
+    assert "commit" not in lines[0]  # no run kept its commit in this store
+    session.store.put_fact("m", pages.RUN_FACT.format(preset="quick"), {"commit": "abc1234"})  # as `workbook run` does
+    block = pages.results_markdown(session.store, facts, "quick")
+    assert block.splitlines()[0].endswith(", commit abc1234.")
     readme = tmp_path / "README.md"
     readme.write_text("# x\n<!-- results:start -->\nold\n<!-- results:end -->\nrest\n")
     pages.update_readme(readme, block)
