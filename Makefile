@@ -98,11 +98,13 @@ case-study: setup
 # It times itself, from its first line (TEST_START: make expands the whole recipe before running it)
 # to the tests' end, writes the duration and outcome as this machine's dated record
 # docs/results/DAY-CPU-ISA-make-test.md (not under make -n), and exits with the tests' status.
+# -k: both halves run to their end even when one fails at once (without it, make started no
+# second half once the first had failed, which a loaded machine can make happen).
 test: TEST_START = $(shell date +%s)
 test: setup
 	@bash scripts/system-deps.sh chromium
 	@echo "cpuopt: the notebook tests and the other tests run side by side (two pytest processes); each prints its report when it ends"
-	@status=0; $(MAKE) --no-print-directory -s -j2 -Otarget test-notebooks test-others || status=$$?; \
+	@status=0; $(MAKE) --no-print-directory -s -j2 -k -Otarget test-notebooks test-others || status=$$?; \
 	$(if $(DRY_RUN),,$(PY) -m cpuopt_helpers.records make-test --seconds $$(( $$(date +%s) - $(TEST_START) )) \
 	  --status $$status --folder docs/results || echo "cpuopt: make test's record was not written";) exit $$status
 
