@@ -96,11 +96,11 @@ def results_page(store: ResultStore, facts: Facts, preset: str = "standard", fig
         raise CpuoptError(f"no {preset} results for this machine in {store.path}; run `make run` first")
     table = choosing.throughput_table(runs)
     day = max(r["created_at"] for r in runs)[:10] if runs else date.today().isoformat()
+    commit = f", commit {run_commit(store, machine, preset)}" if run_commit(store, machine, preset) else ""
     lines = [
         f"Measured on {day} by `make run` (preset `{preset}`) on **{facts.cpu_model}**, "
         f"{facts.physical_cores} physical / {facts.logical_cores} logical cores, {facts.memory_gib} GiB, "
-        f"torch {facts.versions['torch']}, oneDNN {facts.versions['onednn']}"
-        + (f", commit {run_commit(store, machine, preset)}." if run_commit(store, machine, preset) else "."),
+        f"torch {facts.versions['torch']}, oneDNN {facts.versions['onednn']}{commit}.",
         "",
         "| workload | samples/s (median; range over runs) | step ms | forward | backward | optimizer | GFLOP/s | share of GEMM peak |",
         "|---|---|---|---|---|---|---|---|",
