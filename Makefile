@@ -1,7 +1,8 @@
 # cpuopt workbook. Every target bootstraps what it needs; a second call is quick.
 #   make run        execute the workbook (PRESET=standard by default) into build/; WORKLOADS=a,b
 #                   (built-in names or your own package.module:function) for every notebook that takes them
-#   make case-study notebook 08 with the whole ladder climbed on RetinaNet at 80 and 601 classes (the longest: see docs/case-study.md)
+#   make case-study notebook 08 with the whole ladder climbed on RetinaNet at 80 and 601 classes (the longest: see docs/case-study.md);
+#                   PRESET=full: RetinaNet at 800 px and 264 classes, defaults against the top, profiled and compared
 #   make test       every test: unit, integration (real workers), notebooks (each once: 00 by nbval, 01-09 by
 #                   papermill); the notebooks and the rest as two pytest processes side by side; its duration
 #                   and outcome as a dated record under docs/results/
@@ -91,9 +92,16 @@ run: setup
 # each rung confirmed in 5 paired rounds, the top against PyTorch's defaults in 10, and conv + frozen
 # BN + ReLU as compiled regions), into build/ beside `make
 # run`'s results (`cpuopt ladder --workload retinanet` reads it).
+# PRESET=full: RetinaNet at 800 px with 264 classes (MLPerf's subset), PyTorch's defaults against the
+# standard ladder's top, each profiled by phase, then 5 fixed paired rounds (cpuopt_helpers.fullstudy;
+# under 60 minutes on 2 cores); its page, with how long it took: docs/results/DAY-CPU-ISA-retinanet-full.md
 case-study: setup
+ifeq ($(PRESET),full)
+	$(PY) -m cpuopt_helpers.fullstudy --page docs/results $(if $(ROUNDS),--rounds $(ROUNDS))
+else
 	IPEX=$(IPEX) $(VENV)/bin/cpuopt workbook run --preset $(PRESET) --only 08 -p CLIMB_CLASSES '[80, 601]' \
 	  -p MIN_ROUNDS 5 -p MAX_ROUNDS 5 -p FINAL_ROUNDS 10 -p BUDGET_MIN 10 -p COMPILED_REGION True -p DISCREPANCY True
+endif
 
 # It times itself, from its first line (TEST_START: make expands the whole recipe before running it)
 # to the tests' end, writes the duration and outcome as this machine's dated record

@@ -230,6 +230,58 @@ def _whole_step_projection(v: dict, c) -> str:
     return said
 
 
+def _forward_backward(v: dict, c) -> str:
+    """Why the forward takes what it takes against the backward, from a trace's phase account."""
+    def rate(gflops, share):
+        return (f"{gflops:.0f} GFLOP/s ({share:.0%} of the measured GEMM ceiling)" if gflops and share
+                else "an unknown rate")
+
+    said = (f"{_who(v)}the forward, its loss in it, takes {v['forward_ms'] / 1e3:.2f} s against the backward's "
+            f"{v['backward_ms'] / 1e3:.2f} s: {v['ratio']:.2f} of it (the goal: {v['goal']:.1f} at most, "
+            f"unless the forward is GEMM-bound at half the ceiling or more: {'met' if v['met'] else 'not met'}).")
+    if v["work_ratio"]:
+        said += (f" Why, from the trace: the backward does {v['work_ratio']:.2f}x the forward's GFLOP "
+                 f"({v['full_backward']:.0f}x where every layer trains and its input needs a gradient"
+                 + ("; frozen layers skip theirs, and the layers below the lowest trainable one their input's"
+                    if v["work_ratio"] < 0.9 * v["full_backward"] else "")
+                 + f"), so at one speed per FLOP the forward would take {1 / v['work_ratio']:.2f} of the backward.")
+    said += (f" The loss is {v['loss_share']:.0%} of the forward; GEMM-like operators are "
+             f"{v['gemm_share_forward']:.0%} of the forward at {rate(v['forward_gflops'], v['forward_of_ceiling'])} "
+             f"and {v['gemm_share_backward']:.0%} of the backward at "
+             f"{rate(v['backward_gflops'], v['backward_of_ceiling'])}.")
+    return said
+
+
+_FIX_WORDS = {
+    "gemm": "GEMM-like work below the GEMM ceiling: a faster kernel path for it (channels-last, bf16 where the CPU "
+            "has a fast path, prepacked weights, max-autotune's GEMM templates)",
+    "kernel": "memory-bound work below the copy rate: one fused kernel or a compiled region for it (as the "
+              "paper's focal-loss kernel)",
+    "layout": "reorders and copies between layouts: one layout through the step (channels-last)",
+    "dispatch": "time between operators: fusion or a compiled region (torch.compile) to cut dispatch",
+}
+
+
+def _next_fix(v: dict, c) -> str:
+    where = (f"the time between operators leading to the {v['phase']}" if v["op"] == "between operators" else
+             f"{v['op']} in the {v['phase']} ({v['ms'] / 1e3:.2f} s a step)")
+    return (f"{_who(v)}the next fix the profile points at: {where}, {v['gap_ms'] / 1e3:.2f} s a step above its "
+            f"ceiling ({v['share']:.0%} of the step): {_FIX_WORDS[v['fix']]}.")
+
+
+def _full_preset_top(v: dict, c) -> str:
+    said = (f"{_who(v)}at the {v['preset']} preset ({v['classes']} classes), {v['change']} over PyTorch's defaults: "
+            f"{compare.describe(c.to_dict() if c else None)}.")
+    if v["per_core"] is not None:
+        said += (f" The top trains {v['per_core']:.3f} images/s per physical core, "
+                 f"{v['per_core'] / v['mlperf_per_core']:.0%} of MLPerf Training v3.0 Intel's "
+                 f"{v['mlperf_per_core']:.2f} (AMX, communication included).")
+    if not v["bf16_fast"]:
+        said += (f" In {v['dtype']}: this CPU has no bf16 fast path ({v['bf16_reason']}); the 3x and per-core goals "
+                 "are checked on an AMX machine.")
+    return said
+
+
 def _headline(v: dict, c) -> str:
     """Notebook 09's summary of one ladder (``stages.summary.headline_findings``)."""
     head = (f"{v['workload']}: the ladder's top over PyTorch's defaults, in {c.n} fresh paired rounds: {describe(c)}"
@@ -488,6 +540,10 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "whole step gemm": lambda v, c: (
         f"{_who(v)}GEMM-like operators run at {v['of_ceiling']:.0%} of the GEMM ceiling on average (time-weighted); "
         f"the heaviest, {v['heaviest']} ({v['shapes']}), at {v['heaviest_of_ceiling']:.0%}."),
+    # profiledn.account: a traced step by phase; fullstudy: RetinaNet at the full preset
+    "forward backward": _forward_backward,
+    "next fix": _next_fix,
+    "full preset top": _full_preset_top,
     "whole step above ceiling": lambda v, c: (
         f"{_who(v)}{v['share']:.0%} of the operators' time is in operators measured above the DRAM copy rate (data "
         "in cache): for them the ceiling is cache bandwidth, and the projection keeps their measured time."),

@@ -30,11 +30,11 @@ LAYERS = (
      "accuracy", "profiledn.replay", "kernels.benchmark"},  # what the worker trains; other measured processes
     {"planning", "results"},  # the pure plan; the store
     {"launch"},  # the process runners
-    {"profiledn", "profiledn.wholestep", "profiledn.capture", "plots", "ladder"},  # on top of runs and the store
+    {"profiledn", "profiledn.wholestep", "profiledn.account", "profiledn.capture", "plots", "ladder"},  # on top of runs and the store
     {"stages", "stages.baseline", "stages.profiling", "stages.choosing", "stages.threads", "stages.allocator",
      "stages.extensions", "stages.precision", "stages.multi_instance", "stages.case_study", "stages.climb",
      "stages.summary"},  # the deciding layer
-    {"scripts", "tune", "session", "report", "pages", "records", "workbook"},  # what notebooks and commands drive
+    {"scripts", "tune", "session", "report", "pages", "records", "workbook", "fullstudy"},  # what notebooks and commands drive
     {"site"},  # the docs site, over the report
     {"cli"},
     {"__main__"},

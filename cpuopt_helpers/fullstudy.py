@@ -1,0 +1,231 @@
+"""RetinaNet at the full preset (800 px, ResNeXt-50 32x4d, FPN, batch 2; 264 classes, MLPerf's
+OpenImages subset): PyTorch's defaults against the top, each profiled, then compared in fixed
+paired rounds, written as this machine's dated page. ``make case-study PRESET=full`` runs it:
+
+    python -m cpuopt_helpers.fullstudy [--rounds 5] [--classes 264] [--page docs/results]
+
+The top is what this machine's standard-preset ladder of RetinaNet handed on (``make run`` or
+``make case-study``), moved to the full preset; where no ladder is stored, the paper's recipe
+adapted to this CPU (the fixes together, bf16 where the gate finds a fast path, else fp32, and
+the page says which). Nothing is handed on: the study never touches a ladder.
+
+Each arm is traced (``profiledn.wholestep``: every operator of a timed step with its work and
+ceiling) and the trace accounts for its step by phase (``profiledn.account``): why the forward
+takes what it takes against the backward, and where the top's time goes by cause. The output
+ends with the next fix the top's profile points at. Its time on 2 cores is stated on the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from cpuopt_helpers import compare, records
+from cpuopt_helpers.config import RunConfig, setting_label
+from cpuopt_helpers.decisions import RECIPE, Comparison, Finding
+from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.profiledn import account, wholestep
+from cpuopt_helpers.stages import case_study, climb
+from cpuopt_helpers.stages.choosing import with_options
+
+CLASSES = 264  # MLPerf Training's RetinaNet: the OpenImages subset
+ROUNDS = 5  # fixed paired rounds: one look, the plain 95% interval
+STEPS, WARMUP = 2, 1  # timed steps a run; warm-up goes on until steady (at most 2 more here)
+TIMEOUT_S = 1800.0  # a run: a cold compile of the full model and five steps of ~30 s fit
+MLPERF_PER_CORE = 0.20  # images/s per physical core: MLPerf Training v3.0, Intel, 2x Xeon 8480+ (AMX) a node
+TAG = "case-study-full"
+
+
+def arms(session, classes: int = CLASSES, preset: str = "full") -> tuple[RunConfig, RunConfig, str]:
+    """PyTorch's defaults at the preset, the top, and where the top comes from (words)."""
+    _, base = climb.start(preset, classes, STEPS, session.facts.physical_cores)
+    base = base.replace(timeout_s=TIMEOUT_S)
+    ladder = session.store.get_fact(session.machine, "ladder/retinanet/standard", [])
+    if len(ladder) > 1:
+        stored = RunConfig.from_dict(ladder[-1]["config"])
+        top = with_options(stored.replace(preset=preset, steps=STEPS, warmup=WARMUP, timeout_s=TIMEOUT_S),
+                           classes=classes)
+        return base, top, f"the top of this machine's standard-preset ladder ({ladder[-1]['step']})"
+    plan = case_study.configs(base, session.facts).named
+    top = plan.get(RECIPE, plan.get("all fixes"))
+    if top is None:
+        raise CpuoptError("retinanet declares none of the paper's fixes; nothing to compare with its defaults")
+    return base, top, f"{RECIPE} (no standard-preset ladder of RetinaNet is stored here: `make run` or `make case-study` writes one)"
+
+
+def profile(config: RunConfig, trace: Path, ceilings: wholestep.Ceilings, theoretical: dict) -> dict:
+    """Two traced runs of the configuration (``wholestep.capture``: one with input shapes for the
+    work, one without for the times, since recording shapes slows the step), the whole-step
+    projection and its phase account."""
+    traced, timed, _ = wholestep.capture(config, trace, plain=False)
+    for run in (traced, timed):
+        if run["status"] != "ok":
+            raise CpuoptError(f"a traced run of {config.label()} did not finish: {run['status']}: "
+                              f"{(run.get('reason') or '').splitlines()[:1]}")
+    result = wholestep.whole_step(trace, ceilings)
+    table = account.phase_table(result, ceilings, theoretical)
+    return {"run": timed, "whole": result, "phases": table, "account": account.forward_backward(table),
+            "next": account.next_fix(result)}
+
+
+def arm_figures(runs: list[dict], cores: int) -> dict:
+    """Medians over an arm's runs: samples/s, per physical core, step and phase seconds, GFLOP/s."""
+    ok = [r for r in runs if r["status"] == "ok"]
+    if not ok:
+        return {}
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    out = {"samples_per_s": med([r["samples_per_s"] for r in ok]), "runs": len(ok),
+           "step_s": med([r["step_ms"]["median"] for r in ok]) / 1e3,
+           "achieved_gflops": med([r["achieved_gflops"] for r in ok if r.get("achieved_gflops")] or [float("nan")])}
+    out |= {f"{p}_s": med([r["phase_ms"][p] for r in ok]) / 1e3 for p in ("forward", "backward", "optimizer")}
+    out["per_core"] = out["samples_per_s"] / cores
+    return out
+
+
+def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Path | None = None,
+              resume: bool = False, say=print, preset: str = "full") -> dict:
+    """Profile both arms, compare them in ``rounds`` fixed paired rounds, and tell (and with
+    ``folder``, write the page). Returns everything the page is made of. ``preset``: the full
+    one is the study; the quick one runs the same in a minute or two (a smoke run, for tests)."""
+    started = time.time()
+    base, top, source = arms(session, classes, preset)
+    ceiling_preset = "quick" if preset == "quick" else "standard"  # notebook 00's roofline, as make run stores it
+    ceilings = wholestep.Ceilings.from_roofline(session.roofline(ceiling_preset), f"roofline/{ceiling_preset}")
+    peak = session.peak(ceiling_preset)
+    theoretical = {d: peak[d]["theoretical_gflops"] for d in ("fp32", "bf16") if peak.get(d)}
+    trace_dir = session.store.path.parent / "traces" / f"{TAG}-{preset}"
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    say(f"RetinaNet, {preset} preset, {classes} classes: PyTorch's defaults against {source}: "
+        f"{setting_label(top.to_dict(), base.to_dict())}")
+    profiles = {}
+    for name, config in (("defaults", base), ("top", top)):
+        say(f"profiling {name} (two traced runs: with input shapes for the work, without for the times)")
+        profiles[name] = profile(config, trace_dir / f"{name}.json", ceilings, theoretical)
+    say(f"comparing them in {rounds} paired rounds")
+    result = session.confirm(base, top, f"{TAG}/{preset}/end-to-end", rounds, rounds, None, resume)
+    runs = session.store.results(sweep=result["sweep"])
+    cores = session.facts.physical_cores
+    figures = {name: arm_figures([r for r in runs if r["config_hash"] == c.config_hash()], cores)
+               for name, c in (("defaults", base), ("top", top))}
+    study = {"base": base, "top": top, "source": source, "comparison": result, "figures": figures,
+             "profiles": profiles, "ceilings": ceilings, "theoretical": theoretical, "cores": cores,
+             "seconds": time.time() - started, "classes": classes, "bf16": session.facts.bf16, "preset": preset}
+    for finding in study_findings(study):
+        say(f"- {finding.sentence}")
+    if folder is not None:
+        say(f"the page: {write_page(study, folder, session.facts)}")
+    return study
+
+
+def study_findings(study: dict) -> list[Finding]:
+    """What the study says: the comparison beside MLPerf's rate, each arm's forward/backward account,
+    the top's projection, and last the next fix its profile points at."""
+    top, figures, c = study["profiles"]["top"], study["figures"], study["comparison"]
+    per_core = figures["top"].get("per_core")
+    bf16 = study["bf16"]
+    change = setting_label(study["top"].to_dict(), study["base"].to_dict())
+    found = [Finding("retinanet", "case_study", "full preset top", {
+        "preset": study["preset"], "classes": study["classes"], "change": change,
+        "per_core": per_core, "mlperf_per_core": MLPERF_PER_CORE, "dtype": study["top"].dtype,
+        "bf16_fast": bool(bf16.get("accelerated")), "bf16_reason": bf16.get("reason", "")},
+        Comparison.from_dict(c))]
+    for name in ("defaults", "top"):
+        account_ = study["profiles"][name]["account"]
+        found.append(Finding(f"retinanet ({name})", "case_study", "forward backward", account_))
+    found += [f for f in wholestep.wholestep_findings(top["whole"], "retinanet (top)")
+              if f.kind in ("whole step projection", "whole step gemm")]
+    return found + [Finding("retinanet (top)", "case_study", "next fix", top["next"])]
+
+
+def phase_lines(profiles: dict) -> list[str]:
+    """Each arm's traced step by phase, as a markdown table."""
+    head = ["| phase | arm | s a step | share | GFLOP | GEMM-like share | GEMM GFLOP/s | of measured ceiling | "
+            "of theoretical peak | between ops s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = []
+    for phase in ("forward", "loss", "backward", "optimizer"):
+        for name, p in profiles.items():
+            r = p["phases"].loc[phase]
+            pct = lambda x: "" if x is None or pd.isna(x) else f"{x:.0%}"  # noqa: E731
+            rate = "" if r["gemm_gflops"] is None or pd.isna(r["gemm_gflops"]) else f"{r['gemm_gflops']:.0f}"
+            rows.append(f"| {phase} | {name} | {r['ms'] / 1e3:.2f} | {r['share']:.0%} | {r['gflop']:.0f} | "
+                        f"{r['gemm_share']:.0%} | {rate} | {pct(r['of_ceiling'])} | {pct(r['of_theoretical'])} | "
+                        f"{r['between_ms'] / 1e3:.2f} |")
+    return head + rows
+
+
+def page_rows(study: dict) -> list[records.Row]:
+    """The page's figures: the comparison, each arm's rates and phases, the top's projection."""
+    c, rounds = study["comparison"], f"{study['comparison'].get('n', 0)} paired rounds"
+    interval = (f"{c.get('label', '95% CI')} {c['ci_low']:.2f}-{c['ci_high']:.2f}"
+                if c.get("ci_low") is not None and c["ci_low"] == c["ci_low"] else "none")
+    out = [records.Row("the top over PyTorch's defaults, images/s", f"{c['ratio']:.2f}x", interval, rounds),
+           records.Row("verdict", c["verdict"], "", rounds)]
+    ceiling = study["ceilings"].gemm_for(study["top"].dtype)
+    peak = study["theoretical"].get(study["top"].dtype)
+    for name, f in study["figures"].items():
+        runs = f"{f.get('runs', 0)} runs (median)"
+        if not f:
+            out.append(records.Row(f"{name}: images/s", "no run finished", "", "0 runs"))
+            continue
+        share = (f" ({f['achieved_gflops'] / ceiling:.0%} of the measured GEMM ceiling"
+                 + (f", {f['achieved_gflops'] / peak:.0%} of the theoretical peak)" if peak else
+                    "; theoretical peak unknown)") if ceiling else "")
+        out += [records.Row(f"{name}: images/s", f"{f['samples_per_s']:.3f}", "", runs),
+                records.Row(f"{name}: images/s per physical core", f"{f['per_core']:.3f}", "", runs),
+                records.Row(f"{name}: step (forward with its loss / backward / optimizer)",
+                            f"{f['step_s']:.1f} s ({f['forward_s']:.1f} / {f['backward_s']:.1f} / "
+                            f"{f['optimizer_s']:.2f} s)", "", runs),
+                records.Row(f"{name}: GFLOP/s achieved", f"{f['achieved_gflops']:.0f}{share}", "", runs)]
+    whole = study["profiles"]["top"]["whole"]
+    out.append(records.Row("top at every ceiling (projection of its traced step)",
+                           f"{whole['projected_ms'] / 1e3:.1f} s of {whole['step_ms'] / 1e3:.1f} s", "",
+                           "2 traced runs"))
+    out += [records.Row(f"top: gap, {cause}", f"{ms / 1e3:.2f} s ({whole['gap_share'].get(cause, 0):.0%} of the step)",
+                        "", "2 traced runs") for cause, ms in whole["gap_ms"].items() if ms > 0]
+    out.append(records.Row("the study's wall time", records.duration_words(study["seconds"]), "", "1 run"))
+    return out
+
+
+def write_page(study: dict, folder: Path, facts) -> Path:
+    """FOLDER/DAY-CPU-ISA-retinanet-full.md: the figures, each arm's phases, the findings in words."""
+    found = study_findings(study)
+    notes = [f"PyTorch's defaults: {study['base'].label()}. The top: {study['source']}: {study['top'].label()}.",
+             "\n".join(phase_lines(study["profiles"])),
+             *[f.sentence for f in found]]
+    preset = study["preset"]
+    command = ("make case-study PRESET=full" if preset == "full" else
+               f"python -m cpuopt_helpers.fullstudy --preset {preset}")
+    return records.write_record(folder, f"retinanet-{preset}", f"RetinaNet at the {preset} preset, {study['classes']} "
+                                "classes", page_rows(study), command, notes=notes, facts=facts, preset=preset)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m cpuopt_helpers.fullstudy", description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"paired rounds of the comparison (default {ROUNDS})")
+    ap.add_argument("--classes", type=int, default=CLASSES, help=f"RetinaNet's classes (default {CLASSES})")
+    ap.add_argument("--page", type=Path, default=None, help="write this machine's dated page into this folder")
+    ap.add_argument("--resume", action="store_true", help="keep the rounds of an interrupted comparison")
+    ap.add_argument("--preset", default="full", choices=("quick", "standard", "full"),
+                    help="full: the study (default); quick: the same in a minute or two, to try it")
+    args = ap.parse_args(argv)
+    if args.rounds < compare.MIN_ROUNDS or args.classes < 1:
+        print(f"cpuopt: --rounds must be at least {compare.MIN_ROUNDS} (a verdict needs them) and --classes positive",
+              file=sys.stderr)
+        return 2
+    from cpuopt_helpers.session import Session
+
+    try:
+        run_study(Session(), args.rounds, args.classes, args.page, args.resume, preset=args.preset)
+    except CpuoptError as exc:
+        print(f"cpuopt: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

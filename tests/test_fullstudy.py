@@ -1,0 +1,115 @@
+"""RetinaNet at the full preset (cpuopt_helpers.fullstudy): which top it compares, and the page it
+writes, from a made-up study whose profiles are the hand-made trace of test_wholestep. Starts no
+worker: `make case-study PRESET=full` is the real run (its page is committed under docs/results)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from cpuopt_helpers import fullstudy
+from cpuopt_helpers.config import RunConfig
+from cpuopt_helpers.decisions import RECIPE
+from cpuopt_helpers.profiledn import account, wholestep
+from cpuopt_helpers.results import ResultStore
+from tests.test_wholestep import CEIL, TRACE
+
+
+def session(tmp_path, facts, ladder=None):
+    store = ResultStore(tmp_path / "results.sqlite")
+    if ladder is not None:
+        store.put_fact("m", "ladder/retinanet/standard", ladder)
+    return SimpleNamespace(store=store, machine="m", facts=facts)
+
+
+def test_the_top_is_the_standard_ladders_moved_to_the_full_preset(tmp_path, facts):
+    stored = RunConfig.for_preset("retinanet", "standard", optimizer="lamb", optimizer_impl="fused", compile="default",
+                                  options={"focal": "fast", "frozen_bn": "folded"})
+    ladder = [{"step": "baseline", "config": RunConfig.for_preset("retinanet", "standard").to_dict()},
+              {"step": "case-study fixes", "config": stored.to_dict()}]
+    base, top, source = fullstudy.arms(session(tmp_path, facts(), ladder), classes=264)
+    assert (base.preset, top.preset) == ("full", "full")
+    assert dict(base.options) == {"classes": "264"} and base.compile is None and base.optimizer == "lamb"
+    assert dict(top.options) == {"focal": "fast", "frozen_bn": "folded", "classes": "264"}  # as --option gives them
+    assert (top.compile, top.optimizer_impl, top.steps, top.timeout_s) == ("default", "fused", fullstudy.STEPS,
+                                                                         fullstudy.TIMEOUT_S)
+    assert "standard-preset ladder (case-study fixes)" in source
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_without_a_ladder_the_top_is_the_papers_recipe_in_bf16_only_where_fast(tmp_path, facts, fast):
+    gate = {"accelerated": fast, "path": "amx" if fast else None, "reason": "AMX" if fast else "no bf16 in the ISA"}
+    base, top, source = fullstudy.arms(session(tmp_path, facts(bf16=gate)))
+    assert top.dtype == ("bf16" if fast else "fp32")
+    assert dict(top.options)["focal"] == "fast" and top.optimizer_impl == "fused"
+    assert RECIPE in source and "no standard-preset ladder" in source
+
+
+def made_up_study(facts, bf16_fast: bool) -> dict:
+    result = wholestep.whole_step(TRACE, CEIL)
+    table = account.phase_table(result, CEIL, {"fp32": 400.0})
+    prof = {"whole": result, "phases": table, "account": account.forward_backward(table),
+            "next": account.next_fix(result)}
+    base = RunConfig.for_preset("retinanet", "full", optimizer="lamb", options={"classes": 264})
+    top = base.replace(optimizer_impl="fused", options={"classes": 264, "focal": "fast"})
+    figures = {name: {"samples_per_s": s, "runs": 5, "step_s": 2 / s, "achieved_gflops": 80.0 * k, "forward_s": 1.0,
+                      "backward_s": 2.0, "optimizer_s": 0.1, "per_core": s / 2}
+               for name, s, k in (("defaults", 0.070, 1.0), ("top", 0.092, 1.3))}
+    comparison = {"ratio": 1.3, "ci_low": 1.21, "ci_high": 1.39, "n": 5, "verdict": "faster", "label": "95% CI"}
+    return {"base": base, "top": top, "source": "the paper's recipe", "comparison": comparison, "figures": figures,
+            "profiles": {"defaults": prof, "top": prof}, "ceilings": CEIL, "theoretical": {"fp32": 400.0},
+            "cores": 2, "seconds": 2400.0, "classes": 264, "preset": "full",
+            "bf16": {"accelerated": bf16_fast, "reason": "no bf16 in the ISA" if not bf16_fast else "AMX"}}
+
+
+def test_the_page_holds_the_verdict_rates_phases_and_ends_with_the_next_fix(tmp_path, facts):
+    study = made_up_study(facts, bf16_fast=False)
+    page = fullstudy.write_page(study, tmp_path, facts(cpu_model="AMD EPYC", isa={"avx2": True}))
+    text = page.read_text()
+    assert page.name.endswith("-retinanet-full.md")
+    assert "Regenerate with `make case-study PRESET=full`" in text and "(preset `full`)" in text
+    assert "| the top over PyTorch's defaults, images/s | 1.30x | 95% CI 1.21-1.39 | 5 paired rounds |" in text
+    assert "| top: images/s per physical core | 0.046 |" in text  # 0.092 / 2 cores
+    assert "(104% of the measured GEMM ceiling, 26% of the theoretical peak)" in text  # 104 GFLOP/s: 100, 400
+    assert "| the study's wall time | 40 min 0 s |" in text
+    assert "| forward | defaults |" in text and "| optimizer | top |" in text  # each arm's phases
+    assert "23% of MLPerf Training v3.0 Intel's 0.20" in text  # 0.046 / 0.20
+    assert "In fp32: this CPU has no bf16 fast path (no bf16 in the ISA)" in text
+    notes = text.split("\n\n")
+    assert "the next fix the profile points at" in notes[-2]  # the last note before the page's footer
+
+
+def test_a_cpu_with_a_bf16_fast_path_is_not_told_it_has_none(tmp_path, facts):
+    study = made_up_study(facts, bf16_fast=True)
+    said = " ".join(f.sentence for f in fullstudy.study_findings(study))
+    assert "no bf16 fast path" not in said
+    assert said.count("the forward, its loss in it") == 2  # both arms accounted for
+
+
+@pytest.mark.parametrize("argv", [["--rounds", "2"], ["--classes", "0"]])
+def test_bad_arguments_are_one_line_and_exit_2(argv, capsys):
+    assert fullstudy.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("cpuopt: ") and "\n" not in err
+
+
+@pytest.mark.slow
+def test_the_study_runs_end_to_end_on_real_workers_at_the_quick_preset(tmp_path, this_facts):
+    """The same study as `make case-study PRESET=full`, at the quick preset: both arms traced twice,
+    5 paired rounds, the page written; its numbers are this run's, only their shape is asserted."""
+    from cpuopt_helpers.session import Session
+
+    said = []
+    study = fullstudy.run_study(Session(facts=this_facts, store=ResultStore(tmp_path / "r.sqlite")), rounds=5,
+                                folder=tmp_path / "results", say=said.append, preset="quick")
+    assert study["comparison"]["n"] == 5 and study["comparison"]["verdict"] in (
+        "faster", "slower", "equivalent", "no different")
+    assert {f["runs"] for f in study["figures"].values()} == {5}
+    for name in ("defaults", "top"):
+        prof = study["profiles"][name]
+        assert prof["whole"]["timing"] == "light trace"  # times from the run without shapes
+        assert prof["phases"]["ms"].sum() == pytest.approx(prof["whole"]["step_ms"])
+        assert prof["account"]["work_ratio"] > 0 and prof["account"]["loss_share"] > 0
+    assert dict(study["top"].options)["focal"] == "fast"  # no ladder in this store: the paper's recipe
+    assert said[-1].startswith("the page: ") and "the next fix the profile points at" in said[-2]
+    page = next((tmp_path / "results").glob("*-retinanet-quick.md")).read_text()
+    assert "python -m cpuopt_helpers.fullstudy --preset quick" in page and "| the study's wall time |" in page
