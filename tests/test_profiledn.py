@@ -507,7 +507,7 @@ def test_slow_kernels_names_the_heaviest_implementations():
 
 def profiledn_findings() -> list:
     """A finding of every kind ProfileDNN makes (tests/test_wording.py stores and loads them back)."""
-    from cpuopt_helpers.profiledn import capture, trace, wholestep
+    from cpuopt_helpers.profiledn import account, capture, trace, wholestep
     from cpuopt_helpers.stages import profiling
     from tests.test_wholestep import CEIL, TRACE
 
@@ -523,5 +523,6 @@ def profiledn_findings() -> list:
     return (capture.answer(profiles, comparisons) + profiledn.findings(log.iloc[:0])
             + replay.projection_findings(alike, "cnn") + trace.trace_findings(wide, "rnn")
             + wholestep.wholestep_findings(whole, "fixture") + wholestep.wholestep_findings(light)
+            + account.findings(account.phase_table(whole, CEIL), whole, "fixture")
             + profiledn.compare_findings(log, log.assign(time_ms=0.0), ("A", "B"), (2, 2))
             + profiling.slow_kernels(log) + profiling.slow_kernels(log.iloc[:0]))
