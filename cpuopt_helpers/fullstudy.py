@@ -51,11 +51,11 @@ def arms(session, classes: int = CLASSES, preset: str = "full") -> tuple[RunConf
         top = with_options(stored.replace(preset=preset, steps=STEPS, warmup=WARMUP, timeout_s=TIMEOUT_S),
                            classes=classes)
         return base, top, f"the top of this machine's standard-preset ladder ({ladder[-1]['step']})"
-    plan = case_study.configs(base, session.facts).named
+    plan = case_study.configs(base, session.facts).named  # its arms drop the base's options: classes again
     top = plan.get(RECIPE, plan.get("all fixes"))
     if top is None:
         raise CpuoptError("retinanet declares none of the paper's fixes; nothing to compare with its defaults")
-    return base, top, f"{RECIPE} (no standard-preset ladder of RetinaNet is stored here: `make run` or `make case-study` writes one)"
+    return base, with_options(top, classes=classes), f"{RECIPE} (no standard-preset ladder of RetinaNet is stored here: `make run` or `make case-study` writes one)"
 
 
 def profile(config: RunConfig, trace: Path, ceilings: wholestep.Ceilings, theoretical: dict) -> dict:

@@ -41,6 +41,7 @@ def test_without_a_ladder_the_top_is_the_papers_recipe_in_bf16_only_where_fast(t
     base, top, source = fullstudy.arms(session(tmp_path, facts(bf16=gate)))
     assert top.dtype == ("bf16" if fast else "fp32")
     assert dict(top.options)["focal"] == "fast" and top.optimizer_impl == "fused"
+    assert dict(top.options)["classes"] == dict(base.options)["classes"] == "264"  # the same model on both sides
     assert RECIPE in source and "no standard-preset ladder" in source
 
 
