@@ -128,12 +128,13 @@ def _focal_limit(v: dict, c) -> str:
 
 def _compiled(v: dict) -> str:
     warm = f" ({v['compile_warm_s']:.0f} s with a warm cache)" if v.get("compile_warm_s") is not None else ""
-    return f"runtime: torch.compile: compiled in {v['compile_s']:.0f} s{warm}"
+    return f"{v.get('rung', 'runtime: torch.compile')}: compiled in {v['compile_s']:.0f} s{warm}"
 
 
 def _compile_pays(v: dict, c) -> str:
     carried = v["carried"]
-    return (f"{_compiled(v)}; against eager in fresh rounds: {describe(c)}; it pays for its cold compile after "
+    return (f"{_compiled(v)}; against {v.get('against', 'eager')} in fresh rounds: {describe(c)}; it pays for its cold "
+            "compile after "
             f"{v['pays_after']:,.0f} steps, " + ("within" if carried else "beyond")
             + f" a training run of {v['train_steps']:,} steps: "
             + ("carried up the ladder (later runs compile from a warm cache in their untimed warm-up)." if carried
@@ -453,13 +454,14 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "arm over first": lambda v, c: f"{v['name']} over {v['first']}: {describe(c)}.",
     # stages.climb: a rung skipped, torch.compile's rung, each rung after its ladder's name, the top
     "rung skipped": lambda v, c: f"{v['rung']}: skipped: {v['reason']}.",
-    "compile no result": lambda v, c: "runtime: torch.compile: no result to compare; not carried up the ladder.",
-    "compile no time": lambda v, c: ("runtime: torch.compile: its run recorded no compile time; not carried up the "
-                                     "ladder."),
+    "compile no result": lambda v, c: (f"{v.get('rung', 'runtime: torch.compile')}: no result to compare; not "
+                                       "carried up the ladder."),
+    "compile no time": lambda v, c: (f"{v.get('rung', 'runtime: torch.compile')}: its run recorded no compile time; "
+                                     "not carried up the ladder."),
     "compile unconfirmed": lambda v, c: (f"{_compiled(v)}; not confirmed (its screening produced no comparison); not "
                                          "carried up the ladder."),
-    "compile not faster": lambda v, c: (f"{_compiled(v)}; against eager in fresh rounds: {describe(c)}; not carried "
-                                        "up the ladder."),
+    "compile not faster": lambda v, c: (f"{_compiled(v)}; against {v.get('against', 'eager')} in fresh rounds: "
+                                        f"{describe(c)}; not carried up the ladder."),
     "compile pays": _compile_pays,
     "climb rung": _climb_rung,
     "climb kept defaults": lambda v, c: (f"{v['ladder']}: no rung was confirmed faster; PyTorch's defaults stay the "

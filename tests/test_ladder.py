@@ -163,8 +163,13 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     assert sorted(fixes["name"]) == ["baseline", "the paper's fixes together",
                                      "the paper's fixes, FrozenBatchNorm2d folded into the conv"]
     assert dict(top.options) == {"focal": "fast", "frozen_bn": "folded"}  # the faster of the two, confirmed
+    autotune = by_rung["runtime: max-autotune"]  # as fast as the default mode in this made-up session
+    assert not autotune["handed_on"] and autotune["finding"].kind == "compile not faster"
+    assert autotune["sentence"].startswith("runtime: max-autotune: compiled in 40 s") and \
+        "against torch.compile (default) in fresh rounds" in autotune["sentence"]
+    assert by_rung["bf16: channels-last"]["finding"].values["reason"] == "channels-last is on already"
     end = result["end_to_end"]
-    assert len(fake.confirmed) == 8  # every rung confirmed, whatever one screening round said; then the end
+    assert len(fake.confirmed) == 9  # every rung with a candidate confirmed, whatever one screening said; the end
     assert fake.confirmed[-1] == (base, top, 10) and end["ratio"] == pytest.approx(1.3 * 1.2 * 1.5 * 1.5 * 1.1 * 1.1)
     rows = ladder.rungs(session.store, "m", "retinanet", "quick", 2)
     assert [r.step for r in rows] == ["baseline", *climb.CLIMB_RUNGS]  # the stale rung replaced
@@ -182,9 +187,12 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     compiled = fp32["rungs"][4]["finding"]
     assert compiled.values["train_steps"] == 1000 and not compiled.values["carried"]
     assert fp32["top"].compile is None and not fp32["rungs"][4]["handed_on"]  # faster, but it would not pay
-    skipped = fp32["rungs"][5]["finding"]
+    autotune = fp32["rungs"][5]["finding"]  # against eager where the default mode was not carried up
+    assert autotune.values["against"] == "eager" and not autotune.values["carried"]
+    skipped = fp32["rungs"][6]["finding"]
     assert (skipped.kind, skipped.values["rung"]) == ("rung skipped", "bf16")
     assert skipped.values["reason"].startswith("no bf16 fast path on this CPU (no AVX512-BF16 or AMX)")
+    assert fp32["rungs"][7]["finding"].values["reason"].startswith("the ladder is not in bf16 here")
     assert fp32["top"].dtype == "fp32" and dict(fp32["top"].options)["classes"] == "601"
     assert not climb.climb_findings(fp32)[-1].values["met"]
     assert ladder.workloads(session.store, "m", "quick", "retinanet") == ["retinanet", "retinanet, 601 classes"]

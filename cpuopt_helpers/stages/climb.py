@@ -77,6 +77,23 @@ def compiled(c: Climbing) -> Candidates:
                                                    env=dict(c.current.env) | cache)),), ""
 
 
+def max_autotune(c: Climbing) -> Candidates:
+    """Inductor's max-autotune (its CPU GEMM templates, AMX micro-kernels where the CPU has them),
+    against what the rung below handed on: compiled in the default mode, or eager."""
+    cache = {"TORCHINDUCTOR_CACHE_DIR": c.compile_cache} if c.compile_cache else {}
+    return (Arm("torch.compile max-autotune", c.current.replace(compile="max-autotune", warmup=max(c.current.warmup, 1),
+                                                                env=dict(c.current.env) | cache)),), ""
+
+
+def bf16_channels_last(c: Climbing) -> Candidates:
+    """Channels-last again once the ladder is in bf16: oneDNN's bf16 kernels prefer it where fp32's may not."""
+    if c.current.dtype != "bf16":
+        return (), "the ladder is not in bf16 here (channels-last in fp32 has its own rung)"
+    if c.current.channels_last:
+        return (), "channels-last is on already"
+    return channels_last(c)
+
+
 def bf16(c: Climbing) -> Candidates:
     gate = c.facts.bf16
     if not gate["accelerated"]:
@@ -118,25 +135,30 @@ CLIMB = (
     ClimbRung("allocator", "allocator", allocators),
     ClimbRung("runtime: channels-last", "runtime", channels_last),
     ClimbRung("runtime: torch.compile", "runtime", compiled, compiles=True),
+    ClimbRung("runtime: max-autotune", "runtime", max_autotune, compiles=True),
     ClimbRung("bf16", "bf16", bf16),
+    ClimbRung("bf16: channels-last", "bf16", bf16_channels_last),
     ClimbRung("case-study fixes", "case-study fixes", fixes),
 )
 CLIMB_RUNGS = tuple(r.name for r in CLIMB)
 
 
 def compile_finding(table: pd.DataFrame, comparison: Comparison | None, train_steps: int,
-                    workload: str = "") -> tuple[Finding, bool]:
-    """torch.compile's rung: its compile times, when it pays, and whether it is carried up (confirmed
-    faster and paying for its cold compile within ``train_steps`` steps)."""
+                    workload: str = "", rung: str = "runtime: torch.compile",
+                    against: str = "eager") -> tuple[Finding, bool]:
+    """A compiling rung (its one candidate against ``against``, the rung below): its compile times,
+    when it pays, and whether it is carried up (confirmed faster and paying for its cold compile
+    within ``train_steps`` steps)."""
     from cpuopt_helpers.stages.extensions import breakeven_steps
 
     def said(kind: str, **values) -> Finding:
-        return Finding(workload, "climb", kind, values, comparison)
+        return Finding(workload, "climb", kind, {"rung": rung, "against": against, **values}, comparison)
 
     rows = table[table["runs"] > 0].set_index("name") if len(table) else table  # arms that produced a result
-    if "torch.compile" not in rows.index or "baseline" not in rows.index:
+    candidate = next((name for name in rows.index if name != "baseline"), None)
+    if candidate is None or "baseline" not in rows.index:
         return said("compile no result"), False
-    c, b = rows.loc["torch.compile"], rows.loc["baseline"]
+    c, b = rows.loc[candidate], rows.loc["baseline"]
     if pd.isna(c.get("compile_s")):
         return said("compile no time"), False
     times = {"compile_s": float(c.compile_s),
@@ -167,7 +189,8 @@ def climb_rung(session, rung: ClimbRung, where: Climbing, tag: str, confirm, scr
                              incumbent_name="the rung below", stage=rung.stage)
     finding, faster = choice.finding, choice.changed
     if rung.compiles:
-        finding, faster = compile_finding(table, choice.comparison, train_steps, workload)
+        against = f"torch.compile ({where.current.compile})" if where.current.compile else "eager"
+        finding, faster = compile_finding(table, choice.comparison, train_steps, workload, rung.name, against)
     return {"rung": rung.name, "sentence": finding.sentence, "finding": finding,
             "config": choice.config if faster else where.current, "comparison": choice.comparison,
             "handed_on": faster, "table": table}
