@@ -95,9 +95,9 @@ def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Pat
     started = time.time()
     base, top, source = arms(session, classes, preset)
     ceiling_preset = "quick" if preset == "quick" else "standard"  # notebook 00's roofline, as make run stores it
-    ceilings = wholestep.Ceilings.from_roofline(session.roofline(ceiling_preset), f"roofline/{ceiling_preset}")
-    peak = session.peak(ceiling_preset)
-    theoretical = {d: peak[d]["theoretical_gflops"] for d in ("fp32", "bf16") if peak.get(d)}
+    theoretical = session.theoretical_gflops(ceiling_preset)
+    ceilings = wholestep.Ceilings.from_roofline(session.roofline(ceiling_preset), f"roofline/{ceiling_preset}",
+                                                theoretical)
     trace_dir = session.store.path.parent / "traces" / f"{TAG}-{preset}"
     trace_dir.mkdir(parents=True, exist_ok=True)
     say(f"RetinaNet, {preset} preset, {classes} classes: PyTorch's defaults against {source}: "

@@ -89,6 +89,11 @@ class Session:
         return peak.peak_report(system.read_cpuinfo(), self.facts.physical_cores,
                                 self.store.get_fact(self.machine, f"roofline/{preset}"))
 
+    def theoretical_gflops(self, preset: str) -> dict:
+        """The theoretical peak per dtype (None where unknown), for ``wholestep.Ceilings``."""
+        report = self.peak(preset)
+        return {d: report[d]["theoretical_gflops"] for d in ("fp32", "bf16")}
+
     def hand_on(self, config: RunConfig, step: str, evidence: dict | None = None,
                 comparison: Comparison | dict | None = None, ladder: str | None = None, stage: str | None = None) -> None:
         """Record the best configuration so far for a workload (the optimisation ladder),

@@ -253,6 +253,11 @@ def _forward_backward(v: dict, c) -> str:
     return said
 
 
+def _of_theory(share) -> str:
+    """The share of the theoretical peak beside a share of the measured ceiling."""
+    return f" and {share:.0%} of the theoretical peak" if share is not None else " (the theoretical peak is unknown here)"
+
+
 _FIX_WORDS = {
     "gemm": "GEMM-like work below the GEMM ceiling: a faster kernel path for it (channels-last, bf16 where the CPU "
             "has a fast path, prepacked weights, max-autotune's GEMM templates)",
@@ -540,8 +545,9 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
         f"{_shares(v['between_ops_ms'])}: most of it leads to "
         f"{_PHASE_WORDS[max(v['between_ops_ms'], key=v['between_ops_ms'].get)]}."),
     "whole step gemm": lambda v, c: (
-        f"{_who(v)}GEMM-like operators run at {v['of_ceiling']:.0%} of the GEMM ceiling on average (time-weighted); "
-        f"the heaviest, {v['heaviest']} ({v['shapes']}), at {v['heaviest_of_ceiling']:.0%}."),
+        f"{_who(v)}GEMM-like operators run at {v['of_ceiling']:.0%} of the measured GEMM ceiling on average "
+        f"(time-weighted){_of_theory(v.get('of_theoretical'))}; the heaviest, {v['heaviest']} ({v['shapes']}), at "
+        f"{v['heaviest_of_ceiling']:.0%}{_of_theory(v.get('heaviest_of_theoretical'))}."),
     # profiledn.account: a traced step by phase; fullstudy: RetinaNet at the full preset
     "forward backward": _forward_backward,
     "next fix": _next_fix,

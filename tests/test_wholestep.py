@@ -207,6 +207,11 @@ def test_primitive_roofline_from_a_log():
     assert t.loc["matmul", "achieved_gflops"] == pytest.approx(2 * 4 * 16 * 8 / 0.02e-3 / 1e9)
     assert t.loc["eltwise", "achieved_gbs"] == pytest.approx(2 * 512 * 4 / 1e-6 / 1e9)
     assert pd.isna(t.loc["eltwise", "gflop"])
+    assert t.loc["matmul", "of_gemm_ceiling"] == pytest.approx(t.loc["matmul", "achieved_gflops"] / 100.0)
+    assert pd.isna(t.loc["matmul", "of_theoretical"])  # CEIL names no theoretical peak
+    theory = wholestep.primitive_roofline(df, wholestep.Ceilings({"fp32": 100.0}, 10.0, 2, "t", {"fp32": 250.0}))
+    assert theory.set_index("kind").loc["matmul", "of_theoretical"] == pytest.approx(
+        t.loc["matmul", "achieved_gflops"] / 250.0)
 
 
 def test_cli_whole_step_on_a_trace(tmp_path, capsys):
@@ -320,3 +325,17 @@ def test_a_trace_that_names_no_step_count_says_its_times_are_for_the_whole_trace
     known = wholestep.whole_step(TRACE, CEIL)
     assert known["steps_known"] is True
     assert "whole step count unknown" not in {f.kind for f in wholestep.wholestep_findings(known)}
+
+
+def test_gemm_rows_give_the_theoretical_peak_beside_the_measured_ceiling():
+    ceil = wholestep.Ceilings({"fp32": 100.0}, 10.0, 2, "test", {"fp32": 400.0, "bf16": None})
+    result = wholestep.whole_step(TRACE, ceil)
+    table = result["table"]
+    gemm = table[table["bound"] == "compute"]
+    assert len(gemm) and (gemm["of_theoretical"] * 4).tolist() == pytest.approx(gemm["of_ceiling"].tolist())
+    assert table.loc[table["bound"] != "compute", "of_theoretical"].isna().all()  # a share of FLOP/s only
+    said = next(f for f in wholestep.wholestep_findings(result) if f.kind == "whole step gemm")
+    assert said.values["of_theoretical"] == pytest.approx(said.values["of_ceiling"] / 4)
+    assert f"and {said.values['of_theoretical']:.0%} of the theoretical peak" in said.sentence
+    unknown = next(f for f in wholestep.wholestep_findings(wholestep.whole_step(TRACE, CEIL)) if f.kind == "whole step gemm")
+    assert unknown.values["of_theoretical"] is None and "the theoretical peak is unknown here" in unknown.sentence

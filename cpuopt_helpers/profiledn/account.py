@@ -37,7 +37,7 @@ def phase_table(result: dict, ceilings: Ceilings, theoretical: dict | None = Non
     """Per phase (forward, loss, backward, optimizer): ms a step (its operators and the time between
     them), share of the step, GFLOP, the GEMM-like operators' ms and share of the phase, their
     achieved GFLOP/s and its share of the measured GEMM ceiling (and of the theoretical peak where
-    ``theoretical`` gives one per dtype), the time between operators."""
+    ``theoretical``, else the ceilings, give one per dtype), the time between operators."""
     rows, steps = result["rows"], result["steps"]
     waits = result.get("between_ops_by_phase_ms") or {}
     out = []
@@ -50,7 +50,7 @@ def phase_table(result: dict, ceilings: Ceilings, theoretical: dict | None = Non
         gflop = float(mine["flops"].sum()) / 1e9 / steps
         rate = float(gemm["flops"].sum()) / (gemm_ms * 1e-3 * steps) / 1e9 if gemm_ms > 0 else None
         dtype = gemm["dtype"].dropna().mode().iloc[0] if gemm["dtype"].notna().any() else "fp32"
-        ceiling, peak = ceilings.gemm_for(dtype), (theoretical or {}).get(dtype)
+        ceiling, peak = ceilings.gemm_for(dtype), (theoretical or ceilings.theoretical_gflops).get(dtype)
         out.append({"phase": phase, "ms": ms, "gflop": gflop, "gemm_ms": gemm_ms,
                     "gemm_share": gemm_ms / ms if ms else 0.0, "gemm_gflops": rate,
                     "of_ceiling": rate / ceiling if rate and ceiling else None,

@@ -80,10 +80,12 @@ class Ceilings:
     copy_gbs: float
     threads: int | None = None
     source: str = ""
+    theoretical_gflops: dict = field(default_factory=dict)  # per dtype, None where unknown (``peak.theoretical``)
 
     @classmethod
-    def from_roofline(cls, roofline: dict, source: str = "") -> "Ceilings":
-        """From notebook 00's roofline (``roofline.measure``): best GEMM and copy rates."""
+    def from_roofline(cls, roofline: dict, source: str = "", theoretical: dict | None = None) -> "Ceilings":
+        """From notebook 00's roofline (``roofline.measure``): best GEMM and copy rates; ``theoretical``:
+        the CPU's theoretical peak per dtype beside them (``Session.theoretical_gflops``)."""
         try:
             gemm = {"fp32": float(roofline["gemm_gflops_best"])}
             copy = float(roofline["copy_gbs_best"])
@@ -92,7 +94,7 @@ class Ceilings:
                               "cpuopt_helpers.roofline` prints them)") from None
         if roofline.get("gemm_gflops_bf16_best"):
             gemm["bf16"] = float(roofline["gemm_gflops_bf16_best"])
-        return cls(gemm, copy, roofline.get("threads"), source)
+        return cls(gemm, copy, roofline.get("threads"), source, dict(theoretical or {}))
 
     def gemm_for(self, dtype: str) -> float | None:
         return self.gemm_gflops.get(dtype)
@@ -461,10 +463,13 @@ def operator_table(rows: pd.DataFrame, steps: int, ceilings: Ceilings) -> pd.Dat
     g["ceiling_unit"] = g["bound"].map({"compute": "GFLOP/s", "memory": "GB/s"})
     g["of_ceiling"] = [(gf if b == "compute" else gb) / c if c else None
                        for b, gf, gb, c in zip(g["bound"], g["achieved_gflops"], g["achieved_gbs"], g["ceiling"])]
+    peaks = [ceilings.theoretical_gflops.get(d or "fp32") if b == "compute" else None
+             for b, d in zip(g["bound"], g["dtype"])]
+    g["of_theoretical"] = [gf / p if p else None for gf, p in zip(g["achieved_gflops"], peaks)]
     total = g["ms"].sum()
     g["share"] = g["ms"] / total if total else 0.0
     cols = ["phase", "op", "shapes", "dtype", "bound", "calls", "ms", "share", "gflop", "mb", "intensity",
-            "achieved_gflops", "achieved_gbs", "ceiling", "ceiling_unit", "of_ceiling", "projected_ms"]
+            "achieved_gflops", "achieved_gbs", "ceiling", "ceiling_unit", "of_ceiling", "of_theoretical", "projected_ms"]
     return g[cols].sort_values("ms", ascending=False).reset_index(drop=True)
 
 
@@ -508,10 +513,14 @@ def wholestep_findings(result: dict, label: str = "") -> list[Finding]:
     table = result["table"]
     gemm = table[table["bound"] == "compute"]
     if len(gemm):
+        theory = gemm["of_theoretical"]
         found.append(Finding(label, STAGE, "whole step gemm", {
             "of_ceiling": float((gemm["of_ceiling"] * gemm["ms"]).sum() / gemm["ms"].sum()),
             "heaviest": gemm.iloc[0]["op"], "shapes": gemm.iloc[0]["shapes"],
-            "heaviest_of_ceiling": float(gemm.iloc[0]["of_ceiling"])}))
+            "heaviest_of_ceiling": float(gemm.iloc[0]["of_ceiling"]),
+            # the same shares of the theoretical peak; None where the CPU is not in peak.CORES
+            "of_theoretical": float((theory * gemm["ms"]).sum() / gemm["ms"].sum()) if theory.notna().all() else None,
+            "heaviest_of_theoretical": None if pd.isna(theory.iloc[0]) else float(theory.iloc[0])}))
     if result["above_ceiling_share"] > 0.01:
         found.append(Finding(label, STAGE, "whole step above ceiling", {"share": float(result["above_ceiling_share"])}))
     return found
@@ -570,11 +579,14 @@ def primitive_roofline(exec_df: pd.DataFrame, ceilings: Ceilings, steps: int | N
     g["intensity"] = [f / b if f and b else None for f, b in zip(flops, moved)]
     g["calls"] = g["calls"] / steps
     g["ms"] = g["time_ms"] / steps
-    peak = [ceilings.gemm_for("bf16" if dt == "bf16" else "fp32") for dt in g["data_type"]]
+    dtypes = ["bf16" if dt == "bf16" else "fp32" for dt in g["data_type"]]
+    peak = [ceilings.gemm_for(dt) for dt in dtypes]
+    theory = [ceilings.theoretical_gflops.get(dt) for dt in dtypes]
     g["of_gemm_ceiling"] = [a / p if a and p else None for a, p in zip(g["achieved_gflops"], peak)]
+    g["of_theoretical"] = [a / p if a and p else None for a, p in zip(g["achieved_gflops"], theory)]
     g["of_copy_ceiling"] = g["achieved_gbs"] / ceilings.copy_gbs
     cols = ["kind", "prop", "data_type", "problem", "calls", "ms", "gflop", "mb", "intensity", "achieved_gflops",
-            "achieved_gbs", "of_gemm_ceiling", "of_copy_ceiling"]
+            "achieved_gbs", "of_gemm_ceiling", "of_theoretical", "of_copy_ceiling"]
     return g[cols].sort_values("ms", ascending=False).reset_index(drop=True)
 
 
@@ -587,18 +599,24 @@ def machine_ceilings(preset: str = "quick", roofline_file: str | None = None) ->
             return Ceilings.from_roofline(json.loads(Path(roofline_file).read_text()), roofline_file)
         except (OSError, ValueError) as exc:
             raise CpuoptError(f"cannot read roofline {roofline_file}: {exc}") from None
-    from cpuopt_helpers import roofline, system
+    from cpuopt_helpers import peak, roofline, system
     from cpuopt_helpers.results import ResultStore
 
-    store, machine = ResultStore(), system.collect_facts().fingerprint
+    facts = system.collect_facts()
+    store, machine = ResultStore(), facts.fingerprint
+
+    def ceilings(value: dict, source: str) -> Ceilings:  # the theoretical peak of the cores it measured on
+        cores = int(value.get("threads") or facts.physical_cores)
+        return Ceilings.from_roofline(value, source, peak.theoretical(system.read_cpuinfo(), cores)["theoretical_gflops"])
+
     for name in dict.fromkeys([preset, "full", "standard", "quick"]):
         value = store.get_fact(machine, f"roofline/{name}")
         if value:
-            return Ceilings.from_roofline(value, f"results store, roofline/{name}")
+            return ceilings(value, f"results store, roofline/{name}")
     log.warning("no roofline stored for this machine: measuring it now (%s preset)", preset)
     value = roofline.measure(preset)
     store.put_fact(machine, f"roofline/{preset}", value)
-    return Ceilings.from_roofline(value, f"measured now, roofline/{preset}")
+    return ceilings(value, f"measured now, roofline/{preset}")
 
 
 def timing_config(config, trace: str | Path):

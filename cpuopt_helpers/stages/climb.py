@@ -143,22 +143,22 @@ CLIMB = (
 CLIMB_RUNGS = tuple(r.name for r in CLIMB)
 
 
-def compile_finding(table: pd.DataFrame, comparison: Comparison | None, train_steps: int,
+def compile_finding(table: pd.DataFrame, comparison: Comparison | None, train_steps: int, base: RunConfig,
                     workload: str = "", rung: str = "runtime: torch.compile",
                     against: str = "eager") -> tuple[Finding, bool]:
-    """A compiling rung (its one candidate against ``against``, the rung below): its compile times,
-    when it pays, and whether it is carried up (confirmed faster and paying for its cold compile
-    within ``train_steps`` steps)."""
+    """A compiling rung (its one candidate against ``base``, the rung below, named ``against``): its
+    compile times, when it pays, and whether it is carried up (confirmed faster and paying for its
+    cold compile within ``train_steps`` steps)."""
     from cpuopt_helpers.stages.extensions import breakeven_steps
 
     def said(kind: str, **values) -> Finding:
         return Finding(workload, "climb", kind, {"rung": rung, "against": against, **values}, comparison)
 
-    rows = table[table["runs"] > 0].set_index("name") if len(table) else table  # arms that produced a result
-    candidate = next((name for name in rows.index if name != "baseline"), None)
-    if candidate is None or "baseline" not in rows.index:
+    rows = table[table["runs"] > 0] if len(table) else table  # arms that produced a result
+    below = rows["config_hash"] == base.config_hash() if len(rows) else []
+    if not len(rows) or rows[below].empty or rows[~below].empty:
         return said("compile no result"), False
-    c, b = rows.loc[candidate], rows.loc["baseline"]
+    c, b = rows[~below].iloc[0], rows[below].iloc[0]
     if pd.isna(c.get("compile_s")):
         return said("compile no time"), False
     times = {"compile_s": float(c.compile_s),
@@ -190,7 +190,8 @@ def climb_rung(session, rung: ClimbRung, where: Climbing, tag: str, confirm, scr
     finding, faster = choice.finding, choice.changed
     if rung.compiles:
         against = f"torch.compile ({where.current.compile})" if where.current.compile else "eager"
-        finding, faster = compile_finding(table, choice.comparison, train_steps, workload, rung.name, against)
+        finding, faster = compile_finding(table, choice.comparison, train_steps, where.current, workload, rung.name,
+                                          against)
     return {"rung": rung.name, "sentence": finding.sentence, "finding": finding,
             "config": choice.config if faster else where.current, "comparison": choice.comparison,
             "handed_on": faster, "table": table}
