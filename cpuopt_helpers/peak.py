@@ -129,6 +129,7 @@ def peak_report(cpuinfo: str, cores: int, roofline: dict | None, root: str = "/"
                      "measured_share": (measured[d] / theory["theoretical_gflops"][d]
                                         if measured[d] and theory["theoretical_gflops"][d] else None)}
                  for d in ("fp32", "bf16")}
+    per_dtype["fp32"]["measured_paths"] = (roofline or {}).get("gemm_paths")  # the sizes and paths it is the best of
     return {**per_dtype, **{k: v for k, v in theory.items() if k != "theoretical_gflops"}}
 
 
@@ -141,7 +142,8 @@ def peak_lines(report: dict) -> list[str]:
                   f"GHz x {report['cores']} cores)" if p["theoretical_gflops"] else
                   "theoretical unknown" + (" (no clock)" if f else f" ({report['core']})" if not report["source"]
                                            else " (no arithmetic of this dtype)"))
-        measured = (f"; measured GEMM {p['measured_gflops']:.0f} GFLOP/s" if p["measured_gflops"] else
+        paths = f" (best of {', '.join(p['measured_paths'])})" if p.get("measured_paths") else ""
+        measured = (f"; measured GEMM {p['measured_gflops']:.0f} GFLOP/s{paths}" if p["measured_gflops"] else
                     "; measured: not yet (notebook 00)")
         share = f" = {p['measured_share']:.0%} of it" if p["measured_share"] else ""
         lines.append(f"{'peak ' + dtype:<12} {theory}{measured}{share}")

@@ -49,10 +49,21 @@ def test_the_report_gives_both_the_theoretical_and_the_measured_peak_and_its_sha
     report = peak.peak_report(cpuinfo(peak.INTEL, 6, 143), 2, {"gemm_gflops_best": 128.0, "gemm_gflops_bf16_best": 796.0},
                               root=str(tmp_path))
     assert report["fp32"] == {"theoretical_gflops": pytest.approx(256.0), "measured_gflops": 128.0,
-                              "measured_share": pytest.approx(0.5)}
+                              "measured_share": pytest.approx(0.5), "measured_paths": None}
     assert report["bf16"]["measured_share"] == pytest.approx(796 / 4096)
     fp32, bf16 = peak.peak_lines(report)
     assert fp32.startswith("peak fp32") and "256 GFLOP/s theoretical (64 FLOP/cycle/core x 2.00 GHz x 2 cores)" in fp32
     assert "measured GEMM 128 GFLOP/s = 50% of it" in fp32
+    paths = {"gemm_gflops_best": 128.0, "gemm_paths": {"mm 1024": 100.0, "mm 2048": 120.0, "conv1x1 2048": 128.0}}
+    assert "measured GEMM 128 GFLOP/s (best of mm 1024, mm 2048, conv1x1 2048)" in peak.peak_lines(
+        peak.peak_report(cpuinfo(peak.INTEL, 6, 143), 2, paths, root=str(tmp_path)))[0]
     unmeasured = peak.peak_lines(peak.peak_report(cpuinfo(peak.AMD, 25, 1), 2, None, root=str(tmp_path)))
     assert "measured: not yet (notebook 00)" in unmeasured[0] and "no arithmetic of this dtype" in unmeasured[1]
+
+
+def test_the_measured_ceiling_is_the_best_over_sizes_and_paths():
+    from cpuopt_helpers import roofline
+
+    measured = roofline.measure_here(128, 1 << 20, 2)
+    assert set(measured["gemm_paths"]) == {"mm 64", "mm 128", "conv1x1 128"}
+    assert measured["gemm_gflops_best"] >= max(measured["gemm_paths"].values()) > 0
