@@ -39,7 +39,8 @@ class RunConfig:
     ``.venv-ipex`` built by ``make ipex``: torch 2.8 + IPEX 2.8) or a path to a python.
     ``ipex`` applies ``ipex.optimize(model, optimizer, dtype)`` (needs an IPEX runtime).
     ``compile`` wraps the model in ``torch.compile`` (default or max-autotune mode of Inductor, or
-    AMD's zentorch backend).
+    AMD's zentorch backend); ``compile_scope`` step compiles the whole training step instead: the
+    forward with its loss as one region (its backward compiled with it) and ``optimizer.step``.
     ``optimizer`` sgd (momentum 0.9), adamw or lamb (cpuopt_helpers.kernels.lamb);
     ``optimizer_impl`` default (torch's choice: a per-parameter loop on CPU), foreach or fused.
     ``mode``: independent (instances train alone; throughput summed) or ddp (instances are
@@ -80,6 +81,7 @@ class RunConfig:
     runtime: str = "main"
     ipex: bool = False
     compile: str | None = None
+    compile_scope: str = "model"
     optimizer: str = "sgd"
     optimizer_impl: str = "default"
     batch_policy: str = "per_rank"
@@ -313,6 +315,11 @@ KNOBS: tuple[Knob, ...] = (
          in_script=True,
          requires=lambda c: "--compile needs at least one warm-up step (the compilation runs there, timed apart)"
          if c.compile and c.warmup < 1 else ""),
+    Knob("compile_scope", "--compile-scope", "with --compile: model (the model alone) | step (the whole training "
+         "step: the forward with its loss as one region, its backward with it, and the optimizer's step)",
+         choices=("model", "step"), name="compile scope", metavar="SCOPE", in_script=True,
+         requires=lambda c: "--compile-scope step needs --compile default or max-autotune (Inductor)"
+         if c.compile_scope == "step" and c.compile in (None, "zentorch") else ""),
     Knob("optimizer", "--optimizer", "sgd (momentum 0.9) | adamw | lamb", choices=("sgd", "adamw", "lamb")),
     Knob("optimizer_impl", "--optimizer-impl", "default | foreach | fused", choices=("default", "foreach", "fused"),
          name="optimizer implementation", in_script=True),

@@ -480,6 +480,7 @@ def prepare(config: RunConfig) -> Prepared:
     next_batch = batch_source(workload, batch_size, config.loader_workers, channels_last,
                               rank if config.mode == "ddp" else 0)
     inputs, targets = next_batch()
+    forward_loss = forward_with_loss(config, model, to_loss, autocast, optimizer)
 
     def step():
         nonlocal inputs, targets
@@ -487,10 +488,8 @@ def prepare(config: RunConfig) -> Prepared:
             inputs, targets = next_batch()  # a fresh batch from the loader's worker processes
         t0 = clock()
         optimizer.zero_grad(set_to_none=True)
-        with autocast():
-            outputs = call_model(model, inputs)
+        loss, outputs = forward_loss(inputs, targets)
         seen["output_dtype"] = float_dtype(outputs)
-        loss = to_loss(outputs, targets)
         t1 = clock()
         loss.backward()
         t2 = clock()
@@ -501,9 +500,7 @@ def prepare(config: RunConfig) -> Prepared:
     def bare_step():
         inputs, targets = next_batch()
         optimizer.zero_grad(set_to_none=True)
-        with autocast():
-            outputs = call_model(model, inputs)
-        loss = to_loss(outputs, targets)
+        loss, _ = forward_loss(inputs, targets)
         loss.backward()
         optimizer.step()
         return loss
@@ -553,9 +550,31 @@ def optimised(config: RunConfig, workload, batch_size: int, channels_last: bool,
 
         import_zentorch()
         model = torch.compile(model, backend="zentorch")
-    elif config.compile:
-        model = torch.compile(model, mode=None if config.compile == "default" else config.compile)
+    elif config.compile and config.compile_scope == "model":  # scope "step": compiled_step, in prepare
+        model = torch.compile(model, mode=compile_mode(config))
     return model, optimizer
+
+
+def compile_mode(config: RunConfig) -> str | None:
+    return None if config.compile == "default" else config.compile
+
+
+def forward_with_loss(config: RunConfig, model, to_loss: Callable, autocast, optimizer) -> Callable:
+    """The step's forward and loss: forward_loss(inputs, targets) -> (loss, outputs), the model under
+    autocast and the loss outside it. With ``--compile-scope step`` the whole training step is
+    compiled: this function as one region (AOTAutograd compiles its backward with it) and
+    ``optimizer.step`` (replaced in place)."""
+    import torch
+
+    def forward_loss(inputs, targets):
+        with autocast():
+            outputs = call_model(model, inputs)
+        return to_loss(outputs, targets), outputs
+
+    if not (config.compile and config.compile_scope == "step"):
+        return forward_loss
+    optimizer.step = torch.compile(optimizer.step, mode=compile_mode(config))
+    return torch.compile(forward_loss, mode=compile_mode(config))
 
 
 def param_checksum(model) -> float:

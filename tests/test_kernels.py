@@ -275,3 +275,26 @@ def test_a_flop_counters_step_leaves_the_fused_lamb_update_compiled(monkeypatch)
         with FlopCounterMode(display=False) if counted else contextlib.nullcontext():
             opt.step()
     assert lamb.STATUS == {"compiled": True, "reason": ""}
+
+
+@pytest.mark.slow
+def test_the_whole_step_compiled_trains_as_eager_and_runs_compiled_graphs(fresh_compile):
+    """`--compile-scope step` (the climb's rung): the forward with its loss, its backward and the
+    optimizer's step each run an Inductor-compiled graph, and the losses follow eager's."""
+    if cpp_compiler() is None:
+        pytest.skip("no C++ compiler here: torch.compile cannot run on CPU")
+    from cpuopt_helpers.config import RunConfig
+    from cpuopt_helpers.worker import prepare
+
+    base = RunConfig(workload="cnn", preset="quick", threads=2, optimizer="adamw")
+    eager = prepare(base)
+    expected = [eager.step()[0] for _ in range(3)]
+    whole = prepare(base.replace(compile="default", compile_scope="step"))
+    first = whole.step()[0]  # compiles
+    (second, third), graphs = compiled_graphs_run(lambda: [whole.step()[0] for _ in range(2)])
+    assert [first, second, third] == pytest.approx(expected, rel=1e-3)
+    assert graphs >= 3 * 2  # per step: the forward with its loss, its backward, the optimizer's step
+    model_only = prepare(base.replace(compile="default"))
+    model_only.step()
+    _, fewer = compiled_graphs_run(model_only.step)
+    assert fewer < graphs / 2  # the model alone: its forward and backward, no optimizer, no loss

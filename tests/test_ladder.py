@@ -166,10 +166,12 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     autotune = by_rung["runtime: max-autotune"]  # as fast as the default mode in this made-up session
     assert not autotune["handed_on"] and autotune["finding"].kind == "compile not faster"
     assert autotune["sentence"].startswith("runtime: max-autotune: compiled in 40 s") and \
-        "against torch.compile (default) in fresh rounds" in autotune["sentence"]
+        "against torch.compile (default mode) in fresh rounds" in autotune["sentence"]
     assert by_rung["bf16: channels-last"]["finding"].values["reason"] == "channels-last is on already"
+    step = by_rung["runtime: the whole step compiled"]  # no faster here either: the model stays the compiled part
+    assert not step["handed_on"] and step["finding"].values["against"] == "torch.compile (default mode)"
     end = result["end_to_end"]
-    assert len(fake.confirmed) == 9  # every rung with a candidate confirmed, whatever one screening said; the end
+    assert len(fake.confirmed) == 10  # every rung with a candidate confirmed, whatever one screening said; the end
     assert fake.confirmed[-1] == (base, top, 10) and end["ratio"] == pytest.approx(1.3 * 1.2 * 1.5 * 1.5 * 1.1 * 1.1)
     rows = ladder.rungs(session.store, "m", "retinanet", "quick", 2)
     assert [r.step for r in rows] == ["baseline", *climb.CLIMB_RUNGS]  # the stale rung replaced
@@ -189,10 +191,10 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     assert fp32["top"].compile is None and not fp32["rungs"][4]["handed_on"]  # faster, but it would not pay
     autotune = fp32["rungs"][5]["finding"]  # against eager where the default mode was not carried up
     assert autotune.values["against"] == "eager" and not autotune.values["carried"]
-    skipped = fp32["rungs"][6]["finding"]
+    skipped = fp32["rungs"][7]["finding"]
     assert (skipped.kind, skipped.values["rung"]) == ("rung skipped", "bf16")
     assert skipped.values["reason"].startswith("no bf16 fast path on this CPU (no AVX512-BF16 or AMX)")
-    assert fp32["rungs"][7]["finding"].values["reason"].startswith("the ladder is not in bf16 here")
+    assert fp32["rungs"][8]["finding"].values["reason"].startswith("the ladder is not in bf16 here")
     assert fp32["top"].dtype == "fp32" and dict(fp32["top"].options)["classes"] == "601"
     assert not climb.climb_findings(fp32)[-1].values["met"]
     assert ladder.workloads(session.store, "m", "quick", "retinanet") == ["retinanet", "retinanet, 601 classes"]
@@ -225,3 +227,17 @@ def test_the_ladder_figure_draws_no_interval_for_a_rung_its_comparison_did_not_c
     from matplotlib.container import ErrorbarContainer
 
     assert sum(isinstance(c, ErrorbarContainer) for c in fig.axes[0].containers) == 1  # the runtime rung's only
+
+
+def test_notebook_08_climbs_every_rung_by_default():
+    """`make case-study` climbs the notebook's default CLIMB_RUNGS: every rung of climb.CLIMB, in order."""
+    import ast
+    from pathlib import Path
+
+    from cpuopt_helpers.stages import climb
+
+    nb = json.loads((Path(__file__).parents[1] / "notebooks" / "08_case_study_retinanet.ipynb").read_text())
+    params = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
+    assigned = {node.targets[0].id: node.value for node in ast.parse("".join(params["source"])).body
+                if isinstance(node, ast.Assign)}
+    assert ast.literal_eval(assigned["CLIMB_RUNGS"]) == list(climb.CLIMB_RUNGS)

@@ -85,6 +85,16 @@ def max_autotune(c: Climbing) -> Candidates:
                                                                 env=dict(c.current.env) | cache)),), ""
 
 
+def whole_step(c: Climbing) -> Candidates:
+    """The whole training step compiled (the forward with its loss as one region, its backward with
+    it, and the optimizer's step), in the mode the rungs below carried up (default where none)."""
+    cache = {"TORCHINDUCTOR_CACHE_DIR": c.compile_cache} if c.compile_cache else {}
+    mode = c.current.compile if c.current.compile in ("default", "max-autotune") else "default"
+    return (Arm("the whole step compiled", c.current.replace(compile=mode, compile_scope="step",
+                                                             warmup=max(c.current.warmup, 1),
+                                                             env=dict(c.current.env) | cache)),), ""
+
+
 def bf16_channels_last(c: Climbing) -> Candidates:
     """Channels-last again once the ladder is in bf16: oneDNN's bf16 kernels prefer it where fp32's may not."""
     if c.current.dtype != "bf16":
@@ -136,6 +146,7 @@ CLIMB = (
     ClimbRung("runtime: channels-last", "runtime", channels_last),
     ClimbRung("runtime: torch.compile", "runtime", compiled, compiles=True),
     ClimbRung("runtime: max-autotune", "runtime", max_autotune, compiles=True),
+    ClimbRung("runtime: the whole step compiled", "runtime", whole_step, compiles=True),
     ClimbRung("bf16", "bf16", bf16),
     ClimbRung("bf16: channels-last", "bf16", bf16_channels_last),
     ClimbRung("case-study fixes", "case-study fixes", fixes),
@@ -189,7 +200,9 @@ def climb_rung(session, rung: ClimbRung, where: Climbing, tag: str, confirm, scr
                              incumbent_name="the rung below", stage=rung.stage)
     finding, faster = choice.finding, choice.changed
     if rung.compiles:
-        against = f"torch.compile ({where.current.compile})" if where.current.compile else "eager"
+        now = where.current
+        against = (f"torch.compile ({now.compile} mode{', the whole step' * (now.compile_scope == 'step')})"
+                   if now.compile else "eager")
         finding, faster = compile_finding(table, choice.comparison, train_steps, where.current, workload, rung.name,
                                           against)
     return {"rung": rung.name, "sentence": finding.sentence, "finding": finding,
