@@ -92,6 +92,9 @@ def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Pat
     """Profile both arms, compare them in ``rounds`` fixed paired rounds, and tell (and with
     ``folder``, write the page). Returns everything the page is made of. ``preset``: the full
     one is the study; the quick one runs the same in a minute or two (a smoke run, for tests)."""
+    if rounds < compare.MIN_ROUNDS or classes < 1:
+        raise CpuoptError(f"the study needs --rounds {compare.MIN_ROUNDS} or more (a verdict needs them) and a "
+                          f"positive --classes; got {rounds} and {classes}")
     started = time.time()
     base, top, source = arms(session, classes, preset)
     ceiling_preset = "quick" if preset == "quick" else "standard"  # notebook 00's roofline, as make run stores it
@@ -213,10 +216,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="full", choices=("quick", "standard", "full"),
                     help="full: the study (default); quick: the same in a minute or two, to try it")
     args = ap.parse_args(argv)
-    if args.rounds < compare.MIN_ROUNDS or args.classes < 1:
-        print(f"cpuopt: --rounds must be at least {compare.MIN_ROUNDS} (a verdict needs them) and --classes positive",
-              file=sys.stderr)
-        return 2
     from cpuopt_helpers.session import Session
 
     try:

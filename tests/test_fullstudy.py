@@ -99,9 +99,12 @@ def test_the_study_runs_end_to_end_on_real_workers_at_the_quick_preset(tmp_path,
     5 paired rounds, the page written; its numbers are this run's, only their shape is asserted."""
     from cpuopt_helpers.session import Session
 
-    said = []
-    study = fullstudy.run_study(Session(facts=this_facts, store=ResultStore(tmp_path / "r.sqlite")), rounds=5,
-                                folder=tmp_path / "results", say=said.append, preset="quick")
+    said, store = [], ResultStore(tmp_path / "r.sqlite")
+    # made-up ceilings (notebook 00 measures them): this test checks the study's shape, not its numbers
+    store.put_fact(this_facts.fingerprint, "roofline/quick", {"gemm_gflops_best": 100.0, "copy_gbs_best": 10.0,
+                                                             "threads": this_facts.physical_cores})
+    study = fullstudy.run_study(Session(facts=this_facts, store=store), rounds=5, folder=tmp_path / "results",
+                                say=said.append, preset="quick")
     assert study["comparison"]["n"] == 5 and study["comparison"]["verdict"] in (
         "faster", "slower", "equivalent", "no different")
     assert {f["runs"] for f in study["figures"].values()} == {5}

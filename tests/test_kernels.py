@@ -293,8 +293,6 @@ def test_the_whole_step_compiled_trains_as_eager_and_runs_compiled_graphs(fresh_
     first = whole.step()[0]  # compiles
     (second, third), graphs = compiled_graphs_run(lambda: [whole.step()[0] for _ in range(2)])
     assert [first, second, third] == pytest.approx(expected, rel=1e-3)
-    assert graphs >= 3 * 2  # per step: the forward with its loss, its backward, the optimizer's step
-    model_only = prepare(base.replace(compile="default"))
-    model_only.step()
-    _, fewer = compiled_graphs_run(model_only.step)
-    assert fewer < graphs / 2  # the model alone: its forward and backward, no optimizer, no loss
+    # per step: the forward with its loss, its backward, the optimizer's step (the model alone compiled
+    # runs two: its forward and its backward)
+    assert graphs >= 3 * 2
