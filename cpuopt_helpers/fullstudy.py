@@ -50,26 +50,30 @@ def arms(session, classes: int = CLASSES, preset: str = "full") -> tuple[RunConf
         stored = RunConfig.from_dict(ladder[-1]["config"])
         top = with_options(stored.replace(preset=preset, steps=STEPS, warmup=WARMUP, timeout_s=TIMEOUT_S),
                            classes=classes)
-        return base, top, f"the top of this machine's standard-preset ladder ({ladder[-1]['step']})"
+        if top.config_hash() != base.config_hash():  # a ladder still at the defaults: the recipe instead
+            return base, top, f"the top of this machine's standard-preset ladder ({ladder[-1]['step']})"
     plan = case_study.configs(base, session.facts).named  # its arms drop the base's options: classes again
     top = plan.get(RECIPE, plan.get("all fixes"))
     if top is None:
         raise CpuoptError("retinanet declares none of the paper's fixes; nothing to compare with its defaults")
-    return base, with_options(top, classes=classes), f"{RECIPE} (no standard-preset ladder of RetinaNet is stored here: `make run` or `make case-study` writes one)"
+    return base, with_options(top, classes=classes), (f"{RECIPE} (no standard-preset ladder of RetinaNet above "
+                                                      "PyTorch's defaults is stored here: `make run` or `make "
+                                                      "case-study` writes one)")
 
 
-def profile(config: RunConfig, trace: Path, ceilings: wholestep.Ceilings, theoretical: dict) -> dict:
+def profile(config: RunConfig, trace: Path, ceilings: wholestep.Ceilings, reuse: bool = False) -> dict:
     """Two traced runs of the configuration (``wholestep.capture``: one with input shapes for the
     work, one without for the times, since recording shapes slows the step), the whole-step
-    projection and its phase account."""
-    traced, timed, _ = wholestep.capture(config, trace, plain=False)
-    for run in (traced, timed):
-        if run["status"] != "ok":
-            raise CpuoptError(f"a traced run of {config.label()} did not finish: {run['status']}: "
-                              f"{(run.get('reason') or '').splitlines()[:1]}")
+    projection and its phase account. ``reuse``: read the traces an interrupted study left, where
+    both are there."""
+    if not (reuse and trace.exists() and wholestep.timing_path(trace).exists()):
+        for run in wholestep.capture(config, trace, plain=False)[:2]:
+            if run["status"] != "ok":
+                raise CpuoptError(f"a traced run of {config.label()} did not finish: {run['status']}: "
+                                  f"{(run.get('reason') or '').splitlines()[:1]}")
     result = wholestep.whole_step(trace, ceilings)
-    table = account.phase_table(result, ceilings, theoretical)
-    return {"run": timed, "whole": result, "phases": table, "account": account.forward_backward(table),
+    table = account.phase_table(result, ceilings)
+    return {"whole": result, "phases": table, "account": account.forward_backward(table),
             "next": account.next_fix(result)}
 
 
@@ -87,37 +91,51 @@ def arm_figures(runs: list[dict], cores: int) -> dict:
     return out
 
 
-def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Path | None = None,
-              resume: bool = False, say=print, preset: str = "full") -> dict:
-    """Profile both arms, compare them in ``rounds`` fixed paired rounds, and tell (and with
-    ``folder``, write the page). Returns everything the page is made of. ``preset``: the full
-    one is the study; the quick one runs the same in a minute or two (a smoke run, for tests)."""
+def check(rounds: int, classes: int) -> None:
     if rounds < compare.MIN_ROUNDS or classes < 1:
         raise CpuoptError(f"the study needs --rounds {compare.MIN_ROUNDS} or more (a verdict needs them) and a "
                           f"positive --classes; got {rounds} and {classes}")
+
+
+def compare_arms(session, base: RunConfig, top: RunConfig, rounds: int, tag: str, resume: bool) -> tuple[dict, dict]:
+    """The fixed paired rounds, and each arm's figures from this comparison's own runs (a rerun of
+    the same sweep on unchanged code adds rows to the store: only the last rounds are this one's)."""
+    result = session.confirm(base, top, tag, rounds, rounds, None, resume)
+    runs = session.store.results(sweep=result["sweep"])
+    mine = {name: [r for r in runs if r["config_hash"] == c.config_hash()][-len(result["rounds"]):]
+            for name, c in (("defaults", base), ("top", top))}
+    return result, {name: arm_figures(r, session.facts.physical_cores) for name, r in mine.items()}
+
+
+def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Path | None = None,
+              resume: bool = False, say=print, preset: str = "full") -> dict:
+    """Compare both arms in ``rounds`` fixed paired rounds, then profile each, and tell (and with
+    ``folder``, write the page). Returns everything the page is made of. A profile that fails is
+    said on the page; the comparison is kept. ``preset``: the full one is the study; the quick one
+    runs the same in a minute or two (a smoke run, for tests)."""
+    check(rounds, classes)
     started = time.time()
     base, top, source = arms(session, classes, preset)
     ceiling_preset = "quick" if preset == "quick" else "standard"  # notebook 00's roofline, as make run stores it
-    theoretical = session.theoretical_gflops(ceiling_preset)
     ceilings = wholestep.Ceilings.from_roofline(session.roofline(ceiling_preset), f"roofline/{ceiling_preset}",
-                                                theoretical)
-    trace_dir = session.store.path.parent / "traces" / f"{TAG}-{preset}"
-    trace_dir.mkdir(parents=True, exist_ok=True)
+                                                session.theoretical_gflops(ceiling_preset))
     say(f"RetinaNet, {preset} preset, {classes} classes: PyTorch's defaults against {source}: "
         f"{setting_label(top.to_dict(), base.to_dict())}")
+    say(f"comparing them in {rounds} paired rounds")
+    result, figures = compare_arms(session, base, top, rounds, f"{TAG}/{preset}/end-to-end", resume)
+    trace_dir = session.store.path.parent / "traces" / f"{TAG}-{preset}"
+    trace_dir.mkdir(parents=True, exist_ok=True)
     profiles = {}
     for name, config in (("defaults", base), ("top", top)):
         say(f"profiling {name} (two traced runs: with input shapes for the work, without for the times)")
-        profiles[name] = profile(config, trace_dir / f"{name}.json", ceilings, theoretical)
-    say(f"comparing them in {rounds} paired rounds")
-    result = session.confirm(base, top, f"{TAG}/{preset}/end-to-end", rounds, rounds, None, resume)
-    runs = session.store.results(sweep=result["sweep"])
-    cores = session.facts.physical_cores
-    figures = {name: arm_figures([r for r in runs if r["config_hash"] == c.config_hash()], cores)
-               for name, c in (("defaults", base), ("top", top))}
+        try:
+            profiles[name] = profile(config, trace_dir / f"{name}.json", ceilings, reuse=resume)
+        except CpuoptError as exc:
+            profiles[name] = {"error": str(exc)}
     study = {"base": base, "top": top, "source": source, "comparison": result, "figures": figures,
-             "profiles": profiles, "ceilings": ceilings, "theoretical": theoretical, "cores": cores,
-             "seconds": time.time() - started, "classes": classes, "bf16": session.facts.bf16, "preset": preset}
+             "profiles": profiles, "ceilings": ceilings, "theoretical": ceilings.theoretical_gflops,
+             "cores": session.facts.physical_cores, "seconds": time.time() - started, "resumed": resume,
+             "classes": classes, "bf16": session.facts.bf16, "preset": preset}
     for finding in study_findings(study):
         say(f"- {finding.sentence}")
     if folder is not None:
@@ -137,9 +155,12 @@ def study_findings(study: dict) -> list[Finding]:
         "per_core": per_core, "mlperf_per_core": MLPERF_PER_CORE, "dtype": study["top"].dtype,
         "bf16_fast": bool(bf16.get("accelerated")), "bf16_reason": bf16.get("reason", "")},
         Comparison.from_dict(c))]
-    for name in ("defaults", "top"):
-        account_ = study["profiles"][name]["account"]
-        found.append(Finding(f"retinanet ({name})", "case_study", "forward backward", account_))
+    for name, prof in study["profiles"].items():
+        who = f"retinanet ({name})"
+        found.append(Finding(who, "case_study", "forward backward", prof["account"]) if "account" in prof else
+                     Finding(who, "case_study", "profile failed", {"reason": prof["error"]}))
+    if "whole" not in top:
+        return found
     found += [f for f in wholestep.wholestep_findings(top["whole"], "retinanet (top)")
               if f.kind in ("whole step projection", "whole step gemm")]
     return found + [Finding("retinanet (top)", "case_study", "next fix", top["next"])]
@@ -152,6 +173,8 @@ def phase_lines(profiles: dict) -> list[str]:
     rows = []
     for phase in ("forward", "loss", "backward", "optimizer"):
         for name, p in profiles.items():
+            if "phases" not in p:
+                continue
             r = p["phases"].loc[phase]
             pct = lambda x: "" if x is None or pd.isna(x) else f"{x:.0%}"  # noqa: E731
             rate = "" if r["gemm_gflops"] is None or pd.isna(r["gemm_gflops"]) else f"{r['gemm_gflops']:.0f}"
@@ -168,29 +191,32 @@ def page_rows(study: dict) -> list[records.Row]:
                 if c.get("ci_low") is not None and c["ci_low"] == c["ci_low"] else "none")
     out = [records.Row("the top over PyTorch's defaults, images/s", f"{c['ratio']:.2f}x", interval, rounds),
            records.Row("verdict", c["verdict"], "", rounds)]
-    ceiling = study["ceilings"].gemm_for(study["top"].dtype)
-    peak = study["theoretical"].get(study["top"].dtype)
     for name, f in study["figures"].items():
         runs = f"{f.get('runs', 0)} runs (median)"
         if not f:
             out.append(records.Row(f"{name}: images/s", "no run finished", "", "0 runs"))
             continue
-        share = (f" ({f['achieved_gflops'] / ceiling:.0%} of the measured GEMM ceiling"
-                 + (f", {f['achieved_gflops'] / peak:.0%} of the theoretical peak)" if peak else
-                    "; theoretical peak unknown)") if ceiling else "")
+        dtype = study["base" if name == "defaults" else "top"].dtype  # each arm against its own dtype's peaks
+        ceiling, peak = study["ceilings"].gemm_for(dtype), study["theoretical"].get(dtype)
+        gflops = f["achieved_gflops"]
+        share = "" if not ceiling or gflops != gflops else (
+            f" ({gflops / ceiling:.0%} of the measured {dtype} GEMM ceiling"
+            + (f", {gflops / peak:.0%} of the theoretical {dtype} peak)" if peak else "; theoretical peak unknown)"))
         out += [records.Row(f"{name}: images/s", f"{f['samples_per_s']:.3f}", "", runs),
                 records.Row(f"{name}: images/s per physical core", f"{f['per_core']:.3f}", "", runs),
                 records.Row(f"{name}: step (forward with its loss / backward / optimizer)",
                             f"{f['step_s']:.1f} s ({f['forward_s']:.1f} / {f['backward_s']:.1f} / "
                             f"{f['optimizer_s']:.2f} s)", "", runs),
                 records.Row(f"{name}: GFLOP/s achieved", f"{f['achieved_gflops']:.0f}{share}", "", runs)]
-    whole = study["profiles"]["top"]["whole"]
-    out.append(records.Row("top at every ceiling (projection of its traced step)",
-                           f"{whole['projected_ms'] / 1e3:.1f} s of {whole['step_ms'] / 1e3:.1f} s", "",
-                           "2 traced runs"))
-    out += [records.Row(f"top: gap, {cause}", f"{ms / 1e3:.2f} s ({whole['gap_share'].get(cause, 0):.0%} of the step)",
-                        "", "2 traced runs") for cause, ms in whole["gap_ms"].items() if ms > 0]
-    out.append(records.Row("the study's wall time", records.duration_words(study["seconds"]), "", "1 run"))
+    whole = study["profiles"]["top"].get("whole")
+    if whole:
+        out.append(records.Row("top at every ceiling (projection of its traced step)",
+                               f"{whole['projected_ms'] / 1e3:.1f} s of {whole['step_ms'] / 1e3:.1f} s", "",
+                               "2 traced runs"))
+        out += [records.Row(f"top: gap, {cause}", f"{ms / 1e3:.2f} s ({whole['gap_share'].get(cause, 0):.0%} of "
+                            "the step)", "", "2 traced runs") for cause, ms in whole["gap_ms"].items() if ms > 0]
+    took = records.duration_words(study["seconds"]) + (" (this invocation, resumed)" if study.get("resumed") else "")
+    out.append(records.Row("the study's wall time", took, "", "1 run"))
     return out
 
 
@@ -219,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     from cpuopt_helpers.session import Session
 
     try:
+        check(args.rounds, args.classes)  # before the store is opened
         run_study(Session(), args.rounds, args.classes, args.page, args.resume, preset=args.preset)
     except CpuoptError as exc:
         print(f"cpuopt: {exc}", file=sys.stderr)

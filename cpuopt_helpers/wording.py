@@ -237,8 +237,9 @@ def _forward_backward(v: dict, c) -> str:
         return (f"{gflops:.0f} GFLOP/s ({share:.0%} of the measured GEMM ceiling)" if gflops and share
                 else "an unknown rate")
 
+    ratio = f"{v['ratio']:.2f} of it" if v["ratio"] is not None else "no ratio (no backward was traced)"
     said = (f"{_who(v)}the forward, its loss in it, takes {v['forward_ms'] / 1e3:.2f} s against the backward's "
-            f"{v['backward_ms'] / 1e3:.2f} s: {v['ratio']:.2f} of it (the goal: {v['goal']:.1f} at most, "
+            f"{v['backward_ms'] / 1e3:.2f} s: {ratio} (the goal: {v['goal']:.1f} at most, "
             f"unless the forward is GEMM-bound at half the ceiling or more: {'met' if v['met'] else 'not met'}).")
     if v["work_ratio"]:
         said += (f" Why, from the trace: the backward does {v['work_ratio']:.2f}x the forward's GFLOP "
@@ -246,7 +247,9 @@ def _forward_backward(v: dict, c) -> str:
                  + ("; frozen layers skip theirs, and the layers below the lowest trainable one their input's"
                     if v["work_ratio"] < 0.9 * v["full_backward"] else "")
                  + f"), so at one speed per FLOP the forward would take {1 / v['work_ratio']:.2f} of the backward.")
-    said += (f" The loss is {v['loss_share']:.0%} of the forward; GEMM-like operators are "
+    loss = (f"The loss is {v['loss_share']:.0%} of the forward" if v["loss_share"] is not None else
+            "The trace marks no loss (compiled into the forward's region, the loss is counted with the forward)")
+    said += (f" {loss}; GEMM-like operators are "
              f"{v['gemm_share_forward']:.0%} of the forward at {rate(v['forward_gflops'], v['forward_of_ceiling'])} "
              f"and {v['gemm_share_backward']:.0%} of the backward at "
              f"{rate(v['backward_gflops'], v['backward_of_ceiling'])}.")
@@ -255,7 +258,8 @@ def _forward_backward(v: dict, c) -> str:
 
 def _of_theory(share) -> str:
     """The share of the theoretical peak beside a share of the measured ceiling."""
-    return f" and {share:.0%} of the theoretical peak" if share is not None else " (the theoretical peak is unknown here)"
+    return (f" and {share:.0%} of the theoretical peak" if share is not None else
+            " (the theoretical peak is unknown here)")
 
 
 _FIX_WORDS = {

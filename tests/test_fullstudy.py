@@ -70,7 +70,7 @@ def test_the_page_holds_the_verdict_rates_phases_and_ends_with_the_next_fix(tmp_
     assert "Regenerate with `make case-study PRESET=full`" in text and "(preset `full`)" in text
     assert "| the top over PyTorch's defaults, images/s | 1.30x | 95% CI 1.21-1.39 | 5 paired rounds |" in text
     assert "| top: images/s per physical core | 0.046 |" in text  # 0.092 / 2 cores
-    assert "(104% of the measured GEMM ceiling, 26% of the theoretical peak)" in text  # 104 GFLOP/s: 100, 400
+    assert "(104% of the measured fp32 GEMM ceiling, 26% of the theoretical fp32 peak)" in text  # 104 GFLOP/s: 100, 400
     assert "| the study's wall time | 40 min 0 s |" in text
     assert "| forward | defaults |" in text and "| optimizer | top |" in text  # each arm's phases
     assert "23% of MLPerf Training v3.0 Intel's 0.20" in text  # 0.046 / 0.20
@@ -117,3 +117,56 @@ def test_the_study_runs_end_to_end_on_real_workers_at_the_quick_preset(tmp_path,
     assert said[-1].startswith("the page: ") and "the next fix the profile points at" in said[-2]
     page = next((tmp_path / "results").glob("*-retinanet-quick.md")).read_text()
     assert "python -m cpuopt_helpers.fullstudy --preset quick" in page and "| the study's wall time |" in page
+
+
+def test_each_arm_is_set_against_its_own_dtypes_peaks(tmp_path, facts):
+    study = made_up_study(facts, bf16_fast=True)
+    study["top"] = study["top"].replace(dtype="bf16")
+    study["ceilings"] = wholestep.Ceilings({"fp32": 100.0, "bf16": 400.0}, 10.0, 2, "t")
+    study["theoretical"] = {"fp32": 400.0, "bf16": 1600.0}
+    text = fullstudy.write_page(study, tmp_path, facts()).read_text()
+    assert "| defaults: GFLOP/s achieved | 80 (80% of the measured fp32 GEMM ceiling, 20% of the theoretical fp32 " \
+           "peak) |" in text
+    assert "| top: GFLOP/s achieved | 104 (26% of the measured bf16 GEMM ceiling, 6% of the theoretical bf16 " \
+           "peak) |" in text
+
+
+def test_a_profile_that_failed_is_said_and_the_comparison_kept(tmp_path, facts):
+    study = made_up_study(facts, bf16_fast=False)
+    study["profiles"]["top"] = {"error": "a traced run of retinanet did not finish: timeout"}
+    text = fullstudy.write_page(study, tmp_path, facts()).read_text()
+    assert "| the top over PyTorch's defaults, images/s | 1.30x |" in text
+    assert "retinanet (top): not profiled (a traced run of retinanet did not finish: timeout)." in text
+    assert "projection" not in text and "the next fix" not in text  # nothing made up in its place
+    assert "| forward | defaults |" in text and "| forward | top |" not in text
+
+
+def test_a_rerun_of_the_same_comparison_reads_only_its_own_rounds(tmp_path, facts):
+    made = facts()
+    sess = session(tmp_path, made)
+    base = RunConfig.for_preset("retinanet", "quick", optimizer="lamb")
+    top = base.replace(optimizer_impl="fused")
+
+    def run(config, speed):
+        return {"status": "ok", "config": config.to_dict(), "config_hash": config.config_hash(), "samples_per_s": speed,
+                "created_at": "2026-12-02T00:00:00",
+                "step_ms": {"median": 1e3 / speed}, "achieved_gflops": 10.0,
+                "phase_ms": {"forward": 1.0, "backward": 2.0, "optimizer": 0.5}}
+
+    for i, speed in enumerate([1.0] * 5 + [2.0] * 5):  # an earlier invocation's 5 rounds, then this one's
+        sess.store.save_result(run(base, speed), sweep="s", arm=0, round=i % 5)
+        sess.store.save_result(run(top, speed * 1.5), sweep="s", arm=1, round=i % 5)
+    sess.confirm = lambda *a: {"sweep": "s", "rounds": [[2.0, 3.0]] * 5, "n": 5}
+    _, figures = fullstudy.compare_arms(sess, base, top, 5, "t", False)
+    assert figures["defaults"]["runs"] == 5 and figures["defaults"]["samples_per_s"] == 2.0
+    assert figures["top"]["samples_per_s"] == 3.0
+
+
+def test_a_ladder_still_at_the_defaults_gives_way_to_the_recipe(tmp_path, facts):
+    from cpuopt_helpers.stages import climb
+
+    made = facts()
+    _, stored = climb.start("standard", 80, 3, made.physical_cores)  # the ladder's top: PyTorch's defaults
+    ladder = [{"step": "baseline", "config": stored.to_dict()}, {"step": "allocator", "config": stored.to_dict()}]
+    base, top, source = fullstudy.arms(session(tmp_path, made, ladder))
+    assert top.config_hash() != base.config_hash() and RECIPE in source  # never an A/A comparison

@@ -75,7 +75,8 @@ def forward_backward(table: pd.DataFrame) -> dict:
     return {"forward_ms": float(fwd), "backward_ms": float(bwd), "ratio": None if ratio is None else float(ratio),
             "work_ratio": float(table.loc["backward", "gflop"] / fwd_gflop) if fwd_gflop else None,
             "full_backward": FULL_BACKWARD,
-            "loss_share": float(table.loc["loss", "ms"] / fwd) if fwd else 0.0,
+            # None where the trace marks no loss (its span compiled away, --compile-scope step)
+            "loss_share": float(table.loc["loss", "ms"] / fwd) if fwd and table.loc["loss", "ms"] > 0 else None,
             "gemm_share_forward": float(fwd_gemm / fwd) if fwd else 0.0,
             "gemm_share_backward": float(table.loc["backward", "gemm_share"]),
             "forward_of_ceiling": None if pd.isna(of_ceiling) else float(of_ceiling),

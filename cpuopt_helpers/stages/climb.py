@@ -178,7 +178,9 @@ def compile_finding(table: pd.DataFrame, comparison: Comparison | None, train_st
         return said("compile unconfirmed", **times), False
     if not comparison.pays:
         return said("compile not faster", **times), False
-    pays = breakeven_steps(c.compile_s, b.step_ms, b.step_ms / comparison.ratio)
+    # against a compiled base, the candidate's compile replaces the base's: only the difference is its cost
+    cost = max(c.compile_s - (b.compile_s if pd.notna(b.get("compile_s")) else 0.0), 0.0)
+    pays = breakeven_steps(cost, b.step_ms, b.step_ms / comparison.ratio)
     carried = bool(pays is not None and pays <= train_steps)
     return said("compile pays", **times, pays_after=float(pays), train_steps=train_steps, carried=carried), carried
 
