@@ -294,6 +294,7 @@ class Prepared:
     bare_step: Callable[[], object]
     seen: dict  # what the step actually ran with (output dtype, IPEX version and notes, DDP backend)
     model: object = None
+    optimizer: object = None
 
 
 # The workload protocol's inputs and outputs: a model takes a tensor, a tuple (``model(*inputs)``)
@@ -505,7 +506,7 @@ def prepare(config: RunConfig) -> Prepared:
         optimizer.step()
         return loss
 
-    return Prepared(workload, batch_size, step, bare_step, seen, model)
+    return Prepared(workload, batch_size, step, bare_step, seen, model, optimizer)
 
 
 def loss_of(config: RunConfig, workload) -> Callable:
