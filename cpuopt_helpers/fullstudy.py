@@ -1,6 +1,6 @@
 """RetinaNet at the full preset (800 px, ResNeXt-50 32x4d, FPN, batch 2; 264 classes, MLPerf's
-OpenImages subset): PyTorch's defaults against the top, each profiled, then compared in fixed
-paired rounds, written as this machine's dated page. ``make case-study PRESET=full`` runs it:
+OpenImages subset): PyTorch's defaults against the top, compared in fixed paired rounds, then
+each profiled, written as this machine's dated page. ``make case-study PRESET=full`` runs it:
 
     python -m cpuopt_helpers.fullstudy [--rounds 5] [--classes 264] [--page docs/results]
 
@@ -9,10 +9,11 @@ The top is what this machine's standard-preset ladder of RetinaNet handed on (``
 adapted to this CPU (the fixes together, bf16 where the gate finds a fast path, else fp32, and
 the page says which). Nothing is handed on: the study never touches a ladder.
 
-Each arm is traced (``profiledn.wholestep``: every operator of a timed step with its work and
-ceiling) and the trace accounts for its step by phase (``profiledn.account``): why the forward
-takes what it takes against the backward, and where the top's time goes by cause. The output
-ends with the next fix the top's profile points at. Its time on 2 cores is stated on the page.
+After the comparison each arm is traced (``profiledn.wholestep``: every operator of a timed step
+with its work and ceiling) and the trace accounts for its step by phase (``profiledn.account``):
+why the forward takes what it takes against the backward, and where the top's time goes by
+cause; a profile that fails is said, and the comparison kept. The output ends with the next fix
+the top's profile points at. The page states how long the study took.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from cpuopt_helpers.stages.choosing import with_options
 CLASSES = 264  # MLPerf Training's RetinaNet: the OpenImages subset
 ROUNDS = 5  # fixed paired rounds: one look, the plain 95% interval
 STEPS, WARMUP = 2, 1  # timed steps a run; warm-up goes on until steady (at most 2 more here)
-TIMEOUT_S = 1800.0  # a run: a cold compile of the full model and five steps of ~30 s fit
+TIMEOUT_S = 1800.0  # a run: a cold compile of the full model and its few long steps fit
 MLPERF_PER_CORE = 0.20  # images/s per physical core: MLPerf Training v3.0, Intel, 2x Xeon 8480+ (AMX) a node
 TAG = "case-study-full"
 
