@@ -273,10 +273,13 @@ _FIX_WORDS = {
 
 
 def _next_fix(v: dict, c) -> str:
-    where = (f"the time between operators leading to the {v['phase']}" if v["op"] == "between operators" else
-             f"{v['op']} in the {v['phase']} ({v['ms'] / 1e3:.2f} s a step)")
-    return (f"{_who(v)}the next fix the profile points at: {where}, {v['gap_ms'] / 1e3:.2f} s a step above its "
-            f"ceiling ({v['share']:.0%} of the step): {_FIX_WORDS[v['fix']]}.")
+    if v["op"] == "between operators":
+        where = (f"the time between operators, most of it leading to the {v['phase']} ({v['gap_ms'] / 1e3:.2f} s "
+                 f"a step, {v['share']:.0%} of the step)")
+    else:
+        where = (f"{v['op']} in the {v['phase']} ({v['ms'] / 1e3:.2f} s a step, {v['share']:.0%} of the step), "
+                 f"{v['gap_ms'] / 1e3:.2f} s a step above its ceiling")
+    return f"{_who(v)}the next fix the profile points at: {where}: {_FIX_WORDS[v['fix']]}."
 
 
 def _full_preset_top(v: dict, c) -> str:

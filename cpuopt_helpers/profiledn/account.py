@@ -93,8 +93,10 @@ def _num(x) -> float | None:
 
 
 def next_fix(result: dict) -> dict:
-    """The operator group (op, phase, shapes) with the most time above its ceiling, and the kind of
-    fix that gap calls for (the paper's: a custom kernel, fusion or a compiled region, layout)."""
+    """The operator (by op, phase and bound, its shapes together) with the most time above its
+    ceiling, or the time between operators where that is more, and the kind of fix the gap calls
+    for (the paper's: a custom kernel, fusion or a compiled region, layout). ``share``: its time's
+    share of the step."""
     table = result["table"].assign(gap_ms=lambda t: (t["ms"] - t["projected_ms"]).clip(lower=0))
     by_op = table.groupby(["op", "phase", "bound"], sort=False).agg(
         ms=("ms", "sum"), gap_ms=("gap_ms", "sum"), gflop=("gflop", "sum")).reset_index()
