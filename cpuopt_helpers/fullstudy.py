@@ -103,8 +103,10 @@ def compare_arms(session, base: RunConfig, top: RunConfig, rounds: int, tag: str
     the same sweep on unchanged code adds rows to the store: only the last rounds are this one's)."""
     result = session.confirm(base, top, tag, rounds, rounds, None, resume)
     runs = session.store.results(sweep=result["sweep"])
-    mine = {name: [r for r in runs if r["config_hash"] == c.config_hash()][-len(result["rounds"]):]
-            for name, c in (("defaults", base), ("top", top))}
+    n = len(result["rounds"])
+    arm_runs = {name: [r for r in runs if r["config_hash"] == c.config_hash()] for name, c in (("defaults", base),
+                                                                                               ("top", top))}
+    mine = {name: r[max(len(r) - n, 0):] for name, r in arm_runs.items()}  # [-0:] would keep them all
     return result, {name: arm_figures(r, session.facts.physical_cores) for name, r in mine.items()}
 
 

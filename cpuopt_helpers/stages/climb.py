@@ -71,28 +71,29 @@ def channels_last(c: Climbing) -> Candidates:
     return (Arm("channels-last", c.current.replace(channels_last=True)),), ""
 
 
-def compiled(c: Climbing) -> Candidates:
+def compiling(c: Climbing, name: str, **changes) -> Candidates:
+    """One compiled candidate: the changes on top of the current configuration, with a warm-up step
+    for the compile and the climb's shared Inductor cache."""
     cache = {"TORCHINDUCTOR_CACHE_DIR": c.compile_cache} if c.compile_cache else {}
-    return (Arm("torch.compile", c.current.replace(compile="default", warmup=max(c.current.warmup, 1),
-                                                   env=dict(c.current.env) | cache)),), ""
+    return (Arm(name, c.current.replace(**changes, warmup=max(c.current.warmup, 1),
+                                        env=dict(c.current.env) | cache)),), ""
+
+
+def compiled(c: Climbing) -> Candidates:
+    return compiling(c, "torch.compile", compile="default")
 
 
 def max_autotune(c: Climbing) -> Candidates:
     """Inductor's max-autotune (its CPU GEMM templates, AMX micro-kernels where the CPU has them),
     against what the rung below handed on: compiled in the default mode, or eager."""
-    cache = {"TORCHINDUCTOR_CACHE_DIR": c.compile_cache} if c.compile_cache else {}
-    return (Arm("torch.compile max-autotune", c.current.replace(compile="max-autotune", warmup=max(c.current.warmup, 1),
-                                                                env=dict(c.current.env) | cache)),), ""
+    return compiling(c, "torch.compile max-autotune", compile="max-autotune")
 
 
 def whole_step(c: Climbing) -> Candidates:
     """The whole training step compiled (the forward with its loss as one region, its backward with
     it, and the optimizer's step), in the mode the rungs below carried up (default where none)."""
-    cache = {"TORCHINDUCTOR_CACHE_DIR": c.compile_cache} if c.compile_cache else {}
     mode = c.current.compile if c.current.compile in ("default", "max-autotune") else "default"
-    return (Arm("the whole step compiled", c.current.replace(compile=mode, compile_scope="step",
-                                                             warmup=max(c.current.warmup, 1),
-                                                             env=dict(c.current.env) | cache)),), ""
+    return compiling(c, "the whole step compiled", compile=mode, compile_scope="step")
 
 
 def bf16_channels_last(c: Climbing) -> Candidates:
