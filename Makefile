@@ -120,7 +120,10 @@ test: setup
 # compared with the committed output; then 01-09 through papermill) are one sequence of worker
 # processes, the longer half; the other tests are independent of it, so they run beside it at
 # the lowest priority (nice 19), on what CPU time the notebooks leave (their numbers are not
-# findings: no test asserts a timing beyond generous ratios and timeouts).
+# findings: no test asserts a timing beyond generous ratios and timeouts). Each worker runs in
+# a session of its own, which Linux's autogroup scheduling weighs at nice 0: the launcher hands
+# nice 19 on to it (launch.keep_niceness); without that, a worker of each half shared the cores
+# and both trained many times slower.
 test-notebooks:
 	IPEX=$(IPEX) $(PY) -m pytest notebooks/00_system_check.ipynb tests/test_notebooks.py --nbval-lax -p no:cacheprovider -q -rs --durations=5
 

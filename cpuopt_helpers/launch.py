@@ -195,6 +195,25 @@ def run_plan(plan: LaunchPlan, facts: Facts | None = None) -> dict:
     return result
 
 
+def keep_niceness(pid: int) -> None:
+    """Give a process started in its own session this process's niceness where the scheduler weighs it.
+
+    On Linux with autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``), a new
+    session is a new scheduling group whose nice value is 0; the nice value of its processes only
+    orders them within that group. Without this, a worker launched by ``nice -n 19 ...`` (make
+    test's second half) competes as an equal with every other session's, and two trainings on the
+    same cores slow each other many times over (OpenMP threads wait at each barrier for the one
+    that lost its core). Where there is no autogroup, or the kernel refuses, nothing changes."""
+    nice = os.nice(0)
+    if nice <= 0:
+        return
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:
+        pass
+
+
 def start_instances(plan: LaunchPlan, workdir: str) -> tuple[list[subprocess.Popen], list[str], list[str]]:
     """Every instance's process, its stdout and stderr files in ``workdir`` (also the peers' barrier)."""
     flops_file = flops_cache_file(plan.config)
@@ -208,6 +227,7 @@ def start_instances(plan: LaunchPlan, workdir: str) -> tuple[list[subprocess.Pop
         with open(out, "wb") as fo, open(err, "wb") as fe:
             procs.append(subprocess.Popen(list(inst.argv), env=env, stdout=fo, stderr=fe,
                                           stdin=subprocess.DEVNULL, start_new_session=True))
+        keep_niceness(procs[-1].pid)
         outs.append(out)
         errs.append(err)
     return procs, outs, errs
@@ -411,6 +431,7 @@ def run_command_plan(plan: LaunchPlan, log_dir: str, echo=sys.stdout, grace_s: f
         proc = subprocess.Popen(list(inst.argv), env=dict(os.environ, **inst.env), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                 cwd=cwds[inst.index] if cwds else None)
+        keep_niceness(proc.pid)
         procs.append(proc)
         t = threading.Thread(target=_pump, args=(proc.stdout, f"[{inst.index}] ", f, echo), daemon=True)
         t.start()

@@ -97,3 +97,17 @@ def test_dry_run_on_a_2x28_xeon_puts_each_instance_in_one_socket(capsys):
         cores = [int(c) for c in words[words.index("numactl") + 1].split("=")[1].split(",")]
         assert len(cores) == 14 and {c // 28 for c in cores} == {node}  # socket 0: CPUs 0-27, socket 1: 28-55
         assert words[words.index("numactl") + 2] == f"--membind={node}" and words[-3:] == ["python", "train.py", "&"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup")
+                    or Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() != "1",
+                    reason="no autogroup scheduling on this kernel")
+def test_an_instance_in_its_own_session_keeps_the_launchers_niceness(tmp_path):
+    """Each instance runs in its own session, which autogroup scheduling weighs at nice 0 whatever
+    its processes' nice: the launcher hands its own on (`nice make test`'s second half)."""
+    proc = subprocess.run(["nice", "-n", "7", sys.executable, "-m", "cpuopt_helpers", "launch", "--log-dir",
+                           str(tmp_path), "--", "sh", "-c", "sleep 1; cat /proc/self/autogroup"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "nice 7" in proc.stdout, proc.stdout
