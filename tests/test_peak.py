@@ -15,7 +15,7 @@ def test_sapphire_rapids_amx_peak_is_about_4_tflops_on_two_cores_at_2_ghz(tmp_pa
     t = peak.theoretical(cpuinfo(peak.INTEL, 6, 143, flags="avx512f amx_bf16 amx_tile"), 2, root=str(tmp_path))
     assert t["core"] == "Intel Sapphire Rapids" and "Optimization Reference Manual" in t["source"]
     assert t["theoretical_gflops"] == {"fp32": pytest.approx(256.0), "bf16": pytest.approx(4096.0)}
-    assert t["clock_ghz"] == 2.0 and "current clock" in t["clock_source"]
+    assert t["clock_ghz"] == 2.0 and t["clock_source"].startswith("/proc/cpuinfo cpu MHz")
 
 
 def test_zen4_runs_avx512_at_half_a_sapphire_rapids_cores_fp32_rate(tmp_path):
@@ -37,6 +37,30 @@ def test_cooper_lake_is_read_from_its_flags_and_the_sysfs_maximum_clock_wins(tmp
     assert t["theoretical_gflops"]["fp32"] == pytest.approx(64 * 3.5 * 4) and "highest clock" in t["clock_source"]
 
 
+def test_where_sysfs_shows_no_maximum_the_clock_is_measured_and_said_so(tmp_path):
+    text = cpuinfo(peak.AMD, 25, 1, mhz=2445.4)
+    ghz, source = peak.clock_ghz(text, str(tmp_path), measure=lambda: 3.1)
+    assert ghz == 3.1 and source.startswith("measured here")
+    ghz, source = peak.clock_ghz(text, str(tmp_path), measure=lambda: None)  # no compiler: cpuinfo's, and why
+    assert ghz == pytest.approx(2.4454) and "could not be measured here" in source
+    freq = tmp_path / "sys/devices/system/cpu/cpu0/cpufreq"
+    freq.mkdir(parents=True)
+    (freq / "cpuinfo_max_freq").write_text("3500000\n")
+    assert peak.clock_ghz(text, str(tmp_path), measure=lambda: 1 / 0)[0] == 3.5  # sysfs's maximum: nothing measured
+
+
+def test_the_clock_measured_here_is_a_clock():
+    """Dependent adds, one a cycle: a loop the compiler dropped or a chain that ran in parallel
+    would give far more than any CPU's clock."""
+    import platform
+    import shutil
+
+    if platform.machine() not in peak.ADDS or not (shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")):
+        pytest.skip("no C compiler or no adds for this instruction set: the clock is not measured here")
+    peak.measured_clock_ghz.cache_clear()
+    assert 0.8 < peak.measured_clock_ghz() < 6.5
+
+
 def test_a_cpu_not_in_the_table_is_unknown_never_guessed(tmp_path):
     for text in ((FIXTURES / "cpuinfo_graviton3.txt").read_text(), cpuinfo(peak.INTEL, 6, 1)):
         t = peak.theoretical(text, 2, root=str(tmp_path))
@@ -51,7 +75,8 @@ def test_the_report_gives_both_the_theoretical_and_the_measured_peak_and_its_sha
     assert report["fp32"] == {"theoretical_gflops": pytest.approx(256.0), "measured_gflops": 128.0,
                               "measured_share": pytest.approx(0.5), "measured_paths": None}
     assert report["bf16"]["measured_share"] == pytest.approx(796 / 4096)
-    fp32, bf16 = peak.peak_lines(report)
+    fp32, bf16, clock = peak.peak_lines(report)
+    assert clock == "clock        2.00 GHz: " + report["clock_source"] and "cpu MHz" in clock
     assert fp32.startswith("peak fp32") and "256 GFLOP/s theoretical (64 FLOP/cycle/core x 2.00 GHz x 2 cores)" in fp32
     assert "measured GEMM 128 GFLOP/s = 50% of it" in fp32
     paths = {"gemm_gflops_best": 128.0, "gemm_paths": {"mm 1024": 100.0, "mm 2048": 120.0, "conv1x1 2048": 128.0}}
