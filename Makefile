@@ -119,16 +119,17 @@ test: setup
 # The two halves of `make test` (which sets up first). The notebooks (00 through nbval first, its NBVAL_CHECK_OUTPUT
 # compared with the committed output; then 01-09 through papermill) are one sequence of worker
 # processes, the longer half; the other tests are independent of it, so they run beside it at
-# the lowest priority (nice 19), on what CPU time the notebooks leave (their numbers are not
-# findings: no test asserts a timing beyond generous ratios and timeouts). Each worker runs in
-# a session of its own, which Linux's autogroup scheduling weighs at nice 0: the launcher hands
-# nice 19 on to it (launch.keep_niceness); without that, a worker of each half shared the cores
-# and both trained many times slower.
+# the lowest priority, on what CPU time the notebooks leave (their numbers are not findings: no
+# test asserts a timing beyond generous ratios and timeouts). Lowest under Linux's autogroup
+# scheduling too, which shares the CPUs between sessions first: scripts/low-priority.sh runs the
+# half in a session of its own at nice 19, and each worker it starts (in a session of its own)
+# gets nice 19 from the launcher (launch.keep_niceness). With nice -n 19 alone, a worker of each
+# half shared the cores and both trained many times slower.
 test-notebooks:
 	IPEX=$(IPEX) $(PY) -m pytest notebooks/00_system_check.ipynb tests/test_notebooks.py --nbval-lax -p no:cacheprovider -q -rs --durations=5
 
 test-others:
-	IPEX=$(IPEX) nice -n 19 $(PY) -m pytest tests --ignore=tests/test_notebooks.py -p no:cacheprovider -q -rs --durations=10
+	IPEX=$(IPEX) bash scripts/low-priority.sh $(PY) -m pytest tests --ignore=tests/test_notebooks.py -p no:cacheprovider -q -rs --durations=10
 
 # The edit loop: unit tests and pure functions, no worker processes, no notebooks.
 test-fast: setup

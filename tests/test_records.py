@@ -220,6 +220,7 @@ def stub_make(tmp_path: Path, pytest_status: int, *flags: str) -> tuple[subproce
     (venv / "bin").mkdir(parents=True)
     shutil.copy2(ROOT / "Makefile", work / "Makefile")
     (work / "scripts" / "system-deps.sh").write_text("exit 0\n")
+    shutil.copy2(ROOT / "scripts" / "low-priority.sh", work / "scripts" / "low-priority.sh")
     log = tmp_path / "calls.log"
     python = venv / "bin" / "python"
     python.write_text(f'#!/bin/bash\necho "$*" >> {log}\ncase "$*" in *pytest*) exit {pytest_status};; esac\n')

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -158,15 +159,40 @@ def script_not_importing_the_package(tmp_path, fail_on_one_thread=False):
     return f"python {path}"
 
 
+def script_reporting_its_steps(tmp_path):
+    """A script that reports each step through the helper line, as examples/train_script.py does,
+    without torch: ten runs of it take seconds, not the minute ten runs of the example took here."""
+    path = tmp_path / "reports_steps.py"
+    path.write_text(textwrap.dedent("""
+        import sys
+        from cpuopt_helpers import throughput
+        for step in range(int(sys.argv[1])):
+            sum(j * j for j in range(50000))
+            throughput.step(32)
+    """))
+    return f"python {path}"
+
+
 @pytest.mark.slow
-def test_compare_script_gives_a_verdict_with_its_interval_and_rounds():
-    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers.cli", "compare", "--script",
-                           f"python {EXAMPLE} --steps 8", "--a", "", "--b", "--allocator tcmalloc", "--min-rounds", "5",
-                           "--max-rounds", "5", "--json"], capture_output=True, text=True, timeout=600)
+def test_the_example_script_trains_and_reports_its_steps_through_the_helper_line(tmp_path):
+    run = [sys.executable, str(Path(EXAMPLE).resolve()), "--steps", "4"]
+    launched = subprocess.run([sys.executable, "-m", "cpuopt_helpers.cli", "launch", "--log-dir", str(tmp_path), "--",
+                               *run], capture_output=True, text=True, timeout=300)
+    assert launched.returncode == 0, launched.stderr
+    reports = [line for line in launched.stdout.splitlines() if throughput.MARKER in line]  # the helper line
+    assert len(reports) == 1 and json.loads(reports[0].split(throughput.MARKER, 1)[1])["samples_per_s"] > 0, reports
+
+
+@pytest.mark.slow
+def test_compare_script_gives_a_verdict_with_its_interval_and_rounds(tmp_path):
+    script = script_reporting_its_steps(tmp_path) + " 8"
+    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers.cli", "compare", "--script", script, "--a", "",
+                           "--b", "--allocator tcmalloc", "--min-rounds", "5", "--max-rounds", "5", "--json"],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     assert r["n"] == 5 and r["verdict"] in ("faster", "slower", "equivalent", "no different")
-    assert r["ci_low"] <= r["ratio"] <= r["ci_high"] and len(r["rounds"]) == 5 and r["script"].endswith("--steps 8")
+    assert r["ci_low"] <= r["ratio"] <= r["ci_high"] and len(r["rounds"]) == 5 and r["script"].endswith(" 8")
     per_round = [line for line in proc.stderr.splitlines() if line.startswith("round ")]  # --json: rounds on stderr
     assert len(per_round) == 5 and per_round[-1].endswith("over 5 rounds") and "running ratio" in per_round[0]
 
