@@ -233,6 +233,9 @@ def start_instances(plan: LaunchPlan, workdir: str) -> tuple[list[subprocess.Pop
     return procs, outs, errs
 
 
+FAILED_GRACE_S = 10.0  # how long a rank that failed first may take to exit (Watch.wait)
+
+
 class Watch:
     """A plan's running instances: which failed first, and the run's status once they stopped."""
 
@@ -248,22 +251,30 @@ class Watch:
             return math.inf
 
     def failed_first(self) -> list[int]:
-        """Instances that failed, the first to fail first: a DDP rank whose peer crashed fails
-        too, a moment later, and the launcher may see both exits at once; the first is the cause."""
+        """Instances that failed, the first to fail first: those that exited with a non-zero code,
+        and those that said they failed (worker.note_failure) and are still exiting. A DDP rank
+        whose peer crashed fails too, a moment later, and may exit first: the crashed peer's own
+        exit can take longer (its teardown, or a loaded machine); the first to fail is the cause."""
         now = time.monotonic()
         for i, p in enumerate(self.procs):
             if p.returncode is not None:
                 self.seen_exit.setdefault(i, now)
-        return sorted((i for i, p in enumerate(self.procs) if p.returncode not in (None, 0)),
-                      key=lambda i: (self.failed_at(i), self.seen_exit.get(i, math.inf), i))
+        failed = (i for i, p in enumerate(self.procs) if p.returncode not in (None, 0) or self.failed_at(i) < math.inf)
+        return sorted(failed, key=lambda i: (self.failed_at(i), self.seen_exit.get(i, math.inf), i))
 
     def wait(self, timeout_s: float) -> tuple[str, str]:
-        """Poll until every instance exited, one failed, or the timeout: (status, reason)."""
-        deadline = time.monotonic() + timeout_s
+        """Poll until every instance exited, one failed, or the timeout: (status, reason). Once
+        one exited failing, an instance that said it failed before it is given up to
+        ``FAILED_GRACE_S`` to exit, so that the reason names the cause with its exit code."""
+        deadline, grace = time.monotonic() + timeout_s, None
         while any([p.poll() is None for p in self.procs]):  # a list: poll every process, not just the first
             failed = self.failed_first()
-            if failed:
-                return "failed", f"instance {failed[0]} exited with code {self.procs[failed[0]].returncode}"
+            if any(self.procs[i].returncode not in (None, 0) for i in failed):
+                first = self.procs[failed[0]]
+                grace = grace or time.monotonic() + FAILED_GRACE_S
+                if first.returncode is not None or time.monotonic() > grace:
+                    return "failed", f"instance {failed[0]} " + (f"exited with code {first.returncode}"
+                                                                if first.returncode is not None else "failed")
             if time.monotonic() > deadline:
                 return "timeout", f"no result within the {timeout_s:.0f} s timeout"
             time.sleep(0.02)

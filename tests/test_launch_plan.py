@@ -270,3 +270,37 @@ def test_a_machine_from_its_saved_doctor_json(tmp_path):
     assert m.topology.physical_cores == 56 and m.source == str(path) and m.numactl_refused == "binding refused: x"
     p = planning.build_plan(RunConfig(instances=2, allocator="jemalloc"), m, base_env={}, python="/py")
     assert p.pinning == "taskset" and p.instances[0].env["LD_PRELOAD"] == "/srv/lib/libjemalloc.so.2"
+
+
+class Exiting:
+    """A stand-in for a worker process: running until its ``exits_after``-th poll, then exited with ``code``."""
+
+    def __init__(self, code: int, exits_after: int):
+        self.code, self.left, self.returncode = code, exits_after, None
+
+    def poll(self):
+        self.left -= 1
+        if self.left <= 0:
+            self.returncode = self.code
+        return self.returncode
+
+
+def test_the_rank_that_failed_first_is_named_even_when_its_peer_exits_before_it(tmp_path):
+    """Rank 1 crashed (its note is the earlier) and is still exiting when rank 0, failing because
+    its peer is gone, has exited: the launcher waits for rank 1 and names it."""
+    from cpuopt_helpers import launch
+
+    config = RunConfig(instances=2, threads=1, mode="ddp")
+    lp = planning.build_plan(config, machine("lscpu_p_epyc_2core.txt"))
+    (tmp_path / f"{lp.instances[1].index}.failed").write_text("100.0")
+    (tmp_path / f"{lp.instances[0].index}.failed").write_text("100.5")
+    rank0, rank1 = Exiting(1, exits_after=1), Exiting(1, exits_after=5)
+    watch = launch.Watch([rank0, rank1], str(tmp_path), lp)
+    errs = [tmp_path / "0.err", tmp_path / "1.err"]
+    for i, err in enumerate(errs):
+        err.write_text(f"rank {i}'s traceback\n")
+    status, reason = watch.outcome(*watch.wait(60), [None, None], [str(e) for e in errs])
+    assert rank1.returncode == 1  # waited for, within launch.FAILED_GRACE_S
+    assert status == "failed" and reason == "instance 1 exited with code 1; stderr tail of instance 1:\nrank 1's traceback"
+    alone = launch.Watch([Exiting(1, exits_after=1), Exiting(0, exits_after=10**6)], str(tmp_path / "none"), lp)
+    assert alone.wait(60) == ("failed", "instance 0 exited with code 1")  # no notes: the first exit, at once
