@@ -118,7 +118,8 @@ test: setup
 
 # The two halves of `make test` (which sets up first). The notebooks (00 through nbval first, its NBVAL_CHECK_OUTPUT
 # compared with the committed output; then 01-09 through papermill; then the workbook killed and
-# resumed, tests/test_faults.py, which keeps the other half's tail short) are one sequence of worker
+# resumed, tests/test_faults.py, and the full study's smoke test, tests/test_fullstudy.py, which
+# keeps the other half's tail short) are one sequence of worker
 # processes, the longer half; the other tests are independent of it, so they run beside it at
 # the lowest priority, on what CPU time the notebooks leave (their numbers are not findings: no
 # test asserts a timing beyond generous ratios and timeouts). Lowest under Linux's autogroup
@@ -127,12 +128,12 @@ test: setup
 # gets nice 19 from the launcher (launch.keep_niceness). With nice -n 19 alone, a worker of each
 # half shared the cores and both trained many times slower.
 test-notebooks:
-	IPEX=$(IPEX) $(PY) -m pytest notebooks/00_system_check.ipynb tests/test_notebooks.py tests/test_faults.py --nbval-lax \
-	  -p no:cacheprovider -q -rs --durations=5
+	IPEX=$(IPEX) $(PY) -m pytest notebooks/00_system_check.ipynb tests/test_notebooks.py tests/test_faults.py \
+	  tests/test_fullstudy.py --nbval-lax -p no:cacheprovider -q -rs --durations=5
 
 test-others:
 	IPEX=$(IPEX) bash scripts/low-priority.sh $(PY) -m pytest tests --ignore=tests/test_notebooks.py \
-	  --ignore=tests/test_faults.py -p no:cacheprovider -q -rs --durations=10
+	  --ignore=tests/test_faults.py --ignore=tests/test_fullstudy.py -p no:cacheprovider -q -rs --durations=10
 
 # The edit loop: unit tests and pure functions, no worker processes, no notebooks.
 test-fast: setup
