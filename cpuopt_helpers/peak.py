@@ -131,7 +131,7 @@ def measured_clock_ghz() -> float | None:
     fastest of five repeats (under a second). None where no C compiler is found or the
     instruction set is not x86-64 or Arm64."""
     add = ADDS.get(platform.machine())
-    cc = next((shutil.which(c) for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+    cc = next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
     if add is None or cc is None:
         return None
     with tempfile.TemporaryDirectory(prefix="cpuopt-clock-") as folder:

@@ -15,6 +15,10 @@ import pytest
 from cpuopt_helpers import cli, system
 
 XEON = Path(__file__).parent / "fixtures" / "lscpu_p_xeon_2s_smt.txt"
+needs_autogroup = pytest.mark.skipif(
+    not os.path.exists("/proc/self/autogroup")
+    or Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() != "1",
+    reason="no autogroup scheduling on this kernel")
 SCRIPT = "import os; print('AFFINITY', sorted(os.sched_getaffinity(0)), 'PRELOAD', os.environ.get('LD_PRELOAD'))"
 
 
@@ -100,9 +104,7 @@ def test_dry_run_on_a_2x28_xeon_puts_each_instance_in_one_socket(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup")
-                    or Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() != "1",
-                    reason="no autogroup scheduling on this kernel")
+@needs_autogroup
 def test_an_instance_in_its_own_session_keeps_the_launchers_niceness(tmp_path):
     """Each instance runs in its own session, which autogroup scheduling weighs at nice 0 whatever
     its processes' nice: the launcher hands its own on (`nice make test`'s second half)."""
@@ -114,9 +116,7 @@ def test_an_instance_in_its_own_session_keeps_the_launchers_niceness(tmp_path):
     assert f"nice {expected}" in proc.stdout, proc.stdout
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup")
-                    or Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() != "1",
-                    reason="no autogroup scheduling on this kernel")
+@needs_autogroup
 def test_make_tests_low_priority_half_runs_in_a_session_at_nice_19_and_keeps_its_exit_status():
     script = Path(__file__).resolve().parents[1] / "scripts" / "low-priority.sh"
     session = f"{sys.executable} -c 'import os; print(os.getsid(0))'"
