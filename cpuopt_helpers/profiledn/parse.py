@@ -165,8 +165,8 @@ class _Parser:
             try:
                 time = float(tail)
             except ValueError:
-                pass
-            else:
+                time = -1.0
+            if time >= 0:
                 self.counts["exec"] += 1
                 self.uids.append(uid)
                 self.numbers.append(number)
@@ -208,8 +208,8 @@ class _Parser:
                     self.creates[name].append(value)
                 self.creates["time_ms"].append(float(rest[-1]) if _is_number(rest[-1]) else None)
             return
-        if op != "exec" or not rest or not _is_number(rest[-1]):
-            return self.malformed(number, line)  # also a truncated last line
+        if op != "exec" or not rest or not _is_number(rest[-1]) or float(rest[-1]) < 0:
+            return self.malformed(number, line)  # also a truncated last line, and a time below zero
         uid = self.exec_line(number, timestamp, api, rest, line)
         if uid >= 0 and timestamp is None:
             self.fast[head] = uid
