@@ -13,13 +13,18 @@ After the comparison each arm is traced (``profiledn.wholestep``: every operator
 with its work and ceiling) and the trace accounts for its step by phase (``profiledn.account``):
 why the forward takes what it takes against the backward, and where the top's time goes by
 cause; a profile that fails is said, and the comparison kept. The output ends with the next fix
-the top's profile points at. The page states how long the study took.
+the top's profile points at and, where that is a convolution's backward, the fix tried: that
+convolution alone under each path this CPU offers (``kernels.conv_paths``: channels-last, the GEMM
+form, bf16 where fast), each against the path the step ran, and its rate alone against the rate in
+the step. The page states how long the study took.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +45,11 @@ STEPS, WARMUP = 2, 1  # timed steps a run; warm-up goes on until steady (at most
 TIMEOUT_S = 1800.0  # a run: a cold compile of the full model and its few long steps fit
 MLPERF_PER_CORE = 0.20  # images/s per physical core: MLPerf Training v3.0, Intel, 2x Xeon 8480+ (AMX) a node
 TAG = "case-study-full"
+TRY_ROUNDS = 8  # the next fix's trial: interleaved rounds of its convolution alone (kernels.conv_paths)
+TRY_TIMEOUT_S = 1200.0  # the trial: a few minutes at the full preset's heaviest convolution
+# a path of kernels.conv_paths -> how a run takes it
+PATH_FLAGS = {"channels-last": "--channels-last", "bf16": "--dtype bf16",
+              "bf16 channels-last": "--dtype bf16 --channels-last", "GEMM form": None}
 
 
 def arms(session, classes: int = CLASSES, preset: str = "full") -> tuple[RunConfig, RunConfig, str]:
@@ -135,8 +145,12 @@ def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Pat
             profiles[name] = profile(config, trace_dir / f"{name}.json", ceilings, reuse=resume)
         except CpuoptError as exc:
             profiles[name] = {"error": str(exc)}
+    tried = None
+    if "whole" in profiles["top"] and next_fix_target(profiles["top"]):
+        say(f"trying the next fix: {profiles['top']['next']['op']} alone, under each path this CPU offers")
+        tried = try_next_fix(profiles["top"], top, session.facts)
     study = {"base": base, "top": top, "source": source, "comparison": result, "figures": figures,
-             "profiles": profiles, "ceilings": ceilings, "theoretical": ceilings.theoretical_gflops,
+             "profiles": profiles, "tried": tried, "ceilings": ceilings, "theoretical": ceilings.theoretical_gflops,
              "cores": session.facts.physical_cores, "seconds": time.time() - started, "resumed": resume,
              "classes": classes, "bf16": session.facts.bf16, "preset": preset}
     for finding in study_findings(study):
@@ -144,6 +158,79 @@ def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Pat
     if folder is not None:
         say(f"the page: {write_page(study, folder, session.facts)}")
     return study
+
+
+def next_fix_target(prof: dict) -> dict | None:
+    """Where the next fix is a convolution's backward (what ``kernels.conv_paths`` tries): its
+    heaviest instance, the one with the most time above its ceiling, with its shapes, time a step
+    and rate in the step; None for any other operator."""
+    nxt = prof.get("next") or {}
+    if "convolutionbackward" not in nxt.get("op", "").lower().replace("_", ""):
+        return None
+    table = prof["whole"]["table"]
+    rows = table[(table["op"] == nxt["op"]) & (table["phase"] == nxt["phase"])]
+    if rows.empty:
+        return None
+    row = rows.loc[(rows["ms"] - rows["projected_ms"]).idxmax()]
+    return {"op": nxt["op"], "shapes": row["shapes"], "dtype": row["dtype"] or "fp32", "step_ms": float(row["ms"]),
+            "step_gflops": float(row["achieved_gflops"])}
+
+
+def try_next_fix(prof: dict, config: RunConfig, facts, rounds: int = TRY_ROUNDS) -> dict | None:
+    """The next fix's convolution alone under each path this CPU offers (``kernels.conv_paths``, in a
+    process of its own at the top's threads): the target, and ``trial`` or ``error``."""
+    target = next_fix_target(prof)
+    if target is None:
+        return None
+    command = [sys.executable, "-m", "cpuopt_helpers.kernels.conv_paths", target["shapes"], "--dtype",
+               target["dtype"], "--threads", str(config.threads or facts.physical_cores), "--rounds", str(rounds),
+               "--json"] + (["--bf16-fast"] if facts.bf16.get("accelerated") else [])
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TRY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return target | {"error": f"the trial ran past {TRY_TIMEOUT_S:.0f} s"}
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return target | {"error": said.removeprefix("cpuopt: ")}
+    return target | {"trial": json.loads(done.stdout)}
+
+
+def tried_finding(tried: dict, ceiling: float | None) -> Finding:
+    """The trial in words: each path against the one the step ran, and what that leaves."""
+    who = "retinanet (top)"
+    values = {k: tried[k] for k in ("op", "shapes", "step_ms", "step_gflops")}
+    if "error" in tried:
+        return Finding(who, "case_study", "next fix tried", values | {"error": tried["error"]})
+    both = [r for r in tried["trial"]["rows"] if r["part"] == "both"]
+    paths = [{"path": r["path"], "ratio": r["speedup"], "low": r["speedup_low"], "high": r["speedup_high"],
+              "verdict": r["verdict"], "flags": PATH_FLAGS.get(r["path"])} for r in both if r["path"] != "as run"]
+    won = [p for p in paths if compare.pays({"verdict": p["verdict"], "ratio": p["ratio"]})]
+    best = max(won, key=lambda p: p["ratio"]) if won else None
+    return Finding(who, "case_study", "next fix tried", values | {
+        "rounds": tried["trial"]["rounds"], "alone_gflops": next(r["gflops"] for r in both if r["path"] == "as run"),
+        "ceiling": ceiling, "paths": paths, "best": best,
+        "saving_ms": tried["step_ms"] * (1 - 1 / best["ratio"]) if best else None})
+
+
+def tried_lines(tried: dict | None, ceilings: wholestep.Ceilings) -> list[str]:
+    """The trial's paths as a markdown table (nothing where no trial finished)."""
+    if not tried or "trial" not in tried:
+        return []
+    ceiling = ceilings.gemm_for(tried["dtype"])
+    rows = {(r["path"], r["part"]): r for r in tried["trial"]["rows"]}
+    out = [f"The next fix, tried: {tried['op']} ({tried['shapes']}) alone, forward and backward, "
+           f"{tried['trial']['rounds']} interleaved rounds (`python -m cpuopt_helpers.kernels.conv_paths`):", "",
+           "| path | forward ms | backward ms | GFLOP/s alone | of measured GEMM ceiling | over as run | interval | "
+           "verdict |", "|---|---|---|---|---|---|---|---|"]
+    for path in dict.fromkeys(p for p, _ in rows):
+        both = rows[(path, "both")]
+        share = f"{both['gflops'] / ceiling:.0%}" if ceiling else ""
+        over = "" if both["speedup"] is None else f"{both['speedup']:.2f}x"
+        interval = "" if both["speedup"] is None else f"95% CI {both['speedup_low']:.2f}-{both['speedup_high']:.2f}"
+        forward, backward = rows[(path, "forward")]["median_ms"], rows[(path, "backward")]["median_ms"]
+        out.append(f"| {path} | {forward:.0f} | {backward:.0f} | {both['gflops']:.0f} | {share} | {over} | {interval} "
+                   f"| {both['verdict']} |")
+    return ["\n".join(out)]
 
 
 def study_findings(study: dict) -> list[Finding]:
@@ -166,7 +253,10 @@ def study_findings(study: dict) -> list[Finding]:
         return found
     found += [f for f in wholestep.wholestep_findings(top["whole"], "retinanet (top)")
               if f.kind in ("whole step projection", "whole step gemm")]
-    return found + [Finding("retinanet (top)", "case_study", "next fix", top["next"])]
+    found.append(Finding("retinanet (top)", "case_study", "next fix", top["next"]))
+    if study.get("tried"):
+        found.append(tried_finding(study["tried"], study["ceilings"].gemm_for(study["tried"]["dtype"])))
+    return found
 
 
 def phase_lines(profiles: dict) -> list[str]:
@@ -228,6 +318,7 @@ def write_page(study: dict, folder: Path, facts) -> Path:
     found = study_findings(study)
     notes = [f"PyTorch's defaults: {study['base'].label()}. The top: {study['source']}: {study['top'].label()}.",
              "\n".join(phase_lines(study["profiles"])),
+             *tried_lines(study.get("tried"), study["ceilings"]),
              *[f.sentence for f in found]]
     preset = study["preset"]
     command = ("make case-study PRESET=full" if preset == "full" else

@@ -262,6 +262,7 @@ def _of_theory(share) -> str:
             " (the theoretical peak is unknown here)")
 
 
+KERNEL_NEAR_CEILING = 0.7  # a kernel alone at this share of the measured GEMM ceiling or more leaves little to its path
 _FIX_WORDS = {
     "gemm": "GEMM-like work below the GEMM ceiling: a faster kernel path for it (channels-last, bf16 where the CPU "
             "has a fast path, prepacked weights, max-autotune's GEMM templates)",
@@ -280,6 +281,29 @@ def _next_fix(v: dict, c) -> str:
         where = (f"{v['op']} in the {v['phase']} ({v['ms'] / 1e3:.2f} s a step, {v['share']:.0%} of the step), "
                  f"{v['gap_ms'] / 1e3:.2f} s a step above its ceiling")
     return f"{_who(v)}the next fix the profile points at: {where}: {_FIX_WORDS[v['fix']]}."
+
+
+def _next_fix_tried(v: dict, c) -> str:
+    """fullstudy: the next fix's convolution alone under each path (kernels.conv_paths)."""
+    said = f"{_who(v)}the next fix, tried: {v['op']} ({v['shapes']}) alone, forward and backward"
+    if "error" in v:
+        return f"{said}: the trial did not finish ({v['error']}); nothing is said of its paths."
+    share = f" ({v['alone_gflops'] / v['ceiling']:.0%} of the measured GEMM ceiling)" if v["ceiling"] else ""
+    said += (f", {v['rounds']} interleaved rounds: as the step ran it, {v['alone_gflops']:.0f} GFLOP/s alone{share}, "
+             f"{v['step_gflops']:.0f} in the step; "
+             + "; ".join(f"{p['path']} {p['ratio']:.2f}x (95% CI {p['low']:.2f}-{p['high']:.2f}): {p['verdict']}"
+                         for p in v["paths"]) + ".")
+    best = v["best"]
+    if best:
+        how = f"`{best['flags']}`" if best["flags"] else "no option applies it yet"
+        return (f"{said} {best['path']} is the fastest confirmed path: about {v['saving_ms'] / 1e3:.2f} s a step less "
+                f"at this shape ({how}).")
+    near = v["ceiling"] and v["alone_gflops"] >= KERNEL_NEAR_CEILING * v["ceiling"]
+    return said + (f" No path is confirmed faster by {compare.MIN_GAIN:.0%} or more. "
+                   + ("Alone the kernel runs near the ceiling, so what the step loses on it comes from around it "
+                      "(caches, the work beside it), not from its kernel path." if near else
+                      "Alone the kernel itself runs below the ceiling: what is left is a faster kernel than "
+                      "PyTorch offers on this CPU."))
 
 
 def _full_preset_top(v: dict, c) -> str:
@@ -558,6 +582,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     # profiledn.account: a traced step by phase; fullstudy: RetinaNet at the full preset
     "forward backward": _forward_backward,
     "next fix": _next_fix,
+    "next fix tried": _next_fix_tried,
     "full preset top": _full_preset_top,
     "whole step above ceiling": lambda v, c: (
         f"{_who(v)}{v['share']:.0%} of the operators' time is in operators measured above the DRAM copy rate (data "

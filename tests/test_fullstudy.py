@@ -126,7 +126,7 @@ def test_the_study_profiles_real_workers_at_the_quick_preset(tmp_path, this_fact
         assert prof["phases"]["ms"].sum() == pytest.approx(prof["whole"]["step_ms"])
         assert prof["account"]["work_ratio"] > 0 and prof["account"]["loss_share"] > 0
     assert dict(study["top"].options)["focal"] == "fast"  # no ladder in this store: the paper's recipe
-    assert said[-1].startswith("the page: ") and "the next fix the profile points at" in said[-2]
+    assert said[-1].startswith("the page: ") and "the next fix the profile points at" in " ".join(said[-3:])
     page = next((tmp_path / "results").glob("*-retinanet-quick.md")).read_text()
     assert "python -m cpuopt_helpers.fullstudy --preset quick" in page and "| forward | top |" in page
 
@@ -182,3 +182,64 @@ def test_a_ladder_still_at_the_defaults_gives_way_to_the_recipe(tmp_path, facts)
     ladder = [{"step": "baseline", "config": stored.to_dict()}, {"step": "allocator", "config": stored.to_dict()}]
     base, top, source = fullstudy.arms(session(tmp_path, made, ladder))
     assert top.config_hash() != base.config_hash() and RECIPE in source  # never an A/A comparison
+
+
+def made_up_trial(best_ratio: float | None, alone_gflops: float = 90.0) -> dict:
+    """A trial as kernels.conv_paths prints it: as run, channels-last slower, and bf16 channels-last
+    confirmed ``best_ratio`` faster (or no different where None)."""
+    def row(path, part, ms, ratio=None, low=None, high=None, verdict=""):
+        return {"path": path, "part": part, "median_ms": ms, "gflops": alone_gflops * 1000 / ms, "speedup": ratio,
+                "speedup_low": low, "speedup_high": high, "verdict": verdict, "rounds": 8}
+    rows = [row("as run", part, 1000.0) for part in ("forward", "backward", "both")]
+    rows += [row("channels-last", part, 1600.0, 0.62, 0.58, 0.66, "slower") for part in ("forward", "backward", "both")]
+    fast = (best_ratio, best_ratio - 0.1, best_ratio + 0.1, "faster") if best_ratio else (1.01, 0.95, 1.07,
+                                                                                          "no different")
+    rows += [row("bf16 channels-last", part, 1000.0 / fast[0], *fast) for part in ("forward", "backward", "both")]
+    return {"op": "ConvolutionBackward0", "shapes": "2x2376x100x100; 2x256x100x100; 2376x256x3x3", "dtype": "fp32",
+            "step_ms": 4000.0, "step_gflops": 60.0, "trial": {"rounds": 8, "threads": 2, "calls": 1, "rows": rows}}
+
+
+def test_the_page_ends_with_the_next_fix_tried_and_its_paths(tmp_path, facts):
+    study = made_up_study(facts, bf16_fast=True)
+    study["tried"] = made_up_trial(1.8)
+    text = fullstudy.write_page(study, tmp_path, facts()).read_text()
+    assert "| channels-last | 1600 | 1600 | 56 | 56% | 0.62x | 95% CI 0.58-0.66 | slower |" in text  # ceiling 100
+    assert "| as run | 1000 | 1000 | 90 | 90% |  |  |  |" in text
+    last = text.split("\n\n")[-2]
+    assert last.startswith("retinanet (top): the next fix, tried: ConvolutionBackward0 (2x2376x100x100;")
+    assert "bf16 channels-last is the fastest confirmed path: about 1.78 s a step less at this shape " \
+           "(`--dtype bf16 --channels-last`)" in last  # 4 s x (1 - 1/1.8)
+
+
+@pytest.mark.parametrize("alone, said", [(90.0, "Alone the kernel runs near the ceiling"),
+                                         (40.0, "what is left is a faster kernel than PyTorch offers")])
+def test_a_trial_that_finds_no_faster_path_says_where_the_loss_lies(facts, alone, said):
+    study = made_up_study(facts, bf16_fast=False)
+    study["tried"] = made_up_trial(None, alone_gflops=alone)
+    sentence = fullstudy.study_findings(study)[-1].sentence
+    assert "No path is confirmed faster by 2% or more" in sentence and said in sentence
+    assert f"{alone:.0f} GFLOP/s alone ({alone:.0f}% of the measured GEMM ceiling), 60 in the step" in sentence
+
+
+def test_a_trial_that_did_not_finish_is_said_and_no_table_made_up(tmp_path, facts):
+    study = made_up_study(facts, bf16_fast=False)
+    study["tried"] = {k: v for k, v in made_up_trial(1.8).items() if k != "trial"} | {"error": "killed"}
+    text = fullstudy.write_page(study, tmp_path, facts()).read_text()
+    assert "the trial did not finish (killed); nothing is said of its paths." in text
+    assert "| as run |" not in text
+
+
+def test_only_a_convolutions_backward_is_tried_at_its_heaviest_shape():
+    import pandas as pd
+
+    table = pd.DataFrame([
+        {"op": "ConvolutionBackward0", "phase": "backward", "shapes": "a", "dtype": "fp32", "ms": 100.0,
+         "projected_ms": 90.0, "achieved_gflops": 50.0},
+        {"op": "ConvolutionBackward0", "phase": "backward", "shapes": "b", "dtype": "", "ms": 80.0,
+         "projected_ms": 20.0, "achieved_gflops": 30.0},
+        {"op": "ConvolutionBackward0", "phase": "forward", "shapes": "c", "dtype": "fp32", "ms": 900.0,
+         "projected_ms": 0.0, "achieved_gflops": 1.0}])
+    prof = {"next": {"op": "ConvolutionBackward0", "phase": "backward"}, "whole": {"table": table}}
+    assert fullstudy.next_fix_target(prof) == {"op": "ConvolutionBackward0", "shapes": "b", "dtype": "fp32",
+                                               "step_ms": 80.0, "step_gflops": 30.0}  # the most time above its ceiling
+    assert fullstudy.next_fix_target({**prof, "next": {"op": "aten::copy_", "phase": "backward"}}) is None

@@ -187,6 +187,21 @@ def test_gemm_formulas_by_dtype_and_conv_backward():
     assert flops == conv_flops([1, 1, 7, 7], [2, 1, 3, 3], [1, 2, 3, 3])  # (7 - 3) // 2 + 1 = 3
 
 
+def test_an_autograd_node_is_named_by_the_gemms_shapes_below_it():
+    """ConvolutionBackward0 records only the gradient it takes; the convolution's shapes say which layer
+    it is (what the full study's trial needs to rebuild it)."""
+    grad = {"Input Dims": [[2, 4, 8, 8]], "Input type": ["float"]}
+    back = {"Input Dims": [[2, 4, 8, 8], [2, 3, 8, 8], [4, 3, 3, 3]], "Input type": ["float"] * 3}
+    kernel = wholestep.Node("aten::convolution_backward", 1, 8, back)
+    node = wholestep.Node(f"{wholestep.BACKWARD_PREFIX}ConvolutionBackward0", 0, 10, grad,
+                          [wholestep.Node("ConvolutionBackward0", 0.5, 9, grad, [kernel])])
+    assert wholestep.node_work(node, CEIL).shapes == "2x4x8x8; 2x3x8x8; 4x3x3x3"
+    linear = wholestep.Node("aten::linear", 0, 10, {"Input Dims": [[8, 16], [4, 16], [4]], "Input type": ["float"] * 3},
+                            [wholestep.Node("aten::addmm", 1, 8, {"Input Dims": [[4], [8, 16], [16, 4]],
+                                                                  "Input type": ["float"] * 3})])
+    assert wholestep.node_work(linear, CEIL).shapes == "8x16; 4x16; 4"  # a forward op keeps its own
+
+
 def test_ceilings_from_notebook_00s_roofline():
     c = wholestep.Ceilings.from_roofline({"gemm_gflops_best": 120.0, "copy_gbs_best": 15.0,
                                           "gemm_gflops_bf16_best": 300.0, "threads": 4})

@@ -279,14 +279,20 @@ def node_work(node: Node, ceilings: Ceilings) -> Work:
     if below.flops or own is None:  # a GEMM below (linear -> addmm), or nothing known here: the children's sum
         if own is None and not node.children:
             return Work(unknown_us=node.dur, shapes=shapes)
-        return Work(below.flops, below.bytes, below.compute_s, below.memory_s, below.unknown_us,
-                    below.dtype, shapes or below.shapes)
+        # an autograd node records only the gradient it takes: the GEMM's shapes below say which layer it is
+        named = below.shapes if below.flops and _autograd_node(node.name) else shapes or below.shapes
+        return Work(below.flops, below.bytes, below.compute_s, below.memory_s, below.unknown_us, below.dtype, named)
     if below.bytes > own:
         return Work(0.0, below.bytes, below.compute_s, below.memory_s, below.unknown_us, below.dtype,
                     shapes or below.shapes)
     dtype = (tensor_inputs(node.args) or [([], None)])[0][1]
     return Work(0.0, own, 0.0, own / (ceilings.copy_gbs * 1e9), dtype=dtype and _dtype_class(dtype),
                 shapes=shapes or below.shapes)
+
+
+def _autograd_node(name: str) -> bool:
+    """A backward span of autograd's (``ConvolutionBackward0``, with or without the engine's prefix)."""
+    return name.startswith(BACKWARD_PREFIX) or bool(re.search(r"Backward\d*$", name))
 
 
 def _shapes(args: dict) -> str:
