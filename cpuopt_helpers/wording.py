@@ -262,7 +262,6 @@ def _of_theory(share) -> str:
             " (the theoretical peak is unknown here)")
 
 
-KERNEL_NEAR_CEILING = 0.7  # a kernel alone at this share of the measured GEMM ceiling or more leaves little to its path
 _FIX_WORDS = {
     "gemm": "GEMM-like work below the GEMM ceiling: a faster kernel path for it (channels-last, bf16 where the CPU "
             "has a fast path, prepacked weights, max-autotune's GEMM templates)",
@@ -298,12 +297,15 @@ def _next_fix_tried(v: dict, c) -> str:
         how = f"`{best['flags']}`" if best["flags"] else "no option applies it yet"
         return (f"{said} {best['path']} is the fastest confirmed path: about {v['saving_ms'] / 1e3:.2f} s a step less "
                 f"at this shape ({how}).")
-    near = v["ceiling"] and v["alone_gflops"] >= KERNEL_NEAR_CEILING * v["ceiling"]
-    return said + (f" No path is confirmed faster by {compare.MIN_GAIN:.0%} or more. "
-                   + ("Alone the kernel runs near the ceiling, so what the step loses on it comes from around it "
-                      "(caches, the work beside it), not from its kernel path." if near else
-                      "Alone the kernel itself runs below the ceiling: what is left is a faster kernel than "
-                      "PyTorch offers on this CPU."))
+    said += f" No path is confirmed faster by {compare.MIN_GAIN:.0%} or more"
+    if not v["ceiling"] or v["step_gflops"] >= v["ceiling"]:
+        return said + "."
+    # time a unit of work: at the ceiling, alone, in the step; the gap above the ceiling split between them
+    at_ceiling, alone, in_step = 1 / v["ceiling"], 1 / v["alone_gflops"], 1 / v["step_gflops"]
+    kernel = min(max((alone - at_ceiling) / (in_step - at_ceiling), 0.0), 1.0)
+    return (f"{said}: of this shape's time above the ceiling, {kernel:.0%} is its kernel's own (the fastest path "
+            f"PyTorch offers here, alone) and {1 - kernel:.0%} comes from around it in the step (caches, the work "
+            "beside it).")
 
 
 def _full_preset_top(v: dict, c) -> str:
