@@ -45,7 +45,7 @@ STEPS, WARMUP = 2, 1  # timed steps a run; warm-up goes on until steady (at most
 TIMEOUT_S = 1800.0  # a run: a cold compile of the full model and its few long steps fit
 MLPERF_PER_CORE = 0.20  # images/s per physical core: MLPerf Training v3.0, Intel, 2x Xeon 8480+ (AMX) a node
 TAG = "case-study-full"
-TRY_ROUNDS = 8  # the next fix's trial: interleaved rounds of its convolution alone (kernels.conv_paths)
+TRY_ROUNDS = compare.FIXED_ROUNDS  # the next fix's trial: interleaved rounds of its convolution alone (one look)
 TRY_TIMEOUT_S = 1200.0  # the trial: a few minutes at the full preset's heaviest convolution
 # a path of kernels.conv_paths -> how a run takes it
 PATH_FLAGS = {"channels-last": "--channels-last", "bf16": "--dtype bf16",
@@ -145,10 +145,10 @@ def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Pat
             profiles[name] = profile(config, trace_dir / f"{name}.json", ceilings, reuse=resume)
         except CpuoptError as exc:
             profiles[name] = {"error": str(exc)}
-    tried = None
-    if "whole" in profiles["top"] and next_fix_target(profiles["top"]):
-        say(f"trying the next fix: {profiles['top']['next']['op']} alone, under each path this CPU offers")
-        tried = try_next_fix(profiles["top"], top, session.facts)
+    tried = target = next_fix_target(profiles["top"]) if "whole" in profiles["top"] else None
+    if target:
+        say(f"trying the next fix: {target['op']} alone, under each path this CPU offers")
+        tried = try_next_fix(target, top, session.facts)
     study = {"base": base, "top": top, "source": source, "comparison": result, "figures": figures,
              "profiles": profiles, "tried": tried, "ceilings": ceilings, "theoretical": ceilings.theoretical_gflops,
              "cores": session.facts.physical_cores, "seconds": time.time() - started, "resumed": resume,
@@ -176,12 +176,10 @@ def next_fix_target(prof: dict) -> dict | None:
             "step_gflops": float(row["achieved_gflops"])}
 
 
-def try_next_fix(prof: dict, config: RunConfig, facts, rounds: int = TRY_ROUNDS) -> dict | None:
-    """The next fix's convolution alone under each path this CPU offers (``kernels.conv_paths``, in a
-    process of its own at the top's threads): the target, and ``trial`` or ``error``."""
-    target = next_fix_target(prof)
-    if target is None:
-        return None
+def try_next_fix(target: dict, config: RunConfig, facts, rounds: int = TRY_ROUNDS) -> dict:
+    """The next fix's convolution (``next_fix_target``) alone under each path this CPU offers
+    (``kernels.conv_paths``, in a process of its own at the top's threads): the target, and
+    ``trial`` or ``error``."""
     command = [sys.executable, "-m", "cpuopt_helpers.kernels.conv_paths", target["shapes"], "--dtype",
                target["dtype"], "--threads", str(config.threads or facts.physical_cores), "--rounds", str(rounds),
                "--json"] + (["--bf16-fast"] if facts.bf16.get("accelerated") else [])

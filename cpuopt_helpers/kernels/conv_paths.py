@@ -33,7 +33,9 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-ROUNDS = 8  # interleaved rounds: compare.FIXED_ROUNDS, one look
+from cpuopt_helpers import compare, stats
+
+ROUNDS = compare.FIXED_ROUNDS  # interleaved rounds, one look
 MIN_MEASURE_S = 0.2  # a small convolution is called this long a measurement (the mean of its calls)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -120,8 +122,6 @@ def time_once(conv: Conv, form: str, t: dict[str, torch.Tensor], calls: int = 1)
 def trial(conv: Conv, dtype: str = "fp32", bf16_fast: bool = False, rounds: int = ROUNDS, say=None,
           min_measure_s: float = MIN_MEASURE_S) -> dict:
     """Each path's forward, backward and both against ``as run``, paired by round; rates alone."""
-    from cpuopt_helpers import compare, stats
-
     chosen = paths(conv, dtype, bf16_fast)
     data = {name: tensors(conv, d, cl) for name, (d, cl, _) in chosen.items()}
     for name, (_, _, form) in chosen.items():  # warm up outside the clock (oneDNN builds its primitives)
