@@ -190,6 +190,8 @@ def test_retinanet_compiled_regions_train_as_the_separate_ops():
     compiled = build_workload("retinanet", "quick", {"frozen_bn": "compiled"})
     blocks = [m for m in compiled.model.modules() if getattr(m, "_compiled_call_impl", None) is not None]
     assert len(blocks) == 4  # one bottleneck a stage in the quick preset; the stem stays eager
+    for block in blocks[:-1]:  # one region runs compiled, inside the whole model: a quarter of the cold compile
+        block._compiled_call_impl = None
     images, targets = separate.make_batch(2)
     losses, grads = [], []
     for w in (separate, compiled):

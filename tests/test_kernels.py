@@ -289,7 +289,8 @@ def test_the_whole_step_compiled_trains_as_eager_and_runs_compiled_graphs(fresh_
     from cpuopt_helpers.config import RunConfig
     from cpuopt_helpers.worker import prepare
 
-    base = RunConfig(workload="cnn", preset="quick", threads=2, optimizer="lamb")
+    # the user's tiny MLP: the same graphs per step as any model, a fraction of the cold compile
+    base = RunConfig(workload="tests.user_workloads:build", preset="quick", threads=2, optimizer="lamb")
     eager = prepare(base)
     expected = [eager.step()[0] for _ in range(5)]
     whole = prepare(base.replace(compile="default", compile_scope="step"))
