@@ -768,17 +768,23 @@ def _workbook(args) -> int:
 
     if args.wb_command == "readme":
         return _readme(args)
+    from datetime import datetime, timezone
+
     from cpuopt_helpers.report import build_report
-    from cpuopt_helpers.results import build_dir
+    from cpuopt_helpers.results import ResultStore, build_dir, loaded_sentence
 
     out = Path(args.out).resolve() if args.out else build_dir().resolve()
     if args.wb_command == "report":
         print(f"report: {build_report(out, system.collect_facts())}")
         return 0
     only = [n for part in args.only for n in part.split(",") if n] if args.only else None
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     report = workbook.run_workbook(preset=args.preset, only=only, out=args.out,
                                    parameters=workbook.cli_parameters(args.workloads, args.parameter))
     print(workbook.format_report(report))
+    said = loaded_sentence([r for r in ResultStore(out / "results.sqlite").results() if r["created_at"] >= started])
+    if said:  # why a run took longer than it should, and why its verdicts may be within noise
+        print(said)
     print(f"report: {build_report(out, system.collect_facts())}")
     return 0 if all(r["status"] == "ok" for r in report) else 1
 

@@ -11,7 +11,7 @@ from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig, setting_label
 from cpuopt_helpers.decisions import RECIPE
 from cpuopt_helpers.errors import CpuoptError
-from cpuopt_helpers.results import ResultStore
+from cpuopt_helpers.results import ResultStore, loaded_sentence
 from cpuopt_helpers.system import Facts
 
 RESULTS_START, RESULTS_END = "<!-- results:start -->", "<!-- results:end -->"
@@ -124,7 +124,10 @@ def results_page(store: ResultStore, facts: Facts, preset: str = "standard", fig
     lines += ["", f"![thread scaling]({figures}/03_scaling.png)",
               *([f"![launchers]({figures}/04_launchers.png)"] if launchers else []),
               f"![bf16 throughput]({figures}/06_throughput.png)", f"![bf16 accuracy]({figures}/06_accuracy.png)"]
-    lines += _confirmation_lines(store, machine, preset, min(r["created_at"] for r in runs))
+    since = min(r["created_at"] for r in runs)
+    lines += _confirmation_lines(store, machine, preset, since)
+    said = loaded_sentence([r for r in store.results(machine=machine) if r.get("created_at", "") >= since])
+    lines += ["", said] if said else []
     lines += _answer_lines(Path(store.path).parent / "notebooks", figures)
     return "\n".join(lines)
 

@@ -269,6 +269,29 @@ def warn_loaded(results: list[dict], what: str | None) -> None:
                     "run explains); their ratios are noisier", what or "sweep", loaded, len(results))
 
 
+def loaded_sentence(results: list[dict]) -> str | None:
+    """What the machine was doing during these runs, in one sentence for a run's end and its page:
+    how many ran on a loaded machine (``provenance.is_loaded``) and the hypervisor's steal time.
+    None when no run recorded its machine state."""
+    from statistics import median
+
+    from cpuopt_helpers.provenance import STEAL_LOADED_PCT
+
+    states = [r["machine_state"] for r in results if r.get("machine_state")]
+    if not states:
+        return None
+    loaded = sum(bool(s.get("loaded")) for s in states)
+    steals = [s["steal_pct"] for s in states if s.get("steal_pct") is not None]
+    steal = (f"; the hypervisor took a median {median(steals):.1f}% of a run's CPU time, at most {max(steals):.0f}%"
+             if steals else "")
+    if not loaded:
+        return f"The machine was quiet: none of the {len(states)} runs measured on a loaded machine{steal}."
+    return (f"The machine was busy with other work: {loaded} of {len(states)} runs measured on a loaded machine "
+            f"(a load average above the run's own, or more than {STEAL_LOADED_PCT:.0f}% of its CPU time taken by the "
+            f"hypervisor{steal}). Such runs are slower and their ratios noisier: on a quiet machine the same run "
+            "takes less time, and its intervals are narrower.")
+
+
 def round_line(i: int, order: tuple[str, str], speeds: tuple, rounds: list[tuple]) -> str:
     """'round 3 (BA): a 41.2, b 45.0 samples/s; running ratio 1.09x over 3 rounds' (b over a)."""
     a, b = (f"{v:.2f}" if v is not None else "failed" for v in speeds)

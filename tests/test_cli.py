@@ -126,15 +126,32 @@ def test_failed_run_exits_1():
     assert proc.returncode == 1 and "deliberate crash" in proc.stdout
 
 
-def test_workbook_run_passes_workloads_and_parameters_to_every_notebook(monkeypatch, capsys):
+def test_workbook_run_passes_workloads_and_parameters_to_every_notebook(monkeypatch, capsys, tmp_path):
     from cpuopt_helpers import report, workbook
 
+    from datetime import datetime, timezone
+
+    from cpuopt_helpers.config import RunConfig
+    from cpuopt_helpers.results import ResultStore, build_dir
+
+    monkeypatch.setenv("CPUOPT_BUILD", str(tmp_path))  # the run's store: this test's own
     seen = {}
-    monkeypatch.setattr(workbook, "run_workbook", lambda **kw: seen.update(kw) or [])
+
+    def run_workbook(**kw):  # one run lands in the run's store, measured on a loaded machine
+        seen.update(kw)
+        config = RunConfig(workload="cnn")
+        ResultStore(build_dir() / "results.sqlite").save_result(
+            {"config": config.to_dict(), "config_hash": config.config_hash(), "status": "ok", "system": "m",
+             "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+             "machine_state": {"loaded": True, "steal_pct": 9.0}})
+        return []
+
+    monkeypatch.setattr(workbook, "run_workbook", run_workbook)
     monkeypatch.setattr(report, "build_report", lambda out, facts: "report.html")
     args = ["workbook", "run", "--workloads", "cnn,tests.user_workloads:dict_model", "-p", "ROUNDS", "3",
             "-p", "COMPILE_MODES", '["default"]', "-p", "RESUME", "False", "-p", "BUDGET_MIN", "0.5", "--only", "01,03", "--only", "05"]
     assert cli.main(args) == 0
+    assert "The machine was busy with other work: 1 of 1 runs" in capsys.readouterr().out  # why it took longer
     assert seen["parameters"] == {"WORKLOADS": ["cnn", "tests.user_workloads:dict_model"],
                                   "ROUNDS": 3, "COMPILE_MODES": '["default"]', "RESUME": False, "BUDGET_MIN": 0.5}
     assert seen["only"] == ["01", "03", "05"]

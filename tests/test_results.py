@@ -31,6 +31,21 @@ def test_round_trip_to_dataframe(tmp_path):
     assert sqlite3.connect(store.path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+def test_the_machine_state_of_a_run_is_said_in_one_sentence():
+    from cpuopt_helpers.results import loaded_sentence
+
+    def run(loaded, steal):
+        return {"machine_state": {"loaded": loaded, "steal_pct": steal}}
+
+    assert loaded_sentence([{"status": "failed"}]) is None  # no run recorded its machine state
+    quiet = loaded_sentence([run(False, 0.5), run(False, 1.5), run(False, None)])
+    assert quiet.startswith("The machine was quiet: none of the 3 runs") and "median 1.0%" in quiet
+    busy = loaded_sentence([run(True, 12.0), run(False, 1.0), run(True, 31.0), run(True, None)])
+    assert busy.startswith("The machine was busy with other work: 3 of 4 runs") and "at most 31%" in busy
+    assert "median 12.0%" in busy and "slower and their ratios noisier" in busy
+    assert "took a median" not in loaded_sentence([run(True, None)])  # no steal column: no steal figure
+
+
 def test_facts_replace_older_values(tmp_path):
     store = ResultStore(tmp_path / "r.sqlite")
     assert store.get_fact("m", "roofline/quick") is None
