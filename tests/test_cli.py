@@ -127,10 +127,9 @@ def test_failed_run_exits_1():
 
 
 def test_workbook_run_passes_workloads_and_parameters_to_every_notebook(monkeypatch, capsys, tmp_path):
-    from cpuopt_helpers import report, workbook
-
     from datetime import datetime, timezone
 
+    from cpuopt_helpers import report, workbook
     from cpuopt_helpers.config import RunConfig
     from cpuopt_helpers.results import ResultStore, build_dir
 
