@@ -12,6 +12,8 @@ has loaded, how many figures the browser could draw (``data-figures-loaded="N/M"
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import html
 import shutil
 from pathlib import Path
@@ -109,7 +111,12 @@ def render_notebooks(notebooks: list[Path], target: Path) -> list[tuple[str, str
     exporter = HTMLExporter()
     links = []
     for nb_path in notebooks:
-        body, _ = exporter.from_notebook_node(nbformat.read(nb_path, as_version=4))
+        try:
+            node = nbformat.read(nb_path, as_version=4)
+        except (ValueError, OSError):  # half written by another workbook run on this folder: its report renders it
+            links.append((f"{nb_path.stem} (being written by another run; its report has it)", ""))
+            continue
+        body, _ = exporter.from_notebook_node(node)
         (target / f"{nb_path.stem}.html").write_text(body)
         links.append((nb_path.stem, f"notebooks/{nb_path.stem}.html"))
     return links
@@ -124,8 +131,22 @@ def written_by_cpuopt(folder: Path) -> bool:
     return (folder / MARK).exists() or (index.exists() and "figuresLoaded" in index.read_text(errors="replace"))
 
 
+@contextlib.contextmanager
+def report_lock(build: Path):
+    """One report writer at a time on BUILD: two workbook runs on one folder each end with a report."""
+    build.mkdir(parents=True, exist_ok=True)
+    with open(build / ".report.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def build_report(build: Path, facts: Facts, store: ResultStore | None = None, title: str = "cpuopt report") -> Path:
     """Write BUILD/report/index.html (and its figures and notebook pages); return its path."""
+    with report_lock(build):
+        return _write_report(build, facts, store, title)
+
+
+def _write_report(build: Path, facts: Facts, store: ResultStore | None, title: str) -> Path:
     report = build / "report"
     figures_out = report / "figures"
     if report.exists():
@@ -156,7 +177,8 @@ def build_report(build: Path, facts: Facts, store: ResultStore | None = None, ti
 <h2>Machine</h2>
 {_table(["fact", "value"], [list(r) for r in _facts_rows(facts)])}
 <h2>Notebooks</h2>
-<ul>{''.join(f"<li><a href='{html.escape(link)}'>{html.escape(name)}</a></li>" for name, link in links)}</ul>
+<ul>{''.join(f"<li><a href='{html.escape(link)}'>{html.escape(name)}</a></li>" if link
+              else f"<li>{html.escape(name)}</li>" for name, link in links)}</ul>
 <h2>Figures</h2>
 <div class="gallery">{gallery or '<p>No figures yet.</p>'}</div>
 <h2>Results</h2>
