@@ -306,10 +306,13 @@ def update_readme(readme: Path, section: str) -> None:
 
 
 def cpu_slug(facts: Facts) -> str:
-    """The CPU model as a page name's part: lower case, runs of other characters as one dash."""
+    """The CPU model as a page name's part: lower case, without the trademark marks and the words
+    that name no model ("Intel(R) Xeon(R) Processor @ 2.80GHz": intel-xeon-2-80ghz), runs of
+    other characters as one dash."""
     import re
 
-    return re.sub(r"[^a-z0-9]+", "-", facts.cpu_model.lower()).strip("-")
+    words = re.sub(r"\((r|tm)\)|\b(processor|cpu)\b", " ", facts.cpu_model.lower())
+    return re.sub(r"[^a-z0-9]+", "-", words).strip("-") or "cpu"
 
 
 def isa_slug(facts: Facts) -> str:

@@ -61,7 +61,7 @@ def write(folder, facts, name="overhead", rows=(records.Row("x", "1 s"),), when=
 
 def test_the_page_is_named_by_day_cpu_isa_and_command(tmp_path, facts):
     page = write(tmp_path / "results", facts(**XEON))
-    assert page == tmp_path / "results" / "2026-12-01-intel-r-xeon-r-platinum-8480-amx-overhead.md"
+    assert page == tmp_path / "results" / "2026-12-01-intel-xeon-platinum-8480-amx-overhead.md"
     assert records.page_path(tmp_path, facts(cpu_model="AMD EPYC 7B13", isa={"avx2": True}), "make-test",
                              "2026-12-01").name == "2026-12-01-amd-epyc-7b13-avx2-make-test.md"
     late = datetime(2026, 12, 2, 0, 30, tzinfo=timezone(timedelta(hours=2)))  # 22:30 UTC on the 1st
@@ -105,7 +105,7 @@ def test_the_make_test_record_says_how_long_it_took_and_whether_it_passed(tmp_pa
     monkeypatch.setattr(records, "own_commit", lambda root=records.ROOT: "abc1234 with uncommitted changes")
     assert records.main(["make-test", "--seconds", "1865", "--status", "0", "--folder", str(tmp_path)]) == 0
     (page,) = tmp_path.glob("*-make-test.md")
-    assert page.name.endswith("-intel-r-xeon-r-platinum-8480-amx-make-test.md") and str(page) in capsys.readouterr().out
+    assert page.name.endswith("-intel-xeon-platinum-8480-amx-make-test.md") and str(page) in capsys.readouterr().out
     text = page.read_text()
     for needed in ("# make test: Intel(R) Xeon(R) Platinum 8480+ (amx)", "| 31 min 5 s |", "| outcome | passed |",
                    "commit abc1234 with uncommitted changes", "Regenerate with `make test`", "56 physical / 112"):
@@ -187,7 +187,7 @@ def test_the_parse_speed_page_claims_a_ratio_only_against_a_named_peer(tmp_path,
     (plain / "verbose_converter.py").write_text("")
     page = parse_speed.write_page(parse_speed_json(parse_speed.peer(plain)), tmp_path / "unknown", **kwargs)
     text = page.read_text()
-    assert page.name == "2026-12-01-intel-r-xeon-r-platinum-8480-amx-parse-speed.md"
+    assert page.name == "2026-12-01-intel-xeon-platinum-8480-amx-parse-speed.md"
     assert "version is unknown" in text and "no ratio against it" in text and "over `cpuopt profile" not in text
     assert "| `verbose_converter breakdown` | 9.50 s (median) | range 9.00-10.00 s | 3 paired rounds |" in text
     alone = parse_speed.write_page(parse_speed_json(None), tmp_path / "alone", **kwargs).read_text()
@@ -252,3 +252,15 @@ def test_the_measuring_targets_write_their_pages():
     makefile = (ROOT / "Makefile").read_text()
     assert "$(PY) benchmarks/overhead.py --page docs/results" in makefile
     assert "$(PY) benchmarks/parse_speed.py --page docs/results" in makefile
+
+
+@pytest.mark.parametrize("model, slug", [("Intel(R) Xeon(R) Processor @ 2.80GHz", "intel-xeon-2-80ghz"),
+                                         ("AMD EPYC 9B14 96-Core Processor", "amd-epyc-9b14-96-core"),
+                                         ("Intel(R) Core(TM) i7-1185G7 CPU @ 3.00GHz", "intel-core-i7-1185g7-3-00ghz"),
+                                         ("", "cpu")])
+def test_a_record_is_named_by_the_cpu_model_without_its_trademark_marks(model, slug):
+    from types import SimpleNamespace
+
+    from cpuopt_helpers.pages import cpu_slug
+
+    assert cpu_slug(SimpleNamespace(cpu_model=model)) == slug
