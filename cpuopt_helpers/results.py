@@ -282,14 +282,14 @@ def loaded_sentence(results: list[dict]) -> str | None:
         return None
     loaded = sum(bool(s.get("loaded")) for s in states)
     steals = [s["steal_pct"] for s in states if s.get("steal_pct") is not None]
-    steal = (f"; the hypervisor took a median {median(steals):.1f}% of a run's CPU time, at most {max(steals):.0f}%"
-             if steals else "")
+    took = f"a median {median(steals):.1f}% of a run's CPU time, at most {max(steals):.1f}%" if steals else ""
     if not loaded:
-        return f"The machine was quiet: none of the {len(states)} runs measured on a loaded machine{steal}."
+        return (f"The machine was quiet: none of the {len(states)} runs measured on a loaded machine"
+                + (f"; the hypervisor took {took}." if took else "."))
     return (f"The machine was busy with other work: {loaded} of {len(states)} runs measured on a loaded machine "
             f"(a load average above the run's own, or more than {STEAL_LOADED_PCT:.0f}% of its CPU time taken by the "
-            f"hypervisor{steal}). Such runs are slower and their ratios noisier: on a quiet machine the same run "
-            "takes less time, and its intervals are narrower.")
+            f"hypervisor{': it took ' + took if took else ''}). Such runs are slower and their ratios noisier: on a "
+            "quiet machine the same run takes less time, and its intervals are narrower.")
 
 
 def round_line(i: int, order: tuple[str, str], speeds: tuple, rounds: list[tuple]) -> str:

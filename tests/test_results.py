@@ -41,9 +41,11 @@ def test_the_machine_state_of_a_run_is_said_in_one_sentence():
     quiet = loaded_sentence([run(False, 0.5), run(False, 1.5), run(False, None)])
     assert quiet.startswith("The machine was quiet: none of the 3 runs") and "median 1.0%" in quiet
     busy = loaded_sentence([run(True, 12.0), run(False, 1.0), run(True, 31.0), run(True, None)])
-    assert busy.startswith("The machine was busy with other work: 3 of 4 runs") and "at most 31%" in busy
-    assert "median 12.0%" in busy and "slower and their ratios noisier" in busy
-    assert "took a median" not in loaded_sentence([run(True, None)])  # no steal column: no steal figure
+    assert busy.startswith("The machine was busy with other work: 3 of 4 runs")
+    assert "slower and their ratios noisier" in busy
+    assert "by the hypervisor: it took a median 12.0% of a run's CPU time, at most 31.0%)" in busy
+    assert "at most 0.4%" in loaded_sentence([run(True, 0.3), run(True, 0.4)])  # never a largest below the median
+    assert "took" not in loaded_sentence([run(True, None)])  # no steal column: no steal figure
 
 
 def test_facts_replace_older_values(tmp_path):
