@@ -134,8 +134,9 @@ def written_by_cpuopt(folder: Path) -> bool:
 @contextlib.contextmanager
 def report_lock(build: Path):
     """One report writer at a time on BUILD: two workbook runs on one folder each end with a report."""
-    build.mkdir(parents=True, exist_ok=True)
-    with open(build / ".report.lock", "w") as lock:
+    if not build.exists():
+        build.mkdir(parents=True)
+    with open(build / ".report.lock", "w") as lock:  # a file given as the folder: "Not a directory"
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

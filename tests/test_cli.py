@@ -98,9 +98,11 @@ def test_a_kernel_that_fell_back_is_in_the_result_and_its_words():
 
 @pytest.mark.slow
 def test_a_run_that_times_out_says_the_throughput_it_reached():
-    proc = cpuopt("bench", "--workload", "cnn", "--preset", "quick", "--steps", "100000", "--timeout", "12", "--json")
+    # 30 s: at nice 19 beside the notebook tests, 12 s once ended before the first timed step (stop 44's make test)
+    proc = cpuopt("bench", "--workload", "cnn", "--preset", "quick", "--steps", "100000", "--timeout", "30", "--json")
     r = json.loads(proc.stdout)
-    assert proc.returncode == 1 and r["status"] == "timeout" and r["reached_samples_per_s"] > 0 and r["reached_steps"] >= 1
+    assert proc.returncode == 1 and r["status"] == "timeout" and "reached_steps" in r, r["reason"]
+    assert r["reached_samples_per_s"] > 0 and r["reached_steps"] >= 1
     assert f"it reached {r['reached_samples_per_s']:.2f} samples/s over {r['reached_steps']} timed step" in r["reason"]
 
 
