@@ -28,7 +28,7 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 # PyTorch's defaults by 09's headline (a stored climb of `make case-study` is kept instead);
 # the baseline runs 2 rounds a workload; RetinaNet runs 3 timed steps, and 08's profile replays
 # each primitive once after its warm-up (its profile cell took 268 s with 3 on the 2-core Ice Lake
-# Xeon). 02 profiles channels-last and, where the CPU has a fast path, bf16; the IPEX runtime's profile and bf16's slow kernels
+# Xeon) and screens no trainable_layers arm (its frozen-layers logs run them). 02 profiles channels-last and, where the CPU has a fast path, bf16; the IPEX runtime's profile and bf16's slow kernels
 # (10-20x slower without a fast path; with IPEX's, 4-5 minutes of 02 on the 2-core AVX2 EPYC) are
 # the full preset's. Screening runs every
 # candidate once (SCREEN_ROUNDS = 1, the notebooks' default); each screening winner is
@@ -51,7 +51,7 @@ PRESET_PARAMETERS = {
                  "05": {**CNN, "OPTIMIZER_ARMS": ["SGD fused"], "COMPILE_MODES": [], "ZENTORCH": False, **CONFIRM},
                  "06": {**CNN, **CONFIRM}, "07": {**CONFIRM, "BUDGET_MIN": 6.0},  # a DDP round runs two ranks
                  "08": {"STEPS": 3, "KERNEL_ROUNDS": 5, "DISCREPANCY": False, "RECIPE": True, "PROFILE_REPEATS": 1,
-                        **CONFIRM, "BUDGET_MIN": 7.5},
+                        "SCREEN_TRAINABLE": False, **CONFIRM, "BUDGET_MIN": 7.5},
                  "09": {"WORKLOADS": ["cnn", "retinanet"], "BUDGET_MIN": 6.0}},  # 5 RetinaNet rounds fit
     "full": {"03": SCREEN_TWICE, "04": {"LAUNCHER_ROUNDS": 5, **SCREEN_TWICE},
              "05": {"COMPILE_MODES": ["default", "max-autotune"], **SCREEN_TWICE},

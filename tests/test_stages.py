@@ -223,6 +223,15 @@ def test_case_study_baseline_drops_fixes_handed_on_earlier():
         "optimizer_impl=fused focal=fast frozen_bn=fused"
 
 
+def test_case_study_screens_the_trainable_layers_arms_only_when_asked():
+    plan = case_study.configs(RunConfig.for_preset("retinanet", "quick"), FACTS)
+    every = case_study.measured({"retinanet": plan}, discrepancy=True)
+    fewer = case_study.measured({"retinanet": plan}, discrepancy=False, trainable=False)
+    assert {"trainable_layers 0", "trainable_layers 5", case_study.UNFIXED} <= set(every["retinanet"].named)
+    assert set(fewer["retinanet"].named) == set(plan.named) | {case_study.UNFIXED}  # the paper's unfixed build stays
+    assert "retinanet, 601 classes" in every and list(fewer) == ["retinanet"]
+
+
 def test_case_study_takes_the_fixes_a_user_workload_declares_and_names_the_others():
     plan = case_study.configs(RunConfig.for_preset("tests.user_workloads:tagger", "quick"), FACTS)
     configs, missing = plan.named, list(plan.left_out.values())

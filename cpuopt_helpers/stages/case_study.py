@@ -65,11 +65,12 @@ def configs(base: RunConfig, facts: Facts, compiled_region: bool = False) -> Pla
     return Plan.of(arms, missing)
 
 
-def measured(plans: dict[str, Plan], discrepancy: bool) -> dict[str, Plan]:
+def measured(plans: dict[str, Plan], discrepancy: bool, trainable: bool = True) -> dict[str, Plan]:
     """What notebook 08 sweeps and shows, by name: each workload that declares a fix, its fixes
     beside its frozen-layers arms (measured, never candidates: ``choose`` takes its candidates
-    from the workload's own plan), and RetinaNet at 601 classes where ``discrepancy`` asks."""
-    out = {w: Plan.of(p.named | frozen_layer_configs(p.base)) for w, p in plans.items() if len(p.arms) > 1}
+    from the workload's own plan; ``trainable=False`` leaves out the trainable_layers arms), and
+    RetinaNet at 601 classes where ``discrepancy`` asks."""
+    out = {w: Plan.of(p.named | frozen_layer_configs(p.base, trainable)) for w, p in plans.items() if len(p.arms) > 1}
     if "retinanet" in out and discrepancy:
         retina = plans["retinanet"].base
         out["retinanet, 601 classes"] = Plan.of({"baseline": retina,
@@ -198,14 +199,15 @@ def lamb_findings(bench: list[dict]) -> list[Finding]:
 UNFIXED = "frozen stages' backward computed (the paper's unfixed build)"
 
 
-def frozen_layer_configs(base: RunConfig) -> dict[str, RunConfig]:
+def frozen_layer_configs(base: RunConfig, trainable: bool = True) -> dict[str, RunConfig]:
     """The frozen-layers fix as the paper measured it, for a workload that declares the options:
-    the backward of frozen stages computed (emulated unfixed build) and other trainable_layers.
-    Measured beside the fixes, never candidates for the hand-on (they change what trains)."""
+    the backward of frozen stages computed (emulated unfixed build) and, with ``trainable``, other
+    trainable_layers. Measured beside the fixes, never candidates for the hand-on (they change what
+    trains)."""
     declared, out = declared_options(base.workload), {}
     if "frozen_backward" in declared:
         out[UNFIXED] = with_options(base, frozen_backward="compute")
-    if "trainable_layers" in declared:
+    if trainable and "trainable_layers" in declared:
         out |= {f"trainable_layers {n}": with_options(base, trainable_layers=n) for n in (0, 5)
                 if n != declared["trainable_layers"]}
     return out
