@@ -109,7 +109,7 @@ def render_notebooks(notebooks: list[Path], target: Path) -> list[tuple[str, str
 
     target.mkdir(parents=True, exist_ok=True)
     exporter = HTMLExporter()
-    exporter.log.setLevel("ERROR")  # not one warning a notebook that its figures have no alternative text
+    exporter.log.setLevel("ERROR")  # no warning per notebook that its figures lack alternative text
     links = []
     for nb_path in notebooks:
         try:
