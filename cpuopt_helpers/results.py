@@ -271,8 +271,8 @@ def warn_loaded(results: list[dict], what: str | None) -> None:
 
 def loaded_sentence(results: list[dict]) -> str | None:
     """What the machine was doing during these runs, in one sentence for a run's end and its page:
-    how many ran on a loaded machine (``provenance.is_loaded``) and the hypervisor's steal time.
-    None when no run recorded its machine state."""
+    how many ran on a loaded machine (``provenance.is_loaded``; a tenth or fewer: "mostly quiet")
+    and the hypervisor's steal time. None when no run recorded its machine state."""
     from statistics import median
 
     from cpuopt_helpers.provenance import STEAL_LOADED_PCT
@@ -286,7 +286,8 @@ def loaded_sentence(results: list[dict]) -> str | None:
     if not loaded:
         return (f"The machine was quiet: none of the {len(states)} runs measured on a loaded machine"
                 + (f"; the hypervisor took {took}." if took else "."))
-    return (f"The machine was busy with other work: {loaded} of {len(states)} runs measured on a loaded machine "
+    state = "mostly quiet" if loaded <= 0.1 * len(states) else "busy with other work"
+    return (f"The machine was {state}: {loaded} of {len(states)} runs measured on a loaded machine "
             f"(a load average above the run's own, or more than {STEAL_LOADED_PCT:.0f}% of its CPU time taken by the "
             f"hypervisor{': it took ' + took if took else ''}). Such runs are slower and their ratios noisier: on a "
             "quiet machine the same run takes less time, and its intervals are narrower.")

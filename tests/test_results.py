@@ -45,6 +45,8 @@ def test_the_machine_state_of_a_run_is_said_in_one_sentence():
     assert "slower and their ratios noisier" in busy
     assert "by the hypervisor: it took a median 12.0% of a run's CPU time, at most 31.0%)" in busy
     assert "at most 0.4%" in loaded_sentence([run(True, 0.3), run(True, 0.4)])  # never a largest below the median
+    mostly = loaded_sentence([run(True, 0.2)] + [run(False, 0.1)] * 10)  # 1 of 11: not "busy"
+    assert mostly.startswith("The machine was mostly quiet: 1 of 11 runs measured on a loaded machine (")
     assert "took" not in loaded_sentence([run(True, None)])  # no steal column: no steal figure
 
 
