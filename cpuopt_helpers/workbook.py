@@ -28,7 +28,8 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 # PyTorch's defaults by 09's headline (a stored climb of `make case-study` is kept instead);
 # the baseline runs 2 rounds a workload; RetinaNet runs 3 timed steps, and 08's profile replays
 # each primitive once after its warm-up (its profile cell took 268 s with 3 on the 2-core Ice Lake
-# Xeon) and screens no trainable_layers arm (its frozen-layers logs run them). 02 profiles channels-last and, where the CPU has a fast path, bf16; the IPEX runtime's profile and bf16's slow kernels
+# Xeon), and 08 screens no trainable_layers arm (its frozen-layers logs run them). 02 profiles
+# channels-last and, where the CPU has a fast path, bf16; the IPEX runtime's profile and bf16's slow kernels
 # (10-20x slower without a fast path; with IPEX's, 4-5 minutes of 02 on the 2-core AVX2 EPYC) are
 # the full preset's. Screening runs every
 # candidate once (SCREEN_ROUNDS = 1, the notebooks' default); each screening winner is

@@ -98,7 +98,7 @@ def test_a_kernel_that_fell_back_is_in_the_result_and_its_words():
 
 @pytest.mark.slow
 def test_a_run_that_times_out_says_the_throughput_it_reached():
-    # 30 s: at nice 19 beside the notebook tests, 12 s once ended before the first timed step (stop 44's make test)
+    # 30 s: at nice 19 beside the notebook tests, 12 s once ended before the first timed step (a fresh-clone make test, 2026-12-03)
     proc = cpuopt("bench", "--workload", "cnn", "--preset", "quick", "--steps", "100000", "--timeout", "30", "--json")
     r = json.loads(proc.stdout)
     assert proc.returncode == 1 and r["status"] == "timeout" and "reached_steps" in r, r["reason"]
