@@ -114,7 +114,7 @@ def render_notebooks(notebooks: list[Path], target: Path) -> list[tuple[str, str
     for nb_path in notebooks:
         try:
             node = nbformat.read(nb_path, as_version=4)
-        except (ValueError, OSError):  # half written by another workbook run on this folder: its report renders it
+        except ValueError:  # half-written JSON: another run on this folder is writing it (its report renders it)
             links.append((f"{nb_path.stem} (being written by another run; its report has it)", ""))
             continue
         body, _ = exporter.from_notebook_node(node)
