@@ -81,13 +81,35 @@ def _answer_row(workload: str, rungs) -> str:
     return f"| {workload} | {setting} | {over} | `{command}` |"
 
 
+def _baseline_lines(table, facts: Facts, roof: dict) -> list[str]:
+    """Notebook 01's table and sentences: each workload's GFLOP/s as a share of the measured fp32 GEMM
+    ceiling and of the theoretical fp32 peak (``peak.peak_report``; "unknown" where cpuopt's table
+    has no row for this CPU or no clock is known)."""
+    from cpuopt_helpers import peak, system
+    from cpuopt_helpers.stages import baseline
+
+    ceiling = roof["gemm_gflops_best"]
+    theory = peak.peak_report(system.read_cpuinfo(), facts.physical_cores, roof)["fp32"]["theoretical_gflops"]
+    lines = ["| workload | samples/s (median; range over runs) | step ms | forward | backward | optimizer | GFLOP/s "
+             "| of the measured fp32 GEMM ceiling | of the theoretical fp32 peak |", "|---" * 9 + "|"]
+    for name, row in table.iterrows():
+        counted = row["gflops"] == row["gflops"]  # NaN: the workload's FLOPs were not counted
+        shares = [f"{row['gflops'] / top:.0%}" if counted and top else "unknown" for top in (ceiling, theory)]
+        gflops = f"{row['gflops']:.1f}" if counted else "unknown"
+        lines.append(f"| {name} | {row['samples_per_s']:.1f} ({row['low']:.1f}-{row['high']:.1f}, {row['runs']} runs) | "
+                     f"{row['step_ms']:.0f} | {row['forward_share']:.0%} | {row['backward_share']:.0%} | "
+                     f"{row['optimizer_share']:.0%} | {gflops} | {' | '.join(shares)} |")
+    return lines + ["", *[f"- {f.sentence}" for f in baseline.system_findings(facts, roof)[:2]],
+                    *[f"- {f.sentence}" for f in baseline.findings(table, ceiling, theory)]]
+
+
 def results_page(store: ResultStore, facts: Facts, preset: str = "standard", figures: str = "docs") -> str:
     """The whole record of a workbook run, generated from its store: the baseline, the profile,
     the ladder, every confirmation of this run and each later notebook's answer, with their
     figures (linked under ``figures``)."""
     from datetime import date
 
-    from cpuopt_helpers.stages import baseline, choosing
+    from cpuopt_helpers.stages import choosing
 
     machine = facts.fingerprint
     runs = last_sweep_runs(store, "01_baseline", machine, preset)
@@ -101,19 +123,7 @@ def results_page(store: ResultStore, facts: Facts, preset: str = "standard", fig
         f"Measured on {day} by `make run` (preset `{preset}`) on **{facts.cpu_model}**, "
         f"{facts.physical_cores} physical / {facts.logical_cores} logical cores, {facts.memory_gib} GiB, "
         f"torch {facts.versions['torch']}, oneDNN {facts.versions['onednn']}{commit}.",
-        "",
-        "| workload | samples/s (median; range over runs) | step ms | forward | backward | optimizer | GFLOP/s | share of GEMM peak |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    peak = roof["gemm_gflops_best"]
-    for name, row in table.iterrows():
-        lines.append(f"| {name} | {row['samples_per_s']:.1f} ({row['low']:.1f}-{row['high']:.1f}, {row['runs']} runs) | "
-                     f"{row['step_ms']:.0f} | {row['forward_share']:.0%} | {row['backward_share']:.0%} | "
-                     f"{row['optimizer_share']:.0%} | " + (f"{row['gflops']:.1f} | {row['gflops'] / peak:.0%} |"
-                                                           if row["gflops"] == row["gflops"] else "unknown | unknown |"))
-    lines += ["", *[f"- {f.sentence}" for f in baseline.system_findings(facts, roof)[:2]],
-              *[f"- {f.sentence}" for f in baseline.findings(table, peak)],
-              "", f"![baseline]({figures}/01_baseline.png)"]
+        "", *_baseline_lines(table, facts, roof), "", f"![baseline]({figures}/01_baseline.png)"]
     launchers = bool(last_sweep_runs(store, "04_launchers", machine, preset))
     lines += _profile_lines(store, machine, table.index, preset) + _launcher_lines(store, machine, preset)
     from cpuopt_helpers import ladder

@@ -83,7 +83,7 @@ def _baseline(v: dict, c) -> str:
         work = f"{v['gflops']:.1f} GFLOP/s achieved{share}"
     return (f"{v['workload']}: {v['samples_per_s']:.1f} samples/s (median of {v['runs']} runs, range "
             f"{v['low']:.1f}-{v['high']:.1f}); {v['phase']} takes {v['phase_share']:.0%} of a "
-            f"{v['step_ms']:.1f} ms step; {work}.")
+            f"{_ms(v['step_ms'])} step; {work}.")
 
 
 def _epochs(v: dict, c) -> str:
@@ -176,31 +176,51 @@ def _shares(parts: dict) -> str:
     return ", ".join(f"{k} {ms / total:.0%}" for k, ms in sorted(parts.items(), key=lambda kv: -kv[1]) if ms > 0)
 
 
+def _ms(ms: float) -> str:
+    """A duration for a sentence: ``594.32 ms`` below a second, ``18.47 s`` from one second up."""
+    return f"{ms / 1e3:.2f} s" if ms >= 1000 else f"{ms:.2f} ms"
+
+
 def _log_total(v: dict, c) -> str:
-    per = f" ({v['total_ms'] / v['steps']:.2f} ms per step over {v['steps']} steps)" if v["steps"] else ""
-    return (f"{_who(v)}{v['executions']} primitive executions took {v['total_ms']:.1f} ms{per}; "
+    per = f" ({_ms(v['total_ms'] / v['steps'])} per step over {v['steps']} steps)" if v["steps"] else ""
+    return (f"{_who(v)}{v['executions']} primitive executions took {_ms(v['total_ms'])}{per}; "
             + ", ".join(f"{kind} {share:.0%}" for kind, share in v["kinds"]) + ".")
 
 
 def _logs_time(v: dict, c) -> str:
     (la, lb), (ta, tb) = v["labels"], v["ms"]
     if not v["per_step"]:
-        return f"Logged oneDNN time: {ta:.1f} ms in {la} vs {tb:.1f} ms in {lb}."
-    return f"oneDNN time per step: {ta:.2f} ms in {la} vs {tb:.2f} ms in {lb} ({tb / ta:.2f}x)." if ta else \
+        return f"Logged oneDNN time: {_ms(ta)} in {la} vs {_ms(tb)} in {lb}."
+    return f"oneDNN time per step: {_ms(ta)} in {la} vs {_ms(tb)} in {lb} ({tb / ta:.2f}x)." if ta else \
         f"{la} logged no oneDNN time."
+
+
+def _log_reorders(v: dict, c) -> str:
+    """How much of oneDNN's time reorders take, what they move, and the fix that fits the larger part."""
+    roles = {role: share for role, share in (v.get("roles") or {}).items() if share > 0}
+    split = ", ".join(f"{role} {share:.0%}" for role, share in sorted(roles.items(), key=lambda kv: -kv[1]))
+    said = (f"{_who(v)}Reorders (layout conversions, no useful compute) take {v['share']:.0%} of oneDNN time in "
+            f"{v['calls']} calls" + (f" ({split})" if roles else ""))
+    if v["share"] <= 0.1:
+        return said + "."
+    if roles and max(roles, key=roles.get) == "weights":
+        return said + ("; most move weights into the kernels' blocked layout, again at every call since training "
+                       "changes them: channels-last does not remove those, keeping the weights in that layout does "
+                       "(IPEX's weight prepacking, notebook 05).")
+    return said + "; a consistent layout (channels-last for CNNs) may remove many of them."
 
 
 def _replay_against_log(v: dict, c) -> str:
     return (f"{_who(v)}replay against the log, like for like ({v['alike']} primitives found in the replay's own log, "
-            f"first creation and warm-up excluded): {v['alike_replayed_ms_per_step']:.2f} ms per step replayed vs "
-            f"{v['alike_logged_ms_per_step']:.2f} ms logged ({v['agreement']:.2f}x). Timed as whole PyTorch calls the "
-            f"replayed primitives take {v['call_replayed_ms_per_step']:.2f} ms against "
-            f"{v['call_logged_ms_per_step']:.2f} ms logged: the difference is the call's dispatch and the reorders it "
+            f"first creation and warm-up excluded): {_ms(v['alike_replayed_ms_per_step'])} per step replayed vs "
+            f"{_ms(v['alike_logged_ms_per_step'])} logged ({v['agreement']:.2f}x). Timed as whole PyTorch calls the "
+            f"replayed primitives take {_ms(v['call_replayed_ms_per_step'])} against "
+            f"{_ms(v['call_logged_ms_per_step'])} logged: the difference is the call's dispatch and the reorders it "
             "adds around the primitive, which the projection leaves out.")
 
 
 def _projection_efficiency(v: dict, c) -> str:
-    head = f"{_who(v)}measured step {v['step_ms']:.2f} ms; efficiency ratio {v['efficiency']:.0%}"
+    head = f"{_who(v)}measured step {_ms(v['step_ms'])}; efficiency ratio {v['efficiency']:.0%}"
     if v["efficiency"] > 1:
         return (head + ": replayed one by one, the kernels take longer than the whole step, so the step is "
                 "kernel-bound and isolated replay (cold caches, no overlap between primitives) overstates them.")
@@ -211,22 +231,22 @@ def _projection_efficiency(v: dict, c) -> str:
 def _whole_step_coverage(v: dict, c) -> str:
     said = (f"{_who(v)}{v['coverage']:.1%} of the operators' time has a work count and a ceiling "
             f"({v['top_level_per_step']:.0f} top-level operators a step); {v['between_ops_share']:.1%} of the "
-            f"{v['step_ms']:.2f} ms traced step falls between operators, so {v['step_coverage']:.1%} of the whole step "
+            f"{_ms(v['step_ms'])} traced step falls between operators, so {v['step_coverage']:.1%} of the whole step "
             "is projected.")
     if v["plain_step_ms"]:
-        said += f" Unprofiled, the step took {v['plain_step_ms']:.2f} ms."
+        said += f" Unprofiled, the step took {_ms(v['plain_step_ms'])}."
     if v["shaped_step_ms"] is not None:  # timed from the light trace
         said += (f" (Times from a trace without shapes; recording shapes stretched the step to "
-                 f"{v['shaped_step_ms']:.2f} ms.)")
+                 f"{_ms(v['shaped_step_ms'])}.)")
     return said
 
 
 def _whole_step_projection(v: dict, c) -> str:
     gap = v["gap_ms"]
-    said = (f"{_who(v)}at every ceiling the step would take {v['projected_ms']:.2f} ms "
+    said = (f"{_who(v)}at every ceiling the step would take {_ms(v['projected_ms'])} "
             f"({v['speedup_bound']:.1f}x faster)" if v["speedup_bound"] else f"{_who(v)}no projection")
     if sum(gap.values()) > 0:
-        said += (f"; of the {sum(gap.values()):.2f} ms gap, {_shares(gap)}: most of the room is in "
+        said += (f"; of the {_ms(sum(gap.values()))} gap, {_shares(gap)}: most of the room is in "
                  f"{_CAUSE_WORDS[max(gap, key=gap.get)]}.")
     return said
 
@@ -511,10 +531,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "log total": _log_total,
     "log directions": lambda v, c: f"{_who(v)}By direction: " + ", ".join(
         f"{d.replace('_', ' ')} {share:.0%} ({calls} calls)" for d, share, calls in v["directions"]) + ".",
-    "log reorders": lambda v, c: (
-        f"{_who(v)}Reorders (layout conversions, no useful compute) take {v['share']:.0%} of oneDNN time in "
-        f"{v['calls']} calls"
-        + ("; a consistent layout (channels-last for CNNs) may remove many of them" if v["share"] > 0.1 else "") + "."),
+    "log reorders": _log_reorders,
     "log reference kernels": lambda v, c: (
         f"{_who(v)}Reference (unoptimised) implementations run {v['executions']} times ({v['share']:.0%} of the time): "
         f"{', '.join(v['kinds'])}."),
@@ -534,24 +551,24 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "profile failed": lambda v, c: f"{v['workload']}: not profiled ({v['reason']}).",
     "profile coverage": lambda v, c: (
         f"{v['workload']}: oneDNN primitives account for {v['coverage']:.0%} of the logged run's steps "
-        f"({v['calls_per_step']:.0f} calls per {v['step_ms']:.1f} ms step)"
+        f"({v['calls_per_step']:.0f} calls per {_ms(v['step_ms'])} step)"
         + (f"; efficiency ratio {v['efficiency']:.0%}" if v["efficiency"] is not None else "") + "."),
     "profile outside onednn": lambda v, c: (
         f"For {', '.join(v['profiles'])} most of the step runs outside oneDNN (GEMMs through MKL, PyTorch's own "
         "kernels): the oneDNN log alone does not explain it; the framework profiler trace does."),
     "profile comparison": lambda v, c: (
-        f"{v['workload']}, {v['labels'][0]} vs {v['labels'][1]}: measured step {v['step_ms'][0]:.2f} ms vs "
-        f"{v['step_ms'][1]:.2f} ms ({v['step_ms'][0] / v['step_ms'][1]:.2f}x in one run each; the optimisation "
+        f"{v['workload']}, {v['labels'][0]} vs {v['labels'][1]}: measured step {_ms(v['step_ms'][0])} vs "
+        f"{_ms(v['step_ms'][1])} ({v['step_ms'][0] / v['step_ms'][1]:.2f}x in one run each; the optimisation "
         "notebooks measure it with repeats)."),
     "profile comparison note": lambda v, c: v["note"],  # why the pair is worth reading, as variant_pairs says it
     # profiledn.replay.projection_findings: the log's primitives replayed in isolation
     "projection kernels": lambda v, c: (
-        f"{_who(v)}oneDNN primitives replayed in isolation take {v['kernel_ms_per_step']:.2f} ms per step "
+        f"{_who(v)}oneDNN primitives replayed in isolation take {_ms(v['kernel_ms_per_step'])} per step "
         f"({v['replayed']} distinct primitives replayed, {v['not_replayed']} counted at logged time)."),
     "projection against log": _replay_against_log,
     "projection efficiency": _projection_efficiency,
     "projection not replayed": lambda v, c: (f"{_who(v)}not replayed: {', '.join(v['kinds'])} "
-                                             f"({v['ms_per_step']:.2f} ms per step at logged time)."),
+                                             f"({_ms(v['ms_per_step'])} per step at logged time)."),
     # profiledn.trace.trace_findings: a torch.profiler trace of the timed steps
     "trace top operators": lambda v, c: f"{_who(v)}top operators by self CPU time: " + ", ".join(
         f"{name} {share:.0%}" for name, share in v["operators"]) + ".",
@@ -564,8 +581,8 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
                                       "large part of it, and fusing operators (a compiled graph or a custom kernel) "
                                       "may pay."),
     "trace loss": lambda v, c: (
-        f"{_who(v)}the loss: forward {v['loss_forward_ms']:.1f} ms a step, backward {v['loss_backward_ms']:.1f} ms, "
-        f"{v['loss_backward_share']:.1%} of the {v['backward_ms']:.0f} ms of backward nodes (autograd sequence numbers "
+        f"{_who(v)}the loss: forward {_ms(v['loss_forward_ms'])} a step, backward {_ms(v['loss_backward_ms'])}, "
+        f"{v['loss_backward_share']:.1%} of the {_ms(v['backward_ms'])} of backward nodes (autograd sequence numbers "
         "in the trace of the real step)."),
     # profiledn.wholestep.wholestep_findings: every operator of a traced step against its ceiling
     "whole step count unknown": lambda v, c: (
@@ -574,7 +591,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "whole step coverage": _whole_step_coverage,
     "whole step projection": _whole_step_projection,
     "whole step between ops": lambda v, c: (
-        f"{_who(v)}of the {sum(v['between_ops_ms'].values()):.2f} ms a step between operators, "
+        f"{_who(v)}of the {_ms(sum(v['between_ops_ms'].values()))} a step between operators, "
         f"{_shares(v['between_ops_ms'])}: most of it leads to "
         f"{_PHASE_WORDS[max(v['between_ops_ms'], key=v['between_ops_ms'].get)]}."),
     "whole step gemm": lambda v, c: (

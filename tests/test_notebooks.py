@@ -422,6 +422,7 @@ def test_the_run_writes_a_dated_results_page_and_a_readme_block_that_checks(quic
     assert re.fullmatch(rf"\d{{4}}-\d\d-\d\d-.+-{pages.isa_slug(facts)}-quick\.md", page.name)
     text = page.read_text()
     assert facts.cpu_model in text and "cpuopt workbook readme --preset quick --page" in text
+    assert "| of the measured fp32 GEMM ceiling | of the theoretical fp32 peak |" in text  # both shares of peak
     assert re.search(r"^The machine was (quiet|mostly quiet|busy with other work): .* runs", text, re.M)  # what the machine did
     from cpuopt_helpers.records import own_commit
 

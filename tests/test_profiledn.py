@@ -11,6 +11,8 @@ import pytest
 from cpuopt_helpers import profiledn
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.profiledn import replay
+from cpuopt_helpers.profiledn.breakdown import reorder_roles
+from cpuopt_helpers.profiledn.parse import parse_conv, parse_dims
 
 LOGS = Path(__file__).parent / "fixtures" / "onednn"
 
@@ -158,7 +160,7 @@ def test_breakdowns_shares_and_per_step():
     assert (total.workload, total.stage, total.kind) == ("cnn", "profiling", "log total")
     assert total.values["executions"] == 132 and total.values["steps"] == 2
     assert [k for k, _ in total.values["kinds"]] == ["reorder", "convolution"]
-    assert total.sentence.startswith("cnn: 132 primitive executions took 43.9 ms (21.96 ms per step over 2 steps); ")
+    assert total.sentence.startswith("cnn: 132 primitive executions took 43.93 ms (21.96 ms per step over 2 steps); ")
     assert [d for d, _, _ in directions.values["directions"]] == ["none", "forward", "backward_weights", "backward_data"]
     assert reorders.kind == "log reorders" and reorders.values["calls"] == 98 and reorders.values["share"] > 0.1
     ref = profiledn.findings(parse("onednn_312_rnn_quick.log").exec)[-1]
@@ -193,13 +195,29 @@ def test_compare_finds_counts_and_kernels_in_one_run_only():
                                              "time) in fp32, convolution ref:any (37%) in bf16."]
 
 
+def test_reorders_are_told_apart_by_the_tensor_they_move():
+    a = parse("onednn_312_cnn_two_steps.log").exec  # NCHW fp32: activations into and out of aBcd16b, and weights
+    assert reorder_roles(a) == {"weights": [34, pytest.approx(12.39, abs=0.01)],
+                                "activations": [64, pytest.approx(15.17, abs=0.01)], "other": [0, 0.0]}
+    grouped = pd.DataFrame({"kind": ["convolution", "reorder", "reorder", "reorder", "reorder"],
+                            "problem": ["mb2_g32ic64oc64_ih14kh3ph1", "32x2x2x3x3", "2x64x14x14", "64", "7x7"],
+                            "time_ms": [5.0, 1.0, 2.0, 0.5, 0.25]})
+    assert reorder_roles(grouped) == {"weights": [2, 1.5], "activations": [1, 2.0], "other": [1, 0.25]}
+    said = {f.kind: f.sentence for f in profiledn.findings(a, steps=2, label="cnn")}["log reorders"]
+    assert said.startswith("cnn: Reorders (layout conversions, no useful compute) take 63% of oneDNN time in 98 "
+                           "calls (activations 35%, weights 28%); a consistent layout (channels-last")
+    channels_last = parse("onednn_312_cnn_channels_last_timestamps.log").exec  # the activations' reorders are gone
+    said = {f.kind: f.sentence for f in profiledn.findings(channels_last, steps=2)}["log reorders"]
+    assert "(weights 45%); most move weights" in said and "weight prepacking" in said
+
+
 def test_parse_conv_descriptor_with_benchdnn_defaults():
-    p = replay.parse_conv("mb4_ic3oc16_ih32oh16kh7sh2dh0ph3_iw32ow16kw7sw2dw0pw3")
+    p = parse_conv("mb4_ic3oc16_ih32oh16kh7sh2dh0ph3_iw32ow16kw7sw2dw0pw3")
     assert (p["mb"], p["ic"], p["oc"], p["oh"], p["ow"], p["g"], p["kw"]) == (4, 3, 16, 16, 16, 1, 7)
-    short = replay.parse_conv("mb2_g32ic64oc64_ih14kh3ph1")  # square, stride 1, output computed
+    short = parse_conv("mb2_g32ic64oc64_ih14kh3ph1")  # square, stride 1, output computed
     assert (short["iw"], short["oh"], short["ow"], short["g"]) == (14, 14, 14, 32)
-    assert replay.parse_conv("mb2_ic4oc4_ih8oh9kh3ph1") is None  # asymmetric padding
-    assert replay.parse_dims("2x3:3x4") == [[2, 3], [3, 4]]
+    assert parse_conv("mb2_ic4oc4_ih8oh9kh3ph1") is None  # asymmetric padding
+    assert parse_dims("2x3:3x4") == [[2, 3], [3, 4]]
 
 
 def test_projection_arithmetic():

@@ -264,3 +264,26 @@ def test_a_record_is_named_by_the_cpu_model_without_its_trademark_marks(model, s
     from cpuopt_helpers.pages import cpu_slug
 
     assert cpu_slug(SimpleNamespace(cpu_model=model)) == slug
+
+
+def test_the_results_page_gives_each_baseline_both_shares_of_peak(monkeypatch, facts):
+    """Notebook 01's table and sentence on the dated page: GFLOP/s over the measured fp32 GEMM ceiling
+    and over the theoretical fp32 peak, each "unknown" where it cannot be known."""
+    import pandas as pd
+
+    from cpuopt_helpers import pages, peak
+
+    row = {"samples_per_s": 36.0, "low": 33.0, "high": 39.0, "runs": 2, "step_ms": 445.0, "forward_share": 0.36,
+           "backward_share": 0.6, "optimizer_share": 0.03, "warning": None}
+    table = pd.DataFrame([{"workload": "cnn", **row, "gflops": 103.0},
+                          {"workload": "mine", **row, "gflops": math.nan}]).set_index("workload")
+    roof, theory = {"threads": 2, "gemm_gflops_best": 332.0, "copy_gbs_best": 14.4}, {"fp32": 412.0}
+    monkeypatch.setattr(peak, "peak_report", lambda cpuinfo, cores, roofline: {"fp32": {"theoretical_gflops":
+                                                                                          theory["fp32"]}})
+    machine = facts(versions={"onednn_bf16_supported": False}, numactl={"present": True, "works": True})
+    lines = pages._baseline_lines(table, machine, roof)
+    assert lines[0].endswith("| GFLOP/s | of the measured fp32 GEMM ceiling | of the theoretical fp32 peak |")
+    assert lines[2].endswith("| 103.0 | 31% | 25% |") and lines[3].endswith("| unknown | unknown | unknown |")
+    assert any("31% of the measured fp32 GEMM peak and 25% of the theoretical fp32 peak" in line for line in lines)
+    theory["fp32"] = None  # a CPU not in peak.CORES, or no clock
+    assert pages._baseline_lines(table, machine, roof)[2].endswith("| 103.0 | 31% | unknown |")

@@ -7,6 +7,7 @@ import pandas as pd
 
 from cpuopt_helpers.decisions import Finding
 from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.profiledn.parse import parse_conv, parse_dims
 
 GROUPINGS = {
     "kind": ["kind"],
@@ -18,6 +19,7 @@ GROUPINGS = {
 }
 PRIMITIVE_KEY = ["kind", "direction", "data_type", "src_layout", "wei_layout", "dst_layout", "problem"]
 SHARE_MOVED = 0.05  # a share that moved by more than 5 points is worth a sentence
+REORDER_ROLES = ("weights", "activations", "other")  # what a reorder moves (``reorder_roles``)
 STAGE = "profiling"  # ProfileDNN's findings are stage 02's (stages/profiling.py), where no caller names another
 
 
@@ -52,6 +54,37 @@ def distinct_primitives(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("time_ms", ascending=False).reset_index(drop=True)
 
 
+def conv_tensor_dims(df: pd.DataFrame) -> tuple[set, set]:
+    """The dims of the weights (and biases) and of the activations of a log's convolutions, as a
+    reorder's problem prints them: ``(oc, ic, kh, kw)``, grouped ``(g, oc/g, ic/g, kh, kw)``;
+    ``(mb, c, h, w)``."""
+    weights, activations = set(), set()
+    for problem in df.loc[df["kind"].isin(["convolution", "deconvolution"]), "problem"].unique():
+        p = parse_conv(str(problem))
+        if p is None:
+            continue
+        kernel, g = [p[f"k{d}"] for d in p["dims"]], p["g"]
+        weights |= {(p["oc"],), (p["oc"], p["ic"], *kernel) if g == 1 else (g, p["oc"] // g, p["ic"] // g, *kernel)}
+        activations |= {(p["mb"], p["ic"], *[p[f"i{d}"] for d in p["dims"]]),
+                        (p["mb"], p["oc"], *[p[f"o{d}"] for d in p["dims"]])}
+    return weights, activations
+
+
+def reorder_roles(df: pd.DataFrame) -> dict[str, list]:
+    """What a log's reorders move, ``{role: [calls, ms]}`` for weights, activations and other: each
+    reorder's dims matched against the log's convolutions (``conv_tensor_dims``). Dims that fit
+    both, or neither, are other."""
+    weights, activations = conv_tensor_dims(df)
+    out = {role: [0, 0.0] for role in REORDER_ROLES}
+    for problem, group in df[df["kind"] == "reorder"].groupby("problem"):
+        dims = tuple(next(iter(parse_dims(str(problem))), []))
+        role = ("weights" if dims in weights and dims not in activations else
+                "activations" if dims in activations and dims not in weights else "other")
+        out[role][0] += len(group)
+        out[role][1] += float(group["time_ms"].sum())
+    return out
+
+
 def findings(df: pd.DataFrame, steps: int | None = None, label: str = "") -> list[Finding]:
     """What one log says: the top kinds and directions, the reorder overhead, reference kernels
     (``label``: the profile's, said before each sentence where given)."""
@@ -65,8 +98,9 @@ def findings(df: pd.DataFrame, steps: int | None = None, label: str = "") -> lis
     found.append(Finding(label, STAGE, "log directions", {"directions": [
         [d, float(r.share), int(r.calls)] for d, r in breakdown(df, "direction").iterrows()]}))
     if "reorder" in kinds.index:
+        roles = {role: ms / total for role, (calls, ms) in reorder_roles(df).items() if calls}
         found.append(Finding(label, STAGE, "log reorders", {"share": float(kinds.loc["reorder"].share),
-                                                            "calls": int(kinds.loc["reorder"].calls)}))
+                                                            "calls": int(kinds.loc["reorder"].calls), "roles": roles}))
     slow = df[df["isa"].isin(["any", "ref"]) | df["impl"].str.startswith("ref")]
     if len(slow):
         found.append(Finding(label, STAGE, "log reference kernels", {"executions": len(slow), "kinds": sorted(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -49,6 +50,7 @@ PRIMITIVE_FIELDS = ["engine", "primitive", "implementation", "prop_kind", "memor
 COLUMNS = ["line", "timestamp", "api", "engine", "kind", "impl", "isa", "prop", "direction", "data_type", "data_types",
            "src_layout", "wei_layout", "dst_layout", "mds", "attrs", "aux", "problem", "time_ms"]
 MAX_EXAMPLES = 5
+CONV_KEYS = re.compile(r"(mb|g|ic|oc|id|ih|iw|od|oh|ow|kd|kh|kw|sd|sh|sw|dd|dh|dw|pd|ph|pw)(\d+)")
 
 
 @dataclass
@@ -102,6 +104,35 @@ def parse_md(token: str) -> tuple[str, str, str]:
             return head, dtype, layout
         return head[1:] if head[:1] in ("f", "d") else head, "", parts[1]
     return head, "", ""
+
+
+def parse_conv(problem: str) -> dict | None:
+    """A benchdnn convolution descriptor -> sizes, with benchdnn's defaults filled in."""
+    p = {k: int(v) for k, v in CONV_KEYS.findall(problem.split("_n")[0] if '_n"' in problem else problem)}
+    if "ic" not in p or "oc" not in p or not ({"ih", "iw"} & set(p)):
+        return None
+    dims = ["d", "h", "w"] if "id" in p else ["h", "w"]
+    if "ih" not in p:
+        p["ih"] = p["iw"]
+    p.setdefault("iw", p["ih"])
+    for d in dims:
+        p.setdefault(f"k{d}", p.get("kh", 1))
+        p.setdefault(f"s{d}", p.get("sh", 1))
+        p.setdefault(f"d{d}", p.get("dh", 0))
+        p.setdefault(f"p{d}", p.get("ph", 0))
+        expected = (p[f"i{d}"] + 2 * p[f"p{d}"] - (p[f"d{d}"] + 1) * (p[f"k{d}"] - 1) - 1) // p[f"s{d}"] + 1
+        p.setdefault(f"o{d}", expected)
+        if p[f"o{d}"] != expected:
+            return None  # asymmetric padding: not expressible as a plain PyTorch convolution
+    p.setdefault("g", 1)
+    p.setdefault("mb", 1)
+    p["dims"] = dims
+    return p
+
+
+def parse_dims(problem: str) -> list[list[int]]:
+    """'4x16x8x8' -> [[4,16,8,8]]; matmul '2x3:3x4' -> [[2,3],[3,4]]."""
+    return [[int(x) for x in part.split("x") if x.isdigit()] for part in problem.split(":")]
 
 
 def _is_number(text: str) -> bool:

@@ -40,41 +40,11 @@ import pandas as pd
 
 from cpuopt_helpers.decisions import Finding
 from cpuopt_helpers.profiledn.breakdown import PRIMITIVE_KEY, STAGE, distinct_primitives
-from cpuopt_helpers.profiledn.parse import parse_log
+from cpuopt_helpers.profiledn.parse import parse_conv, parse_dims, parse_log
 from cpuopt_helpers.stats import time_calls
 
 CHANNELS_LAST = {"acdb", "acdeb"}
-CONV_KEYS = re.compile(r"(mb|g|ic|oc|id|ih|iw|od|oh|ow|kd|kh|kw|sd|sh|sw|dd|dh|dw|pd|ph|pw)(\d+)")
 TORCH_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
-
-
-def parse_conv(problem: str) -> dict | None:
-    """A benchdnn convolution descriptor -> sizes, with benchdnn's defaults filled in."""
-    p = {k: int(v) for k, v in CONV_KEYS.findall(problem.split("_n")[0] if '_n"' in problem else problem)}
-    if "ic" not in p or "oc" not in p or not ({"ih", "iw"} & set(p)):
-        return None
-    dims = ["d", "h", "w"] if "id" in p else ["h", "w"]
-    if "ih" not in p:
-        p["ih"] = p["iw"]
-    p.setdefault("iw", p["ih"])
-    for d in dims:
-        p.setdefault(f"k{d}", p.get("kh", 1))
-        p.setdefault(f"s{d}", p.get("sh", 1))
-        p.setdefault(f"d{d}", p.get("dh", 0))
-        p.setdefault(f"p{d}", p.get("ph", 0))
-        expected = (p[f"i{d}"] + 2 * p[f"p{d}"] - (p[f"d{d}"] + 1) * (p[f"k{d}"] - 1) - 1) // p[f"s{d}"] + 1
-        p.setdefault(f"o{d}", expected)
-        if p[f"o{d}"] != expected:
-            return None  # asymmetric padding: not expressible as a plain PyTorch convolution
-    p.setdefault("g", 1)
-    p.setdefault("mb", 1)
-    p["dims"] = dims
-    return p
-
-
-def parse_dims(problem: str) -> list[list[int]]:
-    """'4x16x8x8' -> [[4,16,8,8]]; matmul '2x3:3x4' -> [[2,3],[3,4]]."""
-    return [[int(x) for x in part.split("x") if x.isdigit()] for part in problem.split(":")]
 
 
 def _runner(row) -> tuple[object | None, str]:

@@ -36,6 +36,7 @@ from cpuopt_helpers.decisions import Finding
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.flops import attention_flops, conv_flops, rnn_layer_flops
 from cpuopt_helpers.profiledn.breakdown import STAGE
+from cpuopt_helpers.profiledn.parse import parse_conv, parse_dims
 from cpuopt_helpers.profiledn.trace import load_events
 
 log = logging.getLogger(__name__)
@@ -541,8 +542,6 @@ def primitive_roofline(exec_df: pd.DataFrame, ceilings: Ceilings, steps: int | N
     tensor sizes (source, weights, destination) and the line's data type. Other kinds: bytes
     from the problem's dims (read once, written once).
     """
-    from cpuopt_helpers.profiledn.replay import parse_conv, parse_dims
-
     if exec_df.empty:
         return pd.DataFrame()
     steps = steps or 1
