@@ -80,6 +80,8 @@ def _baseline(v: dict, c) -> str:
         share = f", {v['gflops'] / v['peak_gflops']:.0%} of the measured fp32 GEMM peak" if v.get("peak_gflops") else ""
         if v.get("theoretical_gflops"):
             share += f" and {v['gflops'] / v['theoretical_gflops']:.0%} of the theoretical fp32 peak"
+        elif share:
+            share += " (the theoretical fp32 peak is unknown here: `cpuopt doctor`)"
         work = f"{v['gflops']:.1f} GFLOP/s achieved{share}"
     return (f"{v['workload']}: {v['samples_per_s']:.1f} samples/s (median of {v['runs']} runs, range "
             f"{v['low']:.1f}-{v['high']:.1f}); {v['phase']} takes {v['phase_share']:.0%} of a "

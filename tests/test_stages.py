@@ -472,6 +472,8 @@ def test_baseline_findings_compare_workloads_with_the_ceiling_only_when_there_ar
     assert with_theory.sentence.endswith("75% of the measured fp32 GEMM peak and 25% of the theoretical fp32 peak.")
     one = baseline.findings(two.loc[["cnn"]], 200.0)
     assert len(one) == 1 and one[0].values["gflops"] / one[0].values["peak_gflops"] == 0.75
+    assert one[0].sentence.endswith("75% of the measured fp32 GEMM peak (the theoretical fp32 peak is unknown here: "
+                                    "`cpuopt doctor`).")
 
 
 def test_uncounted_work_is_unknown_never_zero_gflops():
