@@ -210,7 +210,13 @@ def check_workload_spec(spec: str) -> None:
 
 # --- the knobs: one row per RunConfig field a user sets ---------------------------------------
 
-JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"  # PyTorch's run_cpu's
+RUN_CPU_JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"  # PyTorch's run_cpu's
+# run_cpu's, with freed memory kept. With run_cpu's setting, as with jemalloc's own defaults, jemalloc hands
+# a freed large block back to the OS at once, and the next step faults its pages in again. Decay -1 keeps
+# freed pages for reuse (jemalloc's TUNING.md); a training step allocates the same sizes every time.
+# tests/test_worker_integration.py counts the page faults of both; data/compare/ holds a paired comparison
+# of both at RetinaNet's full preset.
+JEMALLOC_CONF = RUN_CPU_JEMALLOC_CONF + ",dirty_decay_ms:-1,muzzy_decay_ms:-1"
 KMP_AFFINITY = "granularity=fine,compact,1,0"
 
 
@@ -283,7 +289,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("allocator", "--allocator", "default | jemalloc | tcmalloc", choices=("default", "jemalloc", "tcmalloc"),
          launch=True, placement=True, preload=(("jemalloc", "jemalloc"), ("tcmalloc", "tcmalloc")),
          env=(("LD_PRELOAD", "the allocator's library, then libiomp5.so", "jemalloc/tcmalloc, intel OpenMP"),
-              ("MALLOC_CONF", f"{JEMALLOC_CONF} (PyTorch's run_cpu)", "jemalloc")),
+              ("MALLOC_CONF", f"{JEMALLOC_CONF} (PyTorch's run_cpu's, freed memory kept)", "jemalloc")),
          env_of=lambda c: {"MALLOC_CONF": JEMALLOC_CONF} if c.allocator == "jemalloc" else {}),
     Knob("omp_runtime", "--omp-runtime", "gnu | intel", choices=("gnu", "intel"), name="omp runtime", launch=True,
          placement=True, preload=(("intel", "iomp"),),

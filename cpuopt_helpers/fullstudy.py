@@ -43,6 +43,7 @@ CLASSES = 264  # MLPerf Training's RetinaNet: the OpenImages subset
 ROUNDS = 5  # fixed paired rounds: one look, the plain 95% interval
 STEPS, WARMUP = 2, 1  # timed steps a run; warm-up goes on until steady (at most 2 more here)
 TIMEOUT_S = 1800.0  # a run: a cold compile of the full model and its few long steps fit
+KERNEL_SHARE = 0.15  # the kernel's share of the top's CPU time from which the page says what it points at
 MLPERF_PER_CORE = 0.20  # images/s per physical core: MLPerf Training v3.0, Intel, 2x Xeon 8480+ (AMX) a node
 TAG = "case-study-full"
 TRY_ROUNDS = compare.FIXED_ROUNDS  # the next fix's trial: interleaved rounds of its convolution alone (one look)
@@ -99,6 +100,8 @@ def arm_figures(runs: list[dict], cores: int) -> dict:
            "achieved_gflops": med([r["achieved_gflops"] for r in ok if r.get("achieved_gflops")] or [float("nan")])}
     out |= {f"{p}_s": med([r["phase_ms"][p] for r in ok]) / 1e3 for p in ("forward", "backward", "optimizer")}
     out["per_core"] = out["samples_per_s"] / cores
+    if all(r.get("system_share") is not None for r in ok):  # runs of a worker that reads its CPU time
+        out |= {k: med([r[k] for r in ok]) for k in ("system_share", "page_faults_per_step")}
     return out
 
 
@@ -251,6 +254,11 @@ def study_findings(study: dict) -> list[Finding]:
         return found
     found += [f for f in wholestep.wholestep_findings(top["whole"], "retinanet (top)")
               if f.kind in ("whole step projection", "whole step gemm")]
+    kernel = figures["top"].get("system_share")
+    if kernel is not None and kernel >= KERNEL_SHARE:  # before the operators' next fix: it slows all of them
+        found.append(Finding("retinanet (top)", "case_study", "kernel time", {
+            "share": kernel, "page_faults": figures["top"]["page_faults_per_step"],
+            "allocator": study["top"].allocator}))
     found.append(Finding("retinanet (top)", "case_study", "next fix", top["next"]))
     if study.get("tried"):
         found.append(tried_finding(study["tried"], study["ceilings"].gemm_for(study["tried"]["dtype"])))
@@ -299,6 +307,9 @@ def page_rows(study: dict) -> list[records.Row]:
                             f"{f['step_s']:.1f} s ({f['forward_s']:.1f} / {f['backward_s']:.1f} / "
                             f"{f['optimizer_s']:.2f} s)", "", runs),
                 records.Row(f"{name}: GFLOP/s achieved", f"{f['achieved_gflops']:.0f}{share}", "", runs)]
+        if "system_share" in f:
+            out.append(records.Row(f"{name}: the kernel's share of CPU time (page faults a step)",
+                                   f"{f['system_share']:.0%} ({f['page_faults_per_step']:,.0f})", "", runs))
     whole = study["profiles"]["top"].get("whole")
     if whole:
         out.append(records.Row("top at every ceiling (projection of its traced step)",

@@ -311,7 +311,7 @@ def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict
         "loss_first": None, "loss_last": None, "losses": None, "flops_per_step": None, "achieved_gflops": None,
         "startup_s": None, "instances": [], "timed_window_s": None,
         "warmup_steps": None, "warmup_settled": None, "compile_s": None, "compile_warm_s": None,
-        "slow_steps": None, "mean_over_median": None,
+        "slow_steps": None, "mean_over_median": None, "system_share": None, "page_faults_per_step": None,
         "machine_state": machine, "code_version": code_version(),
         "env": {k: v for k, v in plan.instances[0].env.items()} if plan.instances else {},
         "caller_env": measuring_env(os.environ),
@@ -346,6 +346,17 @@ def instance_row(r: dict) -> dict:
     }
 
 
+def kernel_time(instances: list[dict]) -> dict:
+    """The kernel's part of the timed steps' CPU time (``system_share``) and the page faults a step,
+    over all instances; None where a worker did not say (an older one)."""
+    cpu = [r.get("cpu_s") for r in instances]
+    if not all(cpu):
+        return {"system_share": None, "page_faults_per_step": None}
+    used = sum(c["user"] + c["system"] for c in cpu)
+    return {"system_share": sum(c["system"] for c in cpu) / used if used > 0 else None,
+            "page_faults_per_step": sum(c["page_faults"] / max(1, len(r["step_s"])) for c, r in zip(cpu, instances))}
+
+
 def measured(config: RunConfig, instances: list[dict]) -> dict:
     """What the instances measured together (see the module docstring)."""
     per_instance = [instance_row(r) for r in instances]
@@ -377,6 +388,7 @@ def measured(config: RunConfig, instances: list[dict]) -> dict:
         "versions": first["versions"],
         "notes": first.get("notes", []),
         "fallbacks": list({f["what"]: f for r in instances for f in r.get("fallbacks", [])}.values()),
+        **kernel_time(instances),
         "compile_s": max(i["warmup_s"][0] for i in per_instance) if compiled else None,
         "compile_warm_s": (max(i["compile_warm_s"] for i in per_instance)
                            if compiled and all(i["compile_warm_s"] is not None for i in per_instance) else None),

@@ -602,6 +602,13 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
         f"{v['heaviest_of_ceiling']:.0%}{_of_theory(v.get('heaviest_of_theoretical'))}."),
     # profiledn.account: a traced step by phase; fullstudy: RetinaNet at the full preset
     "forward backward": _forward_backward,
+    "kernel time": lambda v, c: (
+        f"{_who(v)}the kernel took {v['share']:.0%} of the timed steps' CPU time, {v['page_faults']:,.0f} page "
+        "faults a step: memory the allocator hands back to the OS is faulted in again, page by page, and every "
+        "operator that touches new memory waits for it"
+        + ("; an allocator that keeps freed memory for reuse may pay (`--allocator tcmalloc`, or `--allocator "
+           "jemalloc`, whose MALLOC_CONF here keeps it; notebook 04 compares them)." if v["allocator"] == "default"
+           else f"; its allocator ({v['allocator']}) does not keep enough of it.")),
     "next fix": _next_fix,
     "next fix tried": _next_fix_tried,
     "full preset top": _full_preset_top,

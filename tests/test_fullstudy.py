@@ -79,6 +79,20 @@ def test_the_page_holds_the_verdict_rates_phases_and_ends_with_the_next_fix(tmp_
     assert "the next fix the profile points at" in notes[-2]  # the last note before the page's footer
 
 
+def test_a_top_whose_steps_wait_on_the_kernel_is_pointed_at_an_allocator_that_keeps_memory(tmp_path, facts):
+    study = made_up_study(facts, bf16_fast=False)
+    study["figures"]["defaults"] |= {"system_share": 0.05, "page_faults_per_step": 1000.0}
+    study["figures"]["top"] |= {"system_share": 0.40, "page_faults_per_step": 1234567.0}
+    text = fullstudy.write_page(study, tmp_path, facts()).read_text()
+    assert "| top: the kernel's share of CPU time (page faults a step) | 40% (1,234,567) |" in text
+    assert "| defaults: the kernel's share of CPU time (page faults a step) | 5% (1,000) |" in text
+    notes = text.split("\n\n")
+    assert "the kernel took 40% of the timed steps' CPU time, 1,234,567 page faults a step" in notes[-3]
+    assert "`--allocator tcmalloc`" in notes[-3] and "the next fix the profile points at" in notes[-2]
+    study["figures"]["top"]["system_share"] = fullstudy.KERNEL_SHARE / 2  # below the threshold: not said
+    assert "the kernel took" not in fullstudy.write_page(study, tmp_path, facts()).read_text()
+
+
 def test_a_cpu_with_a_bf16_fast_path_is_not_told_it_has_none(tmp_path, facts):
     study = made_up_study(facts, bf16_fast=True)
     said = " ".join(f.sentence for f in fullstudy.study_findings(study))

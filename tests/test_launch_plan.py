@@ -49,10 +49,11 @@ def test_smt_siblings_used_only_beyond_physical_cores():
     assert [i.argv[2] for i in p.instances] == ["--membind=0", "--membind=1"]
 
 
-def test_jemalloc_preloads_versioned_library_with_run_cpu_conf():
+def test_jemalloc_preloads_versioned_library_with_run_cpu_conf_keeping_freed_memory():
     inst = plan(RunConfig(allocator="jemalloc")).instances[0]
     assert inst.env["LD_PRELOAD"] == LIBS["jemalloc"]
-    assert inst.env["MALLOC_CONF"] == "oversize_threshold:1,background_thread:true,metadata_thp:auto"
+    assert inst.env["MALLOC_CONF"] == ("oversize_threshold:1,background_thread:true,metadata_thp:auto,"
+                                       "dirty_decay_ms:-1,muzzy_decay_ms:-1")
 
 
 def test_tcmalloc_and_intel_openmp_preload_in_order():

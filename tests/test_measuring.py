@@ -162,6 +162,11 @@ def test_make_result_carries_the_new_fields():
                  warmup_s=[8.0, 0.4, 0.2, 0.3, 0.25, 0.3], compile_warm_s=2.0)
     r = launch.make_result(plan, "ok", "", [b, a], None, state)
     assert r["samples_per_s"] == pytest.approx(64 / 1.5) and r["timed_window_s"] == pytest.approx(1.5)
+    assert r["system_share"] is None and r["page_faults_per_step"] is None  # workers that did not say
+    a["cpu_s"] = {"user": 3.0, "system": 1.0, "page_faults": 400}  # 4 steps
+    b["cpu_s"] = {"user": 1.0, "system": 0.0, "page_faults": 0}
+    both = launch.make_result(plan, "ok", "", [b, a], None, state)
+    assert both["system_share"] == pytest.approx(0.2) and both["page_faults_per_step"] == pytest.approx(100)
     assert r["achieved_gflops"] == pytest.approx(8 * 1e9 / 1.5 / 1e9)
     assert r["warmup_steps"] == 6 and r["warmup_settled"] is False
     assert r["compile_s"] == 9.0 and r["compile_warm_s"] == 2.0

@@ -46,7 +46,8 @@ def test_allocator_configs_and_missing_ones():
     plan = allocator.configs(base, FACTS)
     configs, missing = plan.configs, plan.left_out
     assert [c.allocator for c in configs] == ["default", "jemalloc", "jemalloc"]
-    assert dict(configs[2].env)["MALLOC_CONF"] == "" and all(c.omp_runtime == "intel" for c in configs)
+    assert dict(configs[2].env)["MALLOC_CONF"] == "oversize_threshold:1,background_thread:true,metadata_thp:auto"
+    assert "MALLOC_CONF" not in dict(configs[1].env) and all(c.omp_runtime == "intel" for c in configs)
     assert list(missing) == ["tcmalloc"] and "apt-get install libtcmalloc-minimal4" in missing["tcmalloc"]
 
 

@@ -83,6 +83,7 @@ def test_cnn_quick_with_defaults(default_run):
     assert step_time_s <= window_s * 1.001
     assert r["achieved_gflops"] == pytest.approx(r["flops_per_step"] * steps / step_time_s / 1e9, rel=0.05)
     assert r["peak_rss_mb"] > 50 and r["startup_s"] > 0
+    assert 0 <= r["system_share"] < 1 and r["page_faults_per_step"] >= 0  # read by the worker around its timed steps
     assert r["versions"]["torch"].startswith("2.13.0")
     inst = r["instances"][0]
     assert inst["torch_threads"] == system.topology().physical_cores
@@ -98,6 +99,31 @@ def test_tcmalloc_is_preloaded_for_real():
     assert r["status"] == "ok", r["reason"]
     assert r["env"]["LD_PRELOAD"] == lib
     assert r["instances"][0]["ld_preload"] == lib  # seen from inside the worker
+
+
+def test_jemalloc_as_configured_keeps_freed_memory_that_run_cpus_setting_returns():
+    """Training allocates the same large blocks every step. With config.JEMALLOC_CONF jemalloc reuses
+    a freed block's pages; with run_cpu's MALLOC_CONF it hands them back to the OS and faults them in
+    again at the next allocation (page faults counted, not timed)."""
+    import subprocess
+    import sys
+
+    from cpuopt_helpers import config
+
+    lib = system.locate_library("jemalloc")
+    if lib is None:
+        pytest.skip("jemalloc not installed here (make setup installs it as root)")
+    code = ("import resource\nfor _ in range(10):\n    block = b'x' * (64 << 20)\n    del block\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)")
+
+    def faults(conf: str) -> int:
+        env = {**os.environ, "LD_PRELOAD": lib, "MALLOC_CONF": conf}
+        return int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                  check=True, timeout=60).stdout)
+
+    returned, kept = faults(config.RUN_CPU_JEMALLOC_CONF), faults(config.JEMALLOC_CONF)
+    assert returned > 10 * (64 << 20) // 4096 * 0.9  # each block's pages faulted in anew (4 KB pages)
+    assert kept < returned / 3, (kept, returned)
 
 
 @slow

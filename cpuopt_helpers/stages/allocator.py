@@ -1,21 +1,22 @@
-"""Stage 04, allocator: glibc, jemalloc (with and without run_cpu's MALLOC_CONF) and
-tcmalloc; then the best setting against PyTorch's and run_cpu's defaults.
+"""Stage 04, allocator: glibc, jemalloc (keeping freed memory, and with run_cpu's MALLOC_CONF as
+it is) and tcmalloc; then the best setting against PyTorch's and run_cpu's defaults.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from cpuopt_helpers.config import RunConfig, normalise
+from cpuopt_helpers.config import RUN_CPU_JEMALLOC_CONF, RunConfig, normalise
 from cpuopt_helpers.decisions import Choice, Comparison, Finding, Plan
 from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.system import Facts
 
-JEMALLOC_DEFAULT_CONF = (("MALLOC_CONF", ""),)  # jemalloc with its own defaults, not run_cpu's tuning
+JEMALLOC_RUN_CPU = (("MALLOC_CONF", RUN_CPU_JEMALLOC_CONF),)  # as run_cpu sets it: freed large blocks go back to the OS
 
 
 def configs(base: RunConfig, facts: Facts) -> Plan:
-    """Notebook 04: glibc, jemalloc with run_cpu's MALLOC_CONF and without, tcmalloc: the
+    """Notebook 04: glibc, jemalloc keeping freed memory and with run_cpu's MALLOC_CONF as it is
+    (``config.JEMALLOC_CONF``), tcmalloc: the
     configurations that can run here, and (``left_out``) the command that installs each
     missing allocator.
     """
@@ -26,7 +27,7 @@ def configs(base: RunConfig, facts: Facts) -> Plan:
     configs, missing = [base], {}
     if facts.allocators.get("jemalloc"):
         configs += [base.replace(allocator="jemalloc"),
-                    base.replace(allocator="jemalloc", env=dict(base.env) | dict(JEMALLOC_DEFAULT_CONF))]
+                    base.replace(allocator="jemalloc", env=dict(base.env) | dict(JEMALLOC_RUN_CPU))]
     else:
         missing["jemalloc"] = INSTALL_HINTS["jemalloc"]
     if facts.allocators.get("tcmalloc"):
