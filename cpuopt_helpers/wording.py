@@ -179,8 +179,10 @@ def _shares(parts: dict) -> str:
 
 
 def _ms(ms: float) -> str:
-    """A duration for a sentence: ``594.32 ms`` below a second, ``18.47 s`` from one second up."""
-    return f"{ms / 1e3:.2f} s" if ms >= 1000 else f"{ms:.2f} ms"
+    """A duration for a sentence, to about three figures: ``0.39 ms``, ``43.9 ms``, ``594 ms``, ``18.47 s``."""
+    if ms >= 1000:
+        return f"{ms / 1e3:.2f} s"
+    return f"{ms:.0f} ms" if ms >= 100 else f"{ms:.1f} ms" if ms >= 10 else f"{ms:.2f} ms"
 
 
 def _log_total(v: dict, c) -> str:
