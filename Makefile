@@ -93,8 +93,9 @@ run: setup
 # BN + ReLU as compiled regions), into build/ beside `make
 # run`'s results (`cpuopt ladder --workload retinanet` reads it).
 # PRESET=full: RetinaNet at 800 px with 264 classes (MLPerf's subset), PyTorch's defaults against the
-# standard ladder's top, each profiled by phase, then 5 fixed paired rounds (cpuopt_helpers.fullstudy;
-# under 60 minutes on 2 cores); its page, with how long it took: docs/results/DAY-CPU-ISA-retinanet-full.md
+# standard ladder's top in 5 fixed paired rounds, the top under an allocator that keeps freed memory where the
+# kernel takes much of its time, each arm profiled by phase (cpuopt_helpers.fullstudy; under 60 minutes on
+# 2 cores); its page, with how long it took: docs/results/DAY-CPU-ISA-retinanet-full.md
 case-study: setup
 ifeq ($(PRESET),full)
 	$(PY) -m cpuopt_helpers.fullstudy --page docs/results $(if $(ROUNDS),--rounds $(ROUNDS))

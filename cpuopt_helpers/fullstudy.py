@@ -9,7 +9,10 @@ The top is what this machine's standard-preset ladder of RetinaNet handed on (``
 adapted to this CPU (the fixes together, bf16 where the gate finds a fast path, else fp32, and
 the page says which). Nothing is handed on: the study never touches a ladder.
 
-After the comparison each arm is traced (``profiledn.wholestep``: every operator of a timed step
+Where the kernel takes ``KERNEL_SHARE`` of the top's CPU time or more (page faults: memory the C
+library's allocator hands back to the OS and faults in again), the top is compared with itself
+under an allocator that keeps freed memory, in as many fixed rounds. After the comparisons each arm
+is traced (``profiledn.wholestep``: every operator of a timed step
 with its work and ceiling) and the trace accounts for its step by phase (``profiledn.account``):
 why the forward takes what it takes against the backward, and where the top's time goes by
 cause; a profile that fails is said, and the comparison kept. The output ends with the next fix
@@ -43,7 +46,8 @@ CLASSES = 264  # MLPerf Training's RetinaNet: the OpenImages subset
 ROUNDS = 5  # fixed paired rounds: one look, the plain 95% interval
 STEPS, WARMUP = 2, 1  # timed steps a run; warm-up goes on until steady (at most 2 more here)
 TIMEOUT_S = 1800.0  # a run: a cold compile of the full model and its few long steps fit
-KERNEL_SHARE = 0.15  # the kernel's share of the top's CPU time from which the page says what it points at
+KERNEL_SHARE = 0.15  # the kernel's share of the top's CPU time from which the page says so and the study tries
+KEEPS_MEMORY = ("jemalloc", "tcmalloc")  # allocators that keep freed memory for reuse (jemalloc: config.JEMALLOC_CONF)
 MLPERF_PER_CORE = 0.20  # images/s per physical core: MLPerf Training v3.0, Intel, 2x Xeon 8480+ (AMX) a node
 TAG = "case-study-full"
 TRY_ROUNDS = compare.FIXED_ROUNDS  # the next fix's trial: interleaved rounds of its convolution alone (one look)
@@ -111,16 +115,41 @@ def check(rounds: int, classes: int) -> None:
                           f"positive --classes; got {rounds} and {classes}")
 
 
-def compare_arms(session, base: RunConfig, top: RunConfig, rounds: int, tag: str, resume: bool) -> tuple[dict, dict]:
-    """The fixed paired rounds, and each arm's figures from this comparison's own runs (a rerun of
-    the same sweep on unchanged code adds rows to the store: only the last rounds are this one's)."""
-    result = session.confirm(base, top, tag, rounds, rounds, None, resume)
+def compare_arms(session, arms: dict[str, RunConfig], rounds: int, tag: str, resume: bool) -> tuple[dict, dict]:
+    """The fixed paired rounds of the second arm against the first (names -> configurations), and
+    each arm's figures from this comparison's own runs (a rerun of the same sweep on unchanged code
+    adds rows to the store: only the last rounds are this one's)."""
+    first, second = arms.values()
+    result = session.confirm(first, second, tag, rounds, rounds, None, resume)
     runs = session.store.results(sweep=result["sweep"])
     n = len(result["rounds"])
-    arm_runs = {name: [r for r in runs if r["config_hash"] == c.config_hash()] for name, c in (("defaults", base),
-                                                                                               ("top", top))}
+    arm_runs = {name: [r for r in runs if r["config_hash"] == c.config_hash()] for name, c in arms.items()}
     mine = {name: r[max(len(r) - n, 0):] for name, r in arm_runs.items()}  # [-0:] would keep them all
     return result, {name: arm_figures(r, session.facts.physical_cores) for name, r in mine.items()}
+
+
+def allocator_arm(top: RunConfig, kernel_share: float | None, facts) -> RunConfig | None:
+    """Where the kernel took ``KERNEL_SHARE`` or more of the top's CPU time under the C library's
+    allocator: the top under the first allocator found here that keeps freed memory for reuse
+    (``KEEPS_MEMORY``); else None (a top whose allocator a ladder chose keeps it)."""
+    if kernel_share is None or kernel_share < KERNEL_SHARE or top.allocator != "default":
+        return None
+    found = [name for name in KEEPS_MEMORY if facts.allocators.get(name)]
+    return top.replace(allocator=found[0]) if found else None
+
+
+def try_allocator(session, top: RunConfig, figures: dict, rounds: int, tag: str, resume: bool,
+                  say=print) -> dict | None:
+    """The top against itself under an allocator that keeps freed memory (``allocator_arm``), in
+    ``rounds`` fixed paired rounds: its configuration, the comparison and both arms' figures; None
+    where the kernel's share does not call for it or no such allocator is installed."""
+    kept = allocator_arm(top, figures.get("system_share"), session.facts)
+    if kept is None:
+        return None
+    say(f"the kernel took {figures['system_share']:.0%} of the top's CPU time: the top under {kept.allocator}, "
+        f"which keeps freed memory, against the top in {rounds} paired rounds")
+    result, found = compare_arms(session, {"top": top, "kept": kept}, rounds, tag, resume)
+    return {"config": kept, "comparison": result, "figures": found}
 
 
 def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Path | None = None,
@@ -138,7 +167,9 @@ def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Pat
     say(f"RetinaNet, {preset} preset, {classes} classes: PyTorch's defaults against {source}: "
         f"{setting_label(top.to_dict(), base.to_dict())}")
     say(f"comparing them in {rounds} paired rounds")
-    result, figures = compare_arms(session, base, top, rounds, f"{TAG}/{preset}/end-to-end", resume)
+    result, figures = compare_arms(session, {"defaults": base, "top": top}, rounds, f"{TAG}/{preset}/end-to-end",
+                                   resume)
+    allocator = try_allocator(session, top, figures["top"], rounds, f"{TAG}/{preset}/allocator", resume, say)
     trace_dir = session.store.path.parent / "traces" / f"{TAG}-{preset}"
     trace_dir.mkdir(parents=True, exist_ok=True)
     profiles = {}
@@ -153,7 +184,8 @@ def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Pat
         say(f"trying the next fix: {target['op']} alone, under each path this CPU offers")
         tried = try_next_fix(target, top, session.facts)
     study = {"base": base, "top": top, "source": source, "comparison": result, "figures": figures,
-             "profiles": profiles, "tried": tried, "ceilings": ceilings, "theoretical": ceilings.theoretical_gflops,
+             "allocator": allocator, "profiles": profiles, "tried": tried, "ceilings": ceilings,
+             "theoretical": ceilings.theoretical_gflops,
              "cores": session.facts.physical_cores, "seconds": time.time() - started, "resumed": resume,
              "classes": classes, "bf16": session.facts.bf16, "preset": preset}
     for finding in study_findings(study):
@@ -250,18 +282,33 @@ def study_findings(study: dict) -> list[Finding]:
         who = f"retinanet ({name})"
         found.append(Finding(who, "case_study", "forward backward", prof["account"]) if "account" in prof else
                      Finding(who, "case_study", "profile failed", {"reason": prof["error"]}))
-    if "whole" not in top:
-        return found
-    found += [f for f in wholestep.wholestep_findings(top["whole"], "retinanet (top)")
-              if f.kind in ("whole step projection", "whole step gemm")]
-    kernel = figures["top"].get("system_share")
-    if kernel is not None and kernel >= KERNEL_SHARE:  # before the operators' next fix: it slows all of them
-        found.append(Finding("retinanet (top)", "case_study", "kernel time", {
-            "share": kernel, "page_faults": figures["top"]["page_faults_per_step"],
-            "allocator": study["top"].allocator}))
-    found.append(Finding("retinanet (top)", "case_study", "next fix", top["next"]))
+    if "whole" in top:
+        found += [f for f in wholestep.wholestep_findings(top["whole"], "retinanet (top)")
+                  if f.kind in ("whole step projection", "whole step gemm")]
+    found += kernel_findings(study)  # before the operators' next fix: it slows all of them
+    if "whole" in top:
+        found.append(Finding("retinanet (top)", "case_study", "next fix", top["next"]))
     if study.get("tried"):
         found.append(tried_finding(study["tried"], study["ceilings"].gemm_for(study["tried"]["dtype"])))
+    return found
+
+
+def kernel_findings(study: dict) -> list[Finding]:
+    """Where the kernel took ``KERNEL_SHARE`` or more of the top's CPU time: that, and the top
+    under an allocator that keeps freed memory against the top, where the study tried it."""
+    top, kept = study["figures"]["top"], study.get("allocator")
+    if top.get("system_share") is None or top["system_share"] < KERNEL_SHARE:
+        return []
+    found = [Finding("retinanet (top)", "case_study", "kernel time", {
+        "share": top["system_share"], "page_faults": top["page_faults_per_step"], "allocator": study["top"].allocator,
+        "tried": kept["config"].allocator if kept else None})]
+    if kept:
+        (before, after), c = (kept["figures"][k] for k in ("top", "kept")), kept["comparison"]  # the trial's runs
+        found.append(Finding("retinanet (top)", "case_study", "allocator tried", {
+            "allocator": kept["config"].allocator, "faster": compare.pays(c),
+            "before": {k: before.get(k) for k in ("system_share", "page_faults_per_step")},
+            "after": {k: after.get(k) for k in ("system_share", "page_faults_per_step")},
+            "per_core": after.get("per_core"), "mlperf_per_core": MLPERF_PER_CORE}, Comparison.from_dict(c)))
     return found
 
 
@@ -286,9 +333,7 @@ def phase_lines(profiles: dict) -> list[str]:
 def page_rows(study: dict) -> list[records.Row]:
     """The page's figures: the comparison, each arm's rates and phases, the top's projection."""
     c, rounds = study["comparison"], f"{study['comparison'].get('n', 0)} paired rounds"
-    interval = (f"{c.get('label', '95% CI')} {c['ci_low']:.2f}-{c['ci_high']:.2f}"
-                if c.get("ci_low") is not None and c["ci_low"] == c["ci_low"] else "none")
-    out = [records.Row("the top over PyTorch's defaults, images/s", f"{c['ratio']:.2f}x", interval, rounds),
+    out = [records.Row("the top over PyTorch's defaults, images/s", f"{c['ratio']:.2f}x", interval(c), rounds),
            records.Row("verdict", c["verdict"], "", rounds)]
     for name, f in study["figures"].items():
         runs = f"{f.get('runs', 0)} runs (median)"
@@ -307,9 +352,8 @@ def page_rows(study: dict) -> list[records.Row]:
                             f"{f['step_s']:.1f} s ({f['forward_s']:.1f} / {f['backward_s']:.1f} / "
                             f"{f['optimizer_s']:.2f} s)", "", runs),
                 records.Row(f"{name}: GFLOP/s achieved", f"{f['achieved_gflops']:.0f}{share}", "", runs)]
-        if "system_share" in f:
-            out.append(records.Row(f"{name}: the kernel's share of CPU time (page faults a step)",
-                                   f"{f['system_share']:.0%} ({f['page_faults_per_step']:,.0f})", "", runs))
+        out += kernel_rows(name, f)
+    out += allocator_rows(study.get("allocator"))
     whole = study["profiles"]["top"].get("whole")
     if whole:
         out.append(records.Row("top at every ceiling (projection of its traced step)",
@@ -320,6 +364,35 @@ def page_rows(study: dict) -> list[records.Row]:
     took = records.duration_words(study["seconds"]) + (" (this invocation, resumed)" if study.get("resumed") else "")
     out.append(records.Row("the study's wall time", took, "", "1 run"))
     return out
+
+
+def interval(c: dict) -> str:
+    """A comparison's interval as the page gives it ("none" where it has none)."""
+    return (f"{c.get('label', '95% CI')} {c['ci_low']:.2f}-{c['ci_high']:.2f}"
+            if c.get("ci_low") is not None and c["ci_low"] == c["ci_low"] else "none")
+
+
+def kernel_rows(name: str, f: dict) -> list[records.Row]:
+    """An arm's kernel share and page faults, where its worker read them."""
+    if "system_share" not in f:
+        return []
+    return [records.Row(f"{name}: the kernel's share of CPU time (page faults a step)",
+                        f"{f['system_share']:.0%} ({f['page_faults_per_step']:,.0f})", "",
+                        f"{f['runs']} runs (median)")]
+
+
+def allocator_rows(kept: dict | None) -> list[records.Row]:
+    """The allocator trial's figures: its ratio over the top, and the top's rates under it."""
+    if not kept:
+        return []
+    c, name = kept["comparison"], f"top under {kept['config'].allocator}"
+    rounds, f = f"{c.get('n', 0)} paired rounds", kept["figures"]["kept"]
+    out = [records.Row(f"{name} over the top, images/s", f"{c['ratio']:.2f}x" if c.get("ratio") else "none",
+                       interval(c), rounds), records.Row(f"{name}: verdict", c["verdict"], "", rounds)]
+    if f:
+        out.append(records.Row(f"{name}: images/s per physical core", f"{f['per_core']:.3f}", "",
+                               f"{f['runs']} runs (median)"))
+    return out + kernel_rows(name, f)
 
 
 def write_page(study: dict, folder: Path, facts) -> Path:

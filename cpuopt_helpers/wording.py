@@ -345,6 +345,36 @@ def _full_preset_top(v: dict, c) -> str:
     return said
 
 
+def _kernel_time(v: dict, c) -> str:
+    said = (f"{_who(v)}the kernel took {v['share']:.0%} of the timed steps' CPU time, {v['page_faults']:,.0f} page "
+            "faults a step: memory the allocator hands back to the OS is faulted in again, page by page, and every "
+            "operator that touches new memory waits for it")
+    if v["allocator"] != "default":
+        return said + f"; its allocator ({v['allocator']}) does not keep enough of it."
+    if v.get("tried"):
+        return said + f"; the study tried the top under {v['tried']}, which keeps freed memory for reuse (below)."
+    return said + ("; an allocator that keeps freed memory for reuse may pay (`--allocator tcmalloc`, or `--allocator "
+                   "jemalloc`, whose MALLOC_CONF here keeps it; notebook 04 compares them; `make setup` installs "
+                   "both).")
+
+
+def _allocator_tried(v: dict, c) -> str:
+    """fullstudy.kernel_findings: the top under an allocator that keeps freed memory against the top."""
+    said = (f"{_who(v)}an allocator that keeps freed memory, tried: the top under {v['allocator']} over the top as "
+            f"compared above, in fresh paired rounds: {compare.describe(c.to_dict() if c else None)}.")
+    before, after = v["before"], v["after"]
+    if after.get("system_share") is not None:
+        said += (f" The kernel's share of CPU time went from {before['system_share']:.0%} to "
+                 f"{after['system_share']:.0%}, its page faults from {before['page_faults_per_step']:,.0f} a step to "
+                 f"{after['page_faults_per_step']:,.0f}.")
+    if v["faster"] and v["per_core"] is not None:
+        said += (f" With it the top trains {v['per_core']:.3f} images/s per physical core, "
+                 f"{v['per_core'] / v['mlperf_per_core']:.0%} of MLPerf's {v['mlperf_per_core']:.2f} (`--allocator "
+                 f"{v['allocator']}`). The study hands nothing on: a ladder's allocator rung (`make case-study`) "
+                 "chooses one for the top.")
+    return said
+
+
 def _headline(v: dict, c) -> str:
     """Notebook 09's summary of one ladder (``stages.summary.headline_findings``)."""
     head = (f"{v['workload']}: the ladder's top over PyTorch's defaults, in {c.n} fresh paired rounds: {describe(c)}"
@@ -604,13 +634,8 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
         f"{v['heaviest_of_ceiling']:.0%}{_of_theory(v.get('heaviest_of_theoretical'))}."),
     # profiledn.account: a traced step by phase; fullstudy: RetinaNet at the full preset
     "forward backward": _forward_backward,
-    "kernel time": lambda v, c: (
-        f"{_who(v)}the kernel took {v['share']:.0%} of the timed steps' CPU time, {v['page_faults']:,.0f} page "
-        "faults a step: memory the allocator hands back to the OS is faulted in again, page by page, and every "
-        "operator that touches new memory waits for it"
-        + ("; an allocator that keeps freed memory for reuse may pay (`--allocator tcmalloc`, or `--allocator "
-           "jemalloc`, whose MALLOC_CONF here keeps it; notebook 04 compares them)." if v["allocator"] == "default"
-           else f"; its allocator ({v['allocator']}) does not keep enough of it.")),
+    "kernel time": _kernel_time,
+    "allocator tried": _allocator_tried,
     "next fix": _next_fix,
     "next fix tried": _next_fix_tried,
     "full preset top": _full_preset_top,
