@@ -38,6 +38,7 @@ from cpuopt_helpers import compare, records
 from cpuopt_helpers.config import RunConfig, setting_label
 from cpuopt_helpers.decisions import RECIPE, Comparison, Finding
 from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.launch import KERNEL_SHARE  # the top's share from which the page says so and the study tries
 from cpuopt_helpers.profiledn import account, wholestep
 from cpuopt_helpers.stages import case_study, climb
 from cpuopt_helpers.stages.choosing import with_options
@@ -46,7 +47,6 @@ CLASSES = 264  # MLPerf Training's RetinaNet: the OpenImages subset
 ROUNDS = 5  # fixed paired rounds: one look, the plain 95% interval
 STEPS, WARMUP = 2, 1  # timed steps a run; warm-up goes on until steady (at most 2 more here)
 TIMEOUT_S = 1800.0  # a run: a cold compile of the full model and its few long steps fit
-KERNEL_SHARE = 0.15  # the kernel's share of the top's CPU time from which the page says so and the study tries
 KEEPS_MEMORY = ("jemalloc", "tcmalloc")  # allocators that keep freed memory for reuse (jemalloc: config.JEMALLOC_CONF)
 MLPERF_PER_CORE = 0.20  # images/s per physical core: MLPerf Training v3.0, Intel, 2x Xeon 8480+ (AMX) a node
 TAG = "case-study-full"

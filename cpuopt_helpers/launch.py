@@ -346,6 +346,9 @@ def instance_row(r: dict) -> dict:
     }
 
 
+KERNEL_SHARE = 0.15  # the kernel's share of the timed steps' CPU time from which a page or notebook says so
+
+
 def kernel_time(instances: list[dict]) -> dict:
     """The kernel's part of the timed steps' CPU time (``system_share``) and the page faults a step,
     over all instances; None where a worker did not say (an older one)."""

@@ -99,7 +99,8 @@ def _baseline_lines(table, facts: Facts, roof: dict) -> list[str]:
         lines.append(f"| {name} | {row['samples_per_s']:.1f} ({row['low']:.1f}-{row['high']:.1f}, {row['runs']} runs) | "
                      f"{row['step_ms']:.0f} | {row['forward_share']:.0%} | {row['backward_share']:.0%} | "
                      f"{row['optimizer_share']:.0%} | {gflops} | {' | '.join(shares)} |")
-    return lines + ["", *[f"- {f.sentence}" for f in baseline.system_findings(facts, roof)[:2]],
+    machine = [f for f in baseline.system_findings(facts, roof) if f.kind in ("machine", "ceilings", "fresh memory")]
+    return lines + ["", *[f"- {f.sentence}" for f in machine],
                     *[f"- {f.sentence}" for f in baseline.findings(table, ceiling, theory)]]
 
 

@@ -1,4 +1,5 @@
-"""This machine's measured ceilings: fp32 and bf16 GEMM GFLOP/s and memory-copy GB/s.
+"""This machine's measured ceilings: fp32 and bf16 GEMM GFLOP/s and memory-copy GB/s; and the
+rate of writing fresh memory (each page faulted in) against memory already mapped.
 
 Measured in a fresh pinned process (``python -m cpuopt_helpers.roofline``), like every
 other measurement; later notebooks read the result from the store as the roofline.
@@ -91,6 +92,10 @@ def measure_here(size: int, copy_bytes: int, repeats: int) -> dict:
     src = torch.ones(copy_bytes // 4)
     dst = torch.empty_like(src)
     copy = time_calls(lambda: dst.copy_(src), repeats)
+    write = time_calls(lambda: dst.fill_(1.0), repeats)
+    # a new block each call: the C library's malloc maps a block this large afresh and unmaps it when
+    # freed, so every page faults in on first touch (what a step pays whose allocator hands memory back)
+    fresh = time_calls(lambda: torch.empty(copy_bytes // 4).fill_(1.0), repeats)
     flops = 2 * size**3
     paths = gemm_paths(size, repeats)
     bf16 = measure_bf16_gemm(size, repeats)
@@ -101,6 +106,8 @@ def measure_here(size: int, copy_bytes: int, repeats: int) -> dict:
         **bf16,
         "copy_gbs": 2 * copy_bytes / statistics.median(copy) / 1e9,  # read + write
         "copy_gbs_best": 2 * copy_bytes / min(copy) / 1e9,
+        "write_gbs": copy_bytes / statistics.median(write) / 1e9,  # into memory already mapped
+        "fresh_write_gbs": copy_bytes / statistics.median(fresh) / 1e9,  # into memory mapped at first touch
         "gemm_size": size, "copy_mb": copy_bytes >> 20, "repeats": repeats,
         "threads": torch.get_num_threads(), "cores": sorted(os.sched_getaffinity(0)),
     }

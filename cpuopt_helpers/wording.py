@@ -375,6 +375,18 @@ def _allocator_tried(v: dict, c) -> str:
     return said
 
 
+def _fresh_memory(v: dict, c) -> str:
+    """stages.baseline.system_findings: writing memory the OS maps at first touch, against mapped memory."""
+    slower = v["mapped_gbs"] / v["fresh_gbs"]
+    said = (f"Writing fresh memory (a large block the C library's malloc maps anew, each page faulted in at first "
+            f"touch) runs at {v['fresh_gbs']:.1f} GB/s, against {v['mapped_gbs']:.1f} GB/s into memory already "
+            f"mapped: {slower:.1f}x slower")
+    if slower < v["costly"]:
+        return said + "; page faults cost little here."
+    return said + (". A step whose allocator hands large freed blocks back to the OS pays that at every reuse; an "
+                   "allocator that keeps them avoids it (notebook 04 gives the kernel's share of CPU time under each).")
+
+
 def _headline(v: dict, c) -> str:
     """Notebook 09's summary of one ladder (``stages.summary.headline_findings``)."""
     head = (f"{v['workload']}: the ladder's top over PyTorch's defaults, in {c.n} fresh paired rounds: {describe(c)}"
@@ -443,6 +455,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
         f"Measured ceilings on {v['threads']} threads: fp32 GEMM {v['gemm_gflops']:.0f} GFLOP/s, memory copy "
         f"{v['copy_gbs']:.1f} GB/s; a kernel needs about {v['gemm_gflops'] / v['copy_gbs']:.0f} FLOP per byte "
         "moved to be compute-bound here."),
+    "fresh memory": _fresh_memory,
     "bf16 flags": lambda v, c: (
         f"bf16: CPU flags {', '.join(v['flags']) if v['flags'] else 'none of amx_bf16/avx512_bf16/avx_ne_convert'}; "
         f"oneDNN reports bf16 support: {'yes' if v['onednn_bf16'] else 'no'}."),
@@ -635,6 +648,11 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     # profiledn.account: a traced step by phase; fullstudy: RetinaNet at the full preset
     "forward backward": _forward_backward,
     "kernel time": _kernel_time,
+    "kernel share": lambda v, c: (  # stages.allocator.kernel_findings
+        f"{_who(v)}the kernel's share of the timed steps' CPU time (page faults a step): " + "; ".join(
+            f"{'glibc malloc' if name == 'baseline' else name} {share:.0%} ({faults:,.0f})"
+            for name, share, faults in v["settings"])
+        + ". Memory an allocator hands back to the OS is faulted in again, page by page, at its next use."),
     "allocator tried": _allocator_tried,
     "next fix": _next_fix,
     "next fix tried": _next_fix_tried,

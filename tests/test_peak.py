@@ -92,3 +92,4 @@ def test_the_measured_ceiling_is_the_best_over_sizes_and_paths():
     measured = roofline.measure_here(128, 1 << 20, 2)
     assert set(measured["gemm_paths"]) == {"mm 64", "mm 128", "conv1x1 128"}  # two sizes, two paths
     assert all(rate > 0 for rate in measured["gemm_paths"].values())
+    assert measured["write_gbs"] > 0 and measured["fresh_write_gbs"] > 0  # the two write rates (notebook 00)

@@ -154,6 +154,29 @@ def test_compare_pairs_by_round_and_words_verdicts_from_compare():
     assert math.isnan(few.set_index("setting").loc["allocator=jemalloc"].ratio_low)
 
 
+@pytest.mark.parametrize("glibc_share, said", [(0.30, True), (0.05, False)])
+def test_the_kernels_share_under_each_allocator_is_said_where_one_reaches_it(glibc_share, said):
+    base, results = screened()
+    shares = {"default": (glibc_share, 50000.0), "jemalloc": (0.01, 40.0), "tcmalloc": (0.02, 90.0)}
+    for r in results:
+        share, faults = shares[r["config"]["allocator"]]
+        r |= {"system_share": share * (1 + 0.01 * r["round"]), "page_faults_per_step": faults}
+    table = choosing.compare_configs(results, base.to_dict())
+    by = table.set_index("setting")
+    assert by.loc["baseline", "system_share"] == pytest.approx(glibc_share * 1.02)  # the median of 5 rounds
+    assert by.loc["allocator=tcmalloc", "page_faults_per_step"] == 90.0
+    found = allocator.kernel_findings(table, "cnn")
+    assert bool(found) == said
+    if said:
+        assert found[0].sentence == ("cnn: the kernel's share of the timed steps' CPU time (page faults a step): "
+                                     "glibc malloc 31% (50,000); allocator=jemalloc 1% (40); allocator=tcmalloc 2% "
+                                     "(90). Memory an allocator hands back to the OS is faulted in again, page by "
+                                     "page, at its next use.")
+    del results[0]["system_share"]  # a run of a worker that read no CPU time: no share for its arm, none made up
+    table = choosing.compare_configs(results, base.to_dict())
+    assert math.isnan(table.set_index("setting").loc["baseline", "system_share"])
+
+
 def test_an_aa_sweep_keeps_its_two_arms_apart():
     base = RunConfig(threads=2)
     results = [result(base, i, 100.0 + i, arm=0) for i in range(5)] + [result(base, i, 101.0 + i, arm=1)

@@ -64,7 +64,8 @@ def test_a_finding_stored_and_loaded_back_says_the_same():
     too_few = Finding("cnn", "threads", "setting over baseline", {"setting": "x"}, Comparison(1.1, n=2))  # NaN interval
     found = (threads.settings_findings(table, "cnn") + threads.settings_findings(few, "cnn") + [too_few]
              + allocator.memory_findings(table, "cnn") + allocator.handed_on_findings({"cnn": base}, {"tcmalloc": "apt"})
-             + baseline.system_findings(facts, {"threads": 2, "gemm_gflops_best": 120.0, "copy_gbs_best": 10.0})
+             + baseline.system_findings(facts, {"threads": 2, "gemm_gflops_best": 120.0, "copy_gbs_best": 10.0,
+                                                "write_gbs": 8.0, "fresh_write_gbs": 2.0})
              + climb.climb_findings({"ladder": "retinanet", "base": base, "top": base.replace(allocator="jemalloc"),
                                      "rungs": [{"rung": "runtime: torch.compile", "finding": rung}],
                                      "end_to_end": {"ratio": 2.1, "ci_low": 1.9, "ci_high": 2.3, "n": 10,
@@ -77,6 +78,19 @@ def test_a_finding_stored_and_loaded_back_says_the_same():
     assert said == "retinanet: " + rung.sentence
     assert said.endswith("after 812 steps, within a training run of 5,000 steps: carried up the ladder (later runs "
                          "compile from a warm cache in their untimed warm-up).")
+
+
+@pytest.mark.parametrize("fresh, said", [(2.0, "4.0x slower. A step whose allocator hands large freed blocks back"),
+                                          (6.0, "1.3x slower; page faults cost little here.")])
+def test_notebook_00_says_what_writing_fresh_memory_costs_against_mapped_memory(fresh, said):
+    roofline = {"threads": 2, "gemm_gflops_best": 120.0, "copy_gbs_best": 10.0, "write_gbs": 8.0,
+                "fresh_write_gbs": fresh}
+    found = {f.kind: f.sentence for f in baseline.system_findings(make_facts(versions={"onednn_bf16_supported": True},
+                                                                             numactl={"present": False}), roofline)}
+    assert f"runs at {fresh:.1f} GB/s, against 8.0 GB/s into memory already mapped: {said}" in found["fresh memory"]
+    del roofline["fresh_write_gbs"]  # a roofline stored before this was measured: nothing said, nothing made up
+    assert "fresh memory" not in {f.kind for f in baseline.system_findings(make_facts(
+        versions={"onednn_bf16_supported": True}, numactl={"present": False}), roofline)}
 
 
 def test_every_kind_profiledn_makes_has_a_sentence_and_says_it_again_stored_and_loaded():

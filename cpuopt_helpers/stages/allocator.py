@@ -8,6 +8,7 @@ import pandas as pd
 
 from cpuopt_helpers.config import RUN_CPU_JEMALLOC_CONF, RunConfig, normalise
 from cpuopt_helpers.decisions import Choice, Comparison, Finding, Plan
+from cpuopt_helpers.launch import KERNEL_SHARE
 from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.system import Facts
 
@@ -46,8 +47,23 @@ def choose(table: pd.DataFrame, plan: Plan, confirm=None) -> Choice:
 
 
 def findings(table: pd.DataFrame, plan: Plan) -> list[Finding]:
-    """Peak resident memory of each allocator against glibc's."""
-    return memory_findings(table, plan.workload)
+    """Peak resident memory of each allocator against glibc's, and the kernel's share of CPU time
+    under each where one of them reaches ``launch.KERNEL_SHARE``."""
+    return memory_findings(table, plan.workload) + kernel_findings(table, plan.workload)
+
+
+def kernel_findings(table: pd.DataFrame, workload: str) -> list[Finding]:
+    """The kernel's share of the timed steps' CPU time and the page faults a step under each
+    allocator, where any reaches ``KERNEL_SHARE``: the cost an allocator that hands freed memory back
+    to the OS pays, faulting it in again."""
+    if "system_share" not in table or not len(table):
+        return []
+    rows = table[table["runs"] > 0].dropna(subset=["system_share"])
+    if rows.empty or rows["system_share"].max() < KERNEL_SHARE:
+        return []
+    rows = rows.sort_values("setting", key=lambda s: s != "baseline", kind="stable")  # glibc's first
+    return [Finding(workload, "allocator", "kernel share", {"settings": [
+        [r.setting, float(r.system_share), float(r.page_faults_per_step)] for r in rows.itertuples()]})]
 
 
 def launcher_configs(best: RunConfig, facts: Facts) -> Plan:

@@ -35,6 +35,9 @@ def findings(table: pd.DataFrame, peak_gflops: float | None, theoretical_gflops:
                     for name, warning in table["warning"].dropna().items()]
 
 
+FRESH_SLOWDOWN = 2.0  # writing fresh memory this many times slower than mapped memory: page faults are costly here
+
+
 def system_findings(facts: Facts, roofline: dict) -> list[Finding]:
     """The machine and its ceilings, from the facts and measurements."""
     isa = facts.isa
@@ -52,6 +55,9 @@ def system_findings(facts: Facts, roofline: dict) -> list[Finding]:
              onednn_bf16=bool(facts.versions["onednn_bf16_supported"])),
         note("missing tools", missing=dict(facts.missing)),
     ]
+    if roofline.get("fresh_write_gbs"):  # a roofline stored before it was measured has none
+        found.append(note("fresh memory", fresh_gbs=float(roofline["fresh_write_gbs"]),
+                          mapped_gbs=float(roofline["write_gbs"]), costly=FRESH_SLOWDOWN))
     if facts.numactl["present"] and not facts.numactl["works"]:
         found.append(note("numactl refused", reason=facts.numactl["reason"]))
     return found

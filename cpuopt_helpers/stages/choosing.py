@@ -118,6 +118,15 @@ def failed_rows(failed: dict[tuple, list[dict]], keys, baseline: dict) -> list[d
     return rows
 
 
+def kernel_medians(runs: list[dict]) -> dict:
+    """The kernel's share of the timed steps' CPU time and the page faults a step (``launch.kernel_time``),
+    medians over runs; NaN where a run did not say (a worker that read no CPU time)."""
+    keys = ("system_share", "page_faults_per_step")
+    if not runs or any(r.get(k) is None for r in runs for k in keys):
+        return dict.fromkeys(keys, math.nan)
+    return {k: stats.summarize([r[k] for r in runs])["median"] for k in keys}
+
+
 def compare_configs(results: list[dict], baseline: dict, workload: str | None = None) -> pd.DataFrame:
     """One row per arm of a sweep: median samples/s with the range over rounds, peak RSS,
     and the ratio to the baseline arm paired round by round (``compare.paired_ratio``:
@@ -143,7 +152,7 @@ def compare_configs(results: list[dict], baseline: dict, workload: str | None = 
                "samples_per_s": stats.summarize(sps)["median"], "low": min(sps), "high": max(sps), "runs": len(runs),
                "peak_rss_mb": stats.summarize([r["peak_rss_mb"] for r in runs])["median"],
                "config_hash": runs[0]["config_hash"], "arm": key[1], "config": runs[0]["config"],
-               "failed": len(failed.get(key, []))}
+               "failed": len(failed.get(key, [])), **kernel_medians(runs)}
         same_data = all(runs[0]["config"].get(k) == baseline.get(k) for k in ("loader_workers", "batch_size", "instances"))
         loss = mean_loss(runs, steps)
         row.update(loss=loss,  # other batches (a DataLoader's, other sizes): not comparable
