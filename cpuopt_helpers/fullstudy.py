@@ -11,8 +11,9 @@ the page says which). Nothing is handed on: the study never touches a ladder.
 
 Where the kernel takes ``KERNEL_SHARE`` of the top's CPU time or more (page faults: memory the C
 library's allocator hands back to the OS and faults in again), the top is compared with itself
-under an allocator that keeps freed memory, in as many fixed rounds. After the comparisons each arm
-is traced (``profiledn.wholestep``: every operator of a timed step
+under an allocator that keeps freed memory, in as many fixed rounds; where that is confirmed faster,
+it is profiled too, and the projection and the next fix read the fastest configuration confirmed.
+After the comparisons each arm is traced (``profiledn.wholestep``: every operator of a timed step
 with its work and ceiling) and the trace accounts for its step by phase (``profiledn.account``):
 why the forward takes what it takes against the backward, and where the top's time goes by
 cause; a profile that fails is said, and the comparison kept. The output ends with the next fix
@@ -138,6 +139,11 @@ def allocator_arm(top: RunConfig, kernel_share: float | None, facts) -> RunConfi
     return top.replace(allocator=found[0]) if found else None
 
 
+def kept_name(allocator: dict) -> str:
+    """The allocator trial's arm as the page names it: "top under jemalloc"."""
+    return f"top under {allocator['config'].allocator}"
+
+
 def try_allocator(session, top: RunConfig, figures: dict, rounds: int, tag: str, resume: bool,
                   say=print) -> dict | None:
     """The top against itself under an allocator that keeps freed memory (``allocator_arm``), in
@@ -172,19 +178,23 @@ def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Pat
     allocator = try_allocator(session, top, figures["top"], rounds, f"{TAG}/{preset}/allocator", resume, say)
     trace_dir = session.store.path.parent / "traces" / f"{TAG}-{preset}"
     trace_dir.mkdir(parents=True, exist_ok=True)
+    profiled = {"defaults": base, "top": top}
+    if allocator and compare.pays(allocator["comparison"]):  # the fastest configuration confirmed: profiled too
+        profiled[kept_name(allocator)] = allocator["config"]
     profiles = {}
-    for name, config in (("defaults", base), ("top", top)):
+    for name, config in profiled.items():
         say(f"profiling {name} (two traced runs: with input shapes for the work, without for the times)")
         try:
-            profiles[name] = profile(config, trace_dir / f"{name}.json", ceilings, reuse=resume)
+            profiles[name] = profile(config, trace_dir / f"{name.replace(' ', '-')}.json", ceilings, reuse=resume)
         except CpuoptError as exc:
             profiles[name] = {"error": str(exc)}
-    tried = target = next_fix_target(profiles["top"]) if "whole" in profiles["top"] else None
+    fastest = list(profiled)[-1]  # the projection and the next fix read its profile
+    tried = target = next_fix_target(profiles[fastest]) if "whole" in profiles[fastest] else None
     if target:
         say(f"trying the next fix: {target['op']} alone, under each path this CPU offers")
-        tried = try_next_fix(target, top, session.facts)
+        tried = try_next_fix(target, profiled[fastest], session.facts)
     study = {"base": base, "top": top, "source": source, "comparison": result, "figures": figures,
-             "allocator": allocator, "profiles": profiles, "tried": tried, "ceilings": ceilings,
+             "allocator": allocator, "profiles": profiles, "fastest": fastest, "tried": tried, "ceilings": ceilings,
              "theoretical": ceilings.theoretical_gflops,
              "cores": session.facts.physical_cores, "seconds": time.time() - started, "resumed": resume,
              "classes": classes, "bf16": session.facts.bf16, "preset": preset}
@@ -228,9 +238,8 @@ def try_next_fix(target: dict, config: RunConfig, facts, rounds: int = TRY_ROUND
     return target | {"trial": json.loads(done.stdout)}
 
 
-def tried_finding(tried: dict, ceiling: float | None) -> Finding:
+def tried_finding(tried: dict, ceiling: float | None, who: str = "retinanet (top)") -> Finding:
     """The trial in words: each path against the one the step ran, and what that leaves."""
-    who = "retinanet (top)"
     values = {k: tried[k] for k in ("op", "shapes", "step_ms", "step_gflops")}
     if "error" in tried:
         return Finding(who, "case_study", "next fix tried", values | {"error": tried["error"]})
@@ -269,7 +278,8 @@ def tried_lines(tried: dict | None, ceilings: wholestep.Ceilings) -> list[str]:
 def study_findings(study: dict) -> list[Finding]:
     """What the study says: the comparison beside MLPerf's rate, each arm's forward/backward account,
     the top's projection, and last the next fix its profile points at."""
-    top, figures, c = study["profiles"]["top"], study["figures"], study["comparison"]
+    fastest = study.get("fastest", "top")  # the fastest configuration confirmed, whose profile was read
+    top, figures, c, who = study["profiles"][fastest], study["figures"], study["comparison"], f"retinanet ({fastest})"
     per_core = figures["top"].get("per_core")
     bf16 = study["bf16"]
     change = setting_label(study["top"].to_dict(), study["base"].to_dict())
@@ -279,17 +289,16 @@ def study_findings(study: dict) -> list[Finding]:
         "bf16_fast": bool(bf16.get("accelerated")), "bf16_reason": bf16.get("reason", "")},
         Comparison.from_dict(c))]
     for name, prof in study["profiles"].items():
-        who = f"retinanet ({name})"
-        found.append(Finding(who, "case_study", "forward backward", prof["account"]) if "account" in prof else
-                     Finding(who, "case_study", "profile failed", {"reason": prof["error"]}))
+        arm = f"retinanet ({name})"
+        found.append(Finding(arm, "case_study", "forward backward", prof["account"]) if "account" in prof else
+                     Finding(arm, "case_study", "profile failed", {"reason": prof["error"]}))
+    found += kernel_findings(study)  # before the operators' projection: it slows all of them
     if "whole" in top:
-        found += [f for f in wholestep.wholestep_findings(top["whole"], "retinanet (top)")
+        found += [f for f in wholestep.wholestep_findings(top["whole"], who)
                   if f.kind in ("whole step projection", "whole step gemm")]
-    found += kernel_findings(study)  # before the operators' next fix: it slows all of them
-    if "whole" in top:
-        found.append(Finding("retinanet (top)", "case_study", "next fix", top["next"]))
+        found.append(Finding(who, "case_study", "next fix", top["next"]))
     if study.get("tried"):
-        found.append(tried_finding(study["tried"], study["ceilings"].gemm_for(study["tried"]["dtype"])))
+        found.append(tried_finding(study["tried"], study["ceilings"].gemm_for(study["tried"]["dtype"]), who))
     return found
 
 
@@ -354,13 +363,14 @@ def page_rows(study: dict) -> list[records.Row]:
                 records.Row(f"{name}: GFLOP/s achieved", f"{f['achieved_gflops']:.0f}{share}", "", runs)]
         out += kernel_rows(name, f)
     out += allocator_rows(study.get("allocator"))
-    whole = study["profiles"]["top"].get("whole")
+    fastest = study.get("fastest", "top")
+    whole = study["profiles"][fastest].get("whole")
     if whole:
-        out.append(records.Row("top at every ceiling (projection of its traced step)",
+        out.append(records.Row(f"{fastest} at every ceiling (projection of its traced step)",
                                f"{whole['projected_ms'] / 1e3:.1f} s of {whole['step_ms'] / 1e3:.1f} s", "",
                                "2 traced runs"))
-        out += [records.Row(f"top: gap, {cause}", f"{ms / 1e3:.2f} s ({whole['gap_share'].get(cause, 0):.0%} of "
-                            "the step)", "", "2 traced runs") for cause, ms in whole["gap_ms"].items() if ms > 0]
+        out += [records.Row(f"{fastest}: gap, {cause}", f"{ms / 1e3:.2f} s ({whole['gap_share'].get(cause, 0):.0%} "
+                            "of the step)", "", "2 traced runs") for cause, ms in whole["gap_ms"].items() if ms > 0]
     took = records.duration_words(study["seconds"]) + (" (this invocation, resumed)" if study.get("resumed") else "")
     out.append(records.Row("the study's wall time", took, "", "1 run"))
     return out
@@ -385,7 +395,7 @@ def allocator_rows(kept: dict | None) -> list[records.Row]:
     """The allocator trial's figures: its ratio over the top, and the top's rates under it."""
     if not kept:
         return []
-    c, name = kept["comparison"], f"top under {kept['config'].allocator}"
+    c, name = kept["comparison"], kept_name(kept)
     rounds, f = f"{c.get('n', 0)} paired rounds", kept["figures"]["kept"]
     out = [records.Row(f"{name} over the top, images/s", f"{c['ratio']:.2f}x" if c.get("ratio") else "none",
                        interval(c), rounds), records.Row(f"{name}: verdict", c["verdict"], "", rounds)]
