@@ -650,7 +650,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "kernel time": _kernel_time,
     "kernel share": lambda v, c: (  # stages.allocator.kernel_findings
         f"{_who(v)}the kernel's share of the timed steps' CPU time (page faults a step): " + "; ".join(
-            f"{'glibc malloc' if name == 'baseline' else name} {share:.0%} ({faults:,.0f})"
+            f"{name} {share:.0%} ({faults:,.0f})"
             for name, share, faults in v["settings"])
         + ". Memory an allocator hands back to the OS is faulted in again, page by page, at its next use."),
     "allocator tried": _allocator_tried,

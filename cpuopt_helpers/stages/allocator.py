@@ -61,9 +61,10 @@ def kernel_findings(table: pd.DataFrame, workload: str) -> list[Finding]:
     rows = table[table["runs"] > 0].dropna(subset=["system_share"])
     if rows.empty or rows["system_share"].max() < KERNEL_SHARE:
         return []
-    rows = rows.sort_values("setting", key=lambda s: s != "baseline", kind="stable")  # glibc's first
+    rows = rows.sort_values("is_baseline", ascending=False, kind="stable")  # glibc's first
     return [Finding(workload, "allocator", "kernel share", {"settings": [
-        [r.setting, float(r.system_share), float(r.page_faults_per_step)] for r in rows.itertuples()]})]
+        ["glibc malloc" if r.is_baseline else r.setting, float(r.system_share), float(r.page_faults_per_step)]
+        for r in rows.itertuples()]})]
 
 
 def launcher_configs(best: RunConfig, facts: Facts) -> Plan:
