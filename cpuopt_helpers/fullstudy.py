@@ -397,8 +397,9 @@ def allocator_rows(kept: dict | None) -> list[records.Row]:
         return []
     c, name = kept["comparison"], kept_name(kept)
     rounds, f = f"{c.get('n', 0)} paired rounds", kept["figures"]["kept"]
-    out = [records.Row(f"{name} over the top, images/s", f"{c['ratio']:.2f}x" if c.get("ratio") else "none",
-                       interval(c), rounds), records.Row(f"{name}: verdict", c["verdict"], "", rounds)]
+    ratio = f"{c['ratio']:.2f}x" if c.get("ratio") is not None and c["ratio"] == c["ratio"] else "none"  # NaN: none
+    out = [records.Row(f"{name} over the top, images/s", ratio, interval(c), rounds),
+           records.Row(f"{name}: verdict", c["verdict"], "", rounds)]
     if f:
         out.append(records.Row(f"{name}: images/s per physical core", f"{f['per_core']:.3f}", "",
                                f"{f['runs']} runs (median)"))

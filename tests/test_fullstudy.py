@@ -336,3 +336,17 @@ def test_only_a_convolutions_backward_is_tried_at_its_heaviest_shape():
     assert fullstudy.next_fix_target(prof) == {"op": "ConvolutionBackward0", "shapes": "b", "dtype": "fp32",
                                                "step_ms": 80.0, "step_gflops": 30.0}  # the most time above its ceiling
     assert fullstudy.next_fix_target({**prof, "next": {"op": "aten::copy_", "phase": "backward"}}) is None
+
+
+def test_an_allocator_trial_that_finished_no_run_claims_nothing(tmp_path, facts):
+    study = made_up_study(facts, bf16_fast=False)
+    study["figures"]["top"] |= {"system_share": 0.40, "page_faults_per_step": 2584936.0}
+    study["allocator"] = {"config": study["top"].replace(allocator="tcmalloc"), "figures": {"top": {}, "kept": {}},
+                          "comparison": {"ratio": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"),
+                                         "n": 0, "verdict": "failed", "failed_rounds": 5}}
+    text = fullstudy.write_page(study, tmp_path, facts()).read_text()
+    assert "| top under tcmalloc over the top, images/s | none | none | 0 paired rounds |" in text
+    assert "top under tcmalloc: images/s per physical core" not in text
+    trial = next(n for n in text.split("\n\n") if "an allocator that keeps freed memory, tried" in n)
+    assert trial.endswith("the top under tcmalloc over the top as compared above, in fresh paired rounds: not "
+                          "measured.")  # no share, no rate made up
