@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import shlex
 import statistics
 import subprocess
 import sys
@@ -36,7 +38,7 @@ from pathlib import Path
 import pandas as pd
 
 from cpuopt_helpers import compare, records
-from cpuopt_helpers.config import RunConfig, setting_label
+from cpuopt_helpers.config import RunConfig, bench_line, setting_label
 from cpuopt_helpers.decisions import RECIPE, Comparison, Finding
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.launch import KERNEL_SHARE  # the top's share from which the page says so and the study tries
@@ -53,6 +55,8 @@ MLPERF_PER_CORE = 0.20  # images/s per physical core: MLPerf Training v3.0, Inte
 TAG = "case-study-full"
 TRY_ROUNDS = compare.FIXED_ROUNDS  # the next fix's trial: interleaved rounds of its convolution alone (one look)
 TRY_TIMEOUT_S = 1200.0  # the trial: a few minutes at the full preset's heaviest convolution
+TRY_RESERVE_S = 300.0  # what the study's plan keeps for that trial
+BUDGET_MIN = 60.0  # the study's minutes on 2 cores: the allocator trial starts only where it fits within them
 # a path of kernels.conv_paths -> how a run takes it
 PATH_FLAGS = {"channels-last": "--channels-last", "bf16": "--dtype bf16",
               "bf16 channels-last": "--dtype bf16 --channels-last", "GEMM form": None}
@@ -110,10 +114,10 @@ def arm_figures(runs: list[dict], cores: int) -> dict:
     return out
 
 
-def check(rounds: int, classes: int) -> None:
-    if rounds < compare.MIN_ROUNDS or classes < 1:
-        raise CpuoptError(f"the study needs --rounds {compare.MIN_ROUNDS} or more (a verdict needs them) and a "
-                          f"positive --classes; got {rounds} and {classes}")
+def check(rounds: int, classes: int, budget_min: float = BUDGET_MIN) -> None:
+    if rounds < compare.MIN_ROUNDS or classes < 1 or not budget_min > 0:
+        raise CpuoptError(f"the study needs --rounds {compare.MIN_ROUNDS} or more (a verdict needs them), a "
+                          f"positive --classes and a positive --budget-min; got {rounds}, {classes} and {budget_min:g}")
 
 
 def compare_arms(session, arms: dict[str, RunConfig], rounds: int, tag: str, resume: bool) -> tuple[dict, dict]:
@@ -144,27 +148,65 @@ def kept_name(allocator: dict) -> str:
     return f"top under {allocator['config'].allocator}"
 
 
-def try_allocator(session, top: RunConfig, figures: dict, rounds: int, tag: str, resume: bool,
-                  say=print) -> dict | None:
+def trial_seconds(compare_s: float, figures: dict) -> float:
+    """The allocator trial's seconds at most: as many runs as the comparison just made, each as long as
+    the top's (the comparison's time split by its arms' steps; the allocator's arm counted as slow)."""
+    d, t = figures["defaults"].get("step_s"), figures["top"].get("step_s")
+    return 2 * compare_s * t / (d + t) if d and t else compare_s
+
+
+def compare_line(a: RunConfig, b: RunConfig, rounds: int) -> str:
+    """The `cpuopt compare` line of b against a in ``rounds`` fixed rounds."""
+    prefix = f"cpuopt bench --workload {a.workload} --preset {a.preset} "
+    flags = [shlex.quote(bench_line(c).removeprefix(prefix)) for c in (a, b)]
+    return (f"cpuopt compare --workload {a.workload} --preset {a.preset} --a {flags[0]} --b {flags[1]} "
+            f"--min-rounds {rounds} --max-rounds {rounds}")
+
+
+def try_allocator(session, top: RunConfig, figures: dict, rounds: int, tag: str, resume: bool, say=print,
+                  need_s: float = 0.0, left_s: float = math.inf) -> dict | None:
     """The top against itself under an allocator that keeps freed memory (``allocator_arm``), in
     ``rounds`` fixed paired rounds: its configuration, the comparison and both arms' figures; None
-    where the kernel's share does not call for it or no such allocator is installed."""
+    where the kernel's share does not call for it or no such allocator is installed. Where what it
+    needs (``need_s``: its rounds, and the profile that follows them) is more than the study's
+    budget leaves (``left_s``), it is not started: ``skipped`` says so, with the line that runs it."""
     kept = allocator_arm(top, figures.get("system_share"), session.facts)
     if kept is None:
         return None
+    if need_s > left_s:
+        say(f"not trying the top under {kept.allocator}: it needs about {need_s / 60:.0f} min, "
+            f"{max(left_s, 0) / 60:.0f} min of the study's budget are left")
+        return {"config": kept, "skipped": {"need_min": need_s / 60, "left_min": max(left_s, 0) / 60,
+                                            "command": compare_line(top, kept, rounds)}}
     say(f"the kernel took {figures['system_share']:.0%} of the top's CPU time: the top under {kept.allocator}, "
         f"which keeps freed memory, against the top in {rounds} paired rounds")
     result, found = compare_arms(session, {"top": top, "kept": kept}, rounds, tag, resume)
     return {"config": kept, "comparison": result, "figures": found}
 
 
+def profile_arms(session, arms: dict[str, RunConfig], trace_dir: Path, ceilings, resume: bool, say=print
+                 ) -> tuple[dict, dict]:
+    """``profile`` of each arm (a failure kept as its ``error``), and the seconds each took."""
+    profiles, took = {}, {}
+    for name, config in arms.items():
+        say(f"profiling {name} (two traced runs: with input shapes for the work, without for the times)")
+        began = time.time()
+        try:
+            profiles[name] = profile(config, trace_dir / f"{name.replace(' ', '-')}.json", ceilings, reuse=resume)
+        except CpuoptError as exc:
+            profiles[name] = {"error": str(exc)}
+        took[name] = time.time() - began
+    return profiles, took
+
+
 def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Path | None = None,
-              resume: bool = False, say=print, preset: str = "full") -> dict:
+              resume: bool = False, say=print, preset: str = "full", budget_min: float = BUDGET_MIN) -> dict:
     """Compare both arms in ``rounds`` fixed paired rounds, then profile each, and tell (and with
     ``folder``, write the page). Returns everything the page is made of. A profile that fails is
     said on the page; the comparison is kept. ``preset``: the full one is the study; the quick one
-    runs the same in a minute or two (a smoke run, for tests)."""
-    check(rounds, classes)
+    runs the same in a minute or two (a smoke run, for tests). ``budget_min``: the allocator trial
+    starts only where it fits within it."""
+    check(rounds, classes, budget_min)
     started = time.time()
     base, top, source = arms(session, classes, preset)
     ceiling_preset = "quick" if preset == "quick" else "standard"  # notebook 00's roofline, as make run stores it
@@ -173,21 +215,20 @@ def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Pat
     say(f"RetinaNet, {preset} preset, {classes} classes: PyTorch's defaults against {source}: "
         f"{setting_label(top.to_dict(), base.to_dict())}")
     say(f"comparing them in {rounds} paired rounds")
+    began = time.time()
     result, figures = compare_arms(session, {"defaults": base, "top": top}, rounds, f"{TAG}/{preset}/end-to-end",
                                    resume)
-    allocator = try_allocator(session, top, figures["top"], rounds, f"{TAG}/{preset}/allocator", resume, say)
-    trace_dir = session.store.path.parent / "traces" / f"{TAG}-{preset}"
+    compare_s, trace_dir = time.time() - began, session.store.path.parent / "traces" / f"{TAG}-{preset}"
     trace_dir.mkdir(parents=True, exist_ok=True)
     profiled = {"defaults": base, "top": top}
-    if allocator and compare.pays(allocator["comparison"]):  # the fastest configuration confirmed: profiled too
+    profiles, took = profile_arms(session, profiled, trace_dir, ceilings, resume, say)
+    need = trial_seconds(compare_s, figures) + took["top"] + TRY_RESERVE_S  # its rounds, its profile, the last trial
+    allocator = try_allocator(session, top, figures["top"], rounds, f"{TAG}/{preset}/allocator", resume, say,
+                              need, budget_min * 60 - (time.time() - started))
+    if allocator and compare.pays(allocator.get("comparison")):  # the fastest configuration confirmed: profiled too
         profiled[kept_name(allocator)] = allocator["config"]
-    profiles = {}
-    for name, config in profiled.items():
-        say(f"profiling {name} (two traced runs: with input shapes for the work, without for the times)")
-        try:
-            profiles[name] = profile(config, trace_dir / f"{name.replace(' ', '-')}.json", ceilings, reuse=resume)
-        except CpuoptError as exc:
-            profiles[name] = {"error": str(exc)}
+        profiles |= profile_arms(session, {kept_name(allocator): allocator["config"]}, trace_dir, ceilings, resume,
+                                 say)[0]
     fastest = list(profiled)[-1]  # the projection and the next fix read its profile
     tried = target = next_fix_target(profiles[fastest]) if "whole" in profiles[fastest] else None
     if target:
@@ -308,10 +349,14 @@ def kernel_findings(study: dict) -> list[Finding]:
     top, kept = study["figures"]["top"], study.get("allocator")
     if top.get("system_share") is None or top["system_share"] < KERNEL_SHARE:
         return []
+    ran = kept if kept and "comparison" in kept else None
     found = [Finding("retinanet (top)", "case_study", "kernel time", {
         "share": top["system_share"], "page_faults": top["page_faults_per_step"], "allocator": study["top"].allocator,
-        "tried": kept["config"].allocator if kept else None})]
-    if kept:
+        "tried": ran["config"].allocator if ran else None})]
+    if kept and not ran:
+        found.append(Finding("retinanet (top)", "case_study", "allocator not tried", {
+            "allocator": kept["config"].allocator, **kept["skipped"]}))
+    if ran:
         (before, after), c = (kept["figures"][k] for k in ("top", "kept")), kept["comparison"]  # the trial's runs
         found.append(Finding("retinanet (top)", "case_study", "allocator tried", {
             "allocator": kept["config"].allocator, "faster": compare.pays(c),
@@ -395,6 +440,10 @@ def allocator_rows(kept: dict | None) -> list[records.Row]:
     """The allocator trial's figures: its ratio over the top, and the top's rates under it."""
     if not kept:
         return []
+    if "skipped" in kept:
+        return [records.Row(f"{kept_name(kept)} over the top, images/s", "not tried", "",
+                            f"past the study's budget ({kept['skipped']['need_min']:.0f} min needed, "
+                            f"{kept['skipped']['left_min']:.0f} left)")]
     c, name = kept["comparison"], kept_name(kept)
     rounds, f = f"{c.get('n', 0)} paired rounds", kept["figures"]["kept"]
     ratio = f"{c['ratio']:.2f}x" if c.get("ratio") is not None and c["ratio"] == c["ratio"] else "none"  # NaN: none
@@ -426,14 +475,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--classes", type=int, default=CLASSES, help=f"RetinaNet's classes (default {CLASSES})")
     ap.add_argument("--page", type=Path, default=None, help="write this machine's dated page into this folder")
     ap.add_argument("--resume", action="store_true", help="keep the rounds of an interrupted comparison")
+    ap.add_argument("--budget-min", type=float, default=BUDGET_MIN, help="minutes the study may take: the allocator "
+                    f"trial starts only where it fits (default {BUDGET_MIN:.0f})")
     ap.add_argument("--preset", default="full", choices=("quick", "standard", "full"),
                     help="full: the study (default); quick: the same in a minute or two, to try it")
     args = ap.parse_args(argv)
     from cpuopt_helpers.session import Session
 
     try:
-        check(args.rounds, args.classes)  # before the store is opened
-        run_study(Session(), args.rounds, args.classes, args.page, args.resume, preset=args.preset)
+        check(args.rounds, args.classes, args.budget_min)  # before the store is opened
+        run_study(Session(), args.rounds, args.classes, args.page, args.resume, preset=args.preset,
+                  budget_min=args.budget_min)
     except CpuoptError as exc:
         print(f"cpuopt: {exc}", file=sys.stderr)
         return 2

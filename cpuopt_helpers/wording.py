@@ -654,6 +654,10 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
             for name, share, faults in v["settings"])
         + ". Memory an allocator hands back to the OS is faulted in again, page by page, at its next use."),
     "allocator tried": _allocator_tried,
+    "allocator not tried": lambda v, c: (
+        f"{_who(v)}the top under {v['allocator']}, which keeps freed memory, was not tried: its paired rounds and "
+        f"profile need about {v['need_min']:.0f} min, and {v['left_min']:.0f} min of the study's budget were left "
+        f"(`make case-study PRESET=full BUDGET_MIN=N`). That comparison alone: `{v['command']}`."),
     "next fix": _next_fix,
     "next fix tried": _next_fix_tried,
     "full preset top": _full_preset_top,

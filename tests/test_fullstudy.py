@@ -139,6 +139,38 @@ def test_the_allocator_trial_compares_the_top_with_itself_under_the_allocator(tm
                     "against the top in 5 paired rounds"]
 
 
+def test_an_allocator_trial_past_the_budget_is_not_started_and_its_line_given(tmp_path, facts):
+    sess = session(tmp_path, facts())
+    sess.confirm = lambda *a: pytest.fail("a trial past the budget ran")
+    top = RunConfig.for_preset("retinanet", "full", optimizer="lamb", optimizer_impl="fused", steps=2, warmup=1,
+                               options={"classes": "264"})
+    said = []
+    kept = fullstudy.try_allocator(sess, top, {"system_share": 0.4}, 5, "t", False, said.append, need_s=1500.0,
+                                   left_s=600.0)
+    assert kept["skipped"]["need_min"] == 25.0 and kept["skipped"]["left_min"] == 10.0
+    assert kept["skipped"]["command"] == (
+        "cpuopt compare --workload retinanet --preset full --a '--steps 2 --warmup 1 --optimizer lamb --optimizer-impl "
+        "fused --option classes=264' --b '--steps 2 --warmup 1 --allocator jemalloc --optimizer lamb --optimizer-impl "
+        "fused --option classes=264' --min-rounds 5 --max-rounds 5")
+    assert said == ["not trying the top under jemalloc: it needs about 25 min, 10 min of the study's budget are left"]
+    study = made_up_study(facts, bf16_fast=False)
+    study["figures"]["top"] |= {"system_share": 0.40, "page_faults_per_step": 2584936.0}
+    study["allocator"] = kept
+    text = fullstudy.write_page(study, tmp_path, facts()).read_text()
+    assert "| top under jemalloc over the top, images/s | not tried |  | past the study's budget (25 min needed, 10 " \
+           "left) |" in text
+    assert "may pay" in text  # the kernel's finding still points at the allocator
+    assert f"was not tried: its paired rounds and profile need about 25 min, and 10 min of the study's budget were " \
+           f"left (`make case-study PRESET=full BUDGET_MIN=N`). That comparison alone: `{kept['skipped']['command']}`." \
+           in text
+
+
+def test_the_trial_is_planned_from_the_comparisons_own_time():
+    figures = {"defaults": {"step_s": 30.0}, "top": {"step_s": 20.0}}
+    assert fullstudy.trial_seconds(1000.0, figures) == 800.0  # 10 runs took 1000 s: 10 of the top's take 2 x 400
+    assert fullstudy.trial_seconds(1000.0, {"defaults": {}, "top": {}}) == 1000.0  # no steps: as long as it
+
+
 @pytest.mark.parametrize("verdict, ratio", [("faster", 1.53), ("no different", 1.01)])
 def test_the_page_gives_the_allocator_trial_after_the_kernels_share(tmp_path, facts, verdict, ratio):
     study = made_up_study(facts, bf16_fast=False)
@@ -170,7 +202,7 @@ def test_a_cpu_with_a_bf16_fast_path_is_not_told_it_has_none(tmp_path, facts):
     assert said.count("the forward, its loss in it") == 2  # both arms accounted for
 
 
-@pytest.mark.parametrize("argv", [["--rounds", "2"], ["--classes", "0"]])
+@pytest.mark.parametrize("argv", [["--rounds", "2"], ["--classes", "0"], ["--budget-min", "0"]])
 def test_bad_arguments_are_one_line_and_exit_2(argv, capsys):
     assert fullstudy.main(argv) == 2
     err = capsys.readouterr().err.strip()
