@@ -17,10 +17,14 @@ chosen by name), so a user's own model can take them:
   ``torch.compile`` region, so Inductor runs each convolution through oneDNN and fuses the
   folded bias, the ReLU and the add into one pass over the activations (the paper's fused
   conv + BN + ReLU, which stock PyTorch has no training kernel for);
-- ``focal_loss("fast")``: the closed-form sigmoid focal loss in place of torchvision's.
+- ``focal_loss("fast")``: the closed-form sigmoid focal loss in place of torchvision's;
+- ``loss="fused"`` (RetinaNet's own option, not a transform: its targets' layout is the
+  workload's): the focal and box losses and their gradient in one compiled pass from the
+  class labels (``cpuopt_helpers.kernels.detection_loss``), the paper's custom-kernel fix
+  carried to the whole loss.
 
-A workload declares which fixes apply through its options (``OPTIONS``: a ``frozen_bn``
-and/or ``focal`` keyword of its ``build``) and applies them with ``frozen_batch_norm`` and
+A workload declares which fixes apply through its options (``OPTIONS``: a ``frozen_bn``,
+``focal`` or ``loss`` keyword of its ``build``) and applies them with ``frozen_batch_norm`` and
 ``focal_loss``; notebook 08 measures every fix a workload declares and names those it does not.
 """
 
@@ -36,10 +40,11 @@ from torch.utils._pytree import tree_flatten
 
 from cpuopt_helpers.errors import CpuoptError
 
-# option -> (its values, the paper's fix among them); the first value of each is the unfixed one
+# option -> (its values, the fix the recipe takes among them); the first value of each is the unfixed one
 OPTIONS = {
     "frozen_bn": (("none", "separate", "fused", "folded", "compiled"), "fused"),
     "focal": (("reference", "fast"), "fast"),
+    "loss": (("composite", "fused"), "fused"),
 }
 BN_MODES = ("separate", "fused", "folded", "compiled")  # compiled: folded, each block one compiled region
 

@@ -604,7 +604,8 @@ def kernel_fallbacks() -> list[dict]:
     loss's compiled kernels fell back to eager where torch.compile failed (their STATUS says why)."""
     out = []
     for module, what in (("cpuopt_helpers.kernels.lamb", "fused Lamb"),
-                         ("cpuopt_helpers.kernels.focal_loss", "the focal loss's compiled kernels")):
+                         ("cpuopt_helpers.kernels.focal_loss", "the focal loss's compiled kernels"),
+                         ("cpuopt_helpers.kernels.detection_loss", "the fused detection loss's compiled loop")):
         status = getattr(sys.modules.get(module), "STATUS", None) or {}
         if status.get("compiled") is False:
             out.append({"what": what, "fell_back_to": "eager", "reason": status.get("reason", "")})

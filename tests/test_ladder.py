@@ -162,7 +162,7 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     fixes = by_rung["case-study fixes"]["table"]  # the paper's fused FrozenBatchNorm2d and folding it, screened
     assert sorted(fixes["name"]) == ["baseline", "the paper's fixes together",
                                      "the paper's fixes, FrozenBatchNorm2d folded into the conv"]
-    assert dict(top.options) == {"focal": "fast", "frozen_bn": "folded"}  # the faster of the two, confirmed
+    assert dict(top.options) == {"focal": "fast", "frozen_bn": "folded", "loss": "fused"}  # the faster of the two, confirmed
     autotune = by_rung["runtime: max-autotune"]  # as fast as the default mode in this made-up session
     assert not autotune["handed_on"] and autotune["finding"].kind == "compile not faster"
     assert autotune["sentence"].startswith("runtime: max-autotune: compiled in 40 s") and \

@@ -77,7 +77,8 @@ def test_options_are_typed_from_the_build_signature():
     from cpuopt_helpers.workloads import check_options, declared_options
 
     assert declared_options("retinanet") == {"classes": 80, "trainable_layers": 3, "frozen_bn": "separate",
-                                             "focal": "reference", "frozen_backward": "skip"}
+                                             "focal": "reference", "frozen_backward": "skip",
+                                             "loss": "composite"}
     assert check_options("retinanet", {"classes": "601", "focal": "fast"}) == {"classes": 601, "focal": "fast"}
     with pytest.raises(CpuoptError, match="workload 'cnn' has no option 'classes'; its options .*: none"):
         check_options("cnn", {"classes": "601"})

@@ -242,9 +242,10 @@ def test_case_study_baseline_drops_fixes_handed_on_earlier():
     configs = plan.named
     assert configs["baseline"].options == () and configs["baseline"].optimizer_impl == "default" and not plan.left_out
     assert configs["FrozenBatchNorm2d folded into the conv"].options == (("frozen_bn", "folded"),)
-    assert dict(configs["all fixes"].options) == {"focal": "fast", "frozen_bn": "fused"}
+    assert configs["focal + box loss in one pass"].options == (("loss", "fused"),)
+    assert dict(configs["all fixes"].options) == {"focal": "fast", "frozen_bn": "fused", "loss": "fused"}
     assert setting_label(configs["all fixes"].to_dict(), configs["baseline"].to_dict()) == \
-        "optimizer_impl=fused focal=fast frozen_bn=fused"
+        "optimizer_impl=fused focal=fast frozen_bn=fused loss=fused"
 
 
 def test_case_study_screens_the_trainable_layers_arms_only_when_asked():
@@ -265,10 +266,11 @@ def test_case_study_takes_the_fixes_a_user_workload_declares_and_names_the_other
     assert configs[case_study.RECIPE] == configs["all fixes"].replace(dtype="bf16")
     assert configs["baseline"].optimizer == "sgd" and dict(configs["all fixes"].options) == {
         "frozen_bn": "fused", "focal": "fast"}
-    assert len(missing) == 1 and "multi-tensor and fused Lamb (it trains with sgd" in missing[0]
+    assert len(missing) == 2 and "declares no loss option" in missing[0]
+    assert "multi-tensor and fused Lamb (it trains with sgd" in missing[1]
     plan = case_study.configs(RunConfig.for_preset("tests.user_workloads:dict_model", "quick"), FACTS)
     configs, missing = plan.named, list(plan.left_out.values())
-    assert list(configs) == ["baseline"] and len(missing) == 3
+    assert list(configs) == ["baseline"] and len(missing) == 4
     assert "declares no frozen_bn option" in missing[0] and "declares no focal option" in missing[1]
 
 

@@ -18,13 +18,16 @@ from cpuopt_helpers.workloads import declared_options
 
 FIX_NAMES = {("frozen_bn", "separate"): "frozen batch norm", ("frozen_bn", "fused"): "fused FrozenBatchNorm2d",
              ("frozen_bn", "folded"): "FrozenBatchNorm2d folded into the conv",
-             ("frozen_bn", "compiled"): "conv + frozen BN + ReLU compiled", ("focal", "fast"): "closed-form focal loss"}
+             ("frozen_bn", "compiled"): "conv + frozen BN + ReLU compiled", ("focal", "fast"): "closed-form focal loss",
+             ("loss", "fused"): "focal + box loss in one pass"}
 COMPILED_REGION = ("frozen_bn", "compiled")  # measured only when asked: each run compiles (make case-study)
 HOW_TO_DECLARE = {
     "frozen_bn": "frozen batch norm (fused, folded into the conv): the workload declares no frozen_bn option "
                  "(build(preset, frozen_bn=\"none\") applying cpuopt_helpers.fixes.frozen_batch_norm)",
     "focal": "the closed-form focal loss: the workload declares no focal option (build(preset, focal=\"reference\") "
              "taking its loss from cpuopt_helpers.fixes.focal_loss)",
+    "loss": "the detection loss in one pass: the workload declares no loss option (RetinaNet's focal + smooth-L1 "
+            "loss and their gradient from class labels, cpuopt_helpers.kernels.detection_loss)",
 }
 
 

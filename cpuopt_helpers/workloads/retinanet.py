@@ -59,7 +59,7 @@ def validate_options(options: dict) -> None:
     if not 0 <= options.get("trainable_layers", 3) <= 5:
         raise CpuoptError(f"retinanet: trainable_layers must be 0-5, got {options['trainable_layers']}")
     for key, allowed in (("frozen_bn", fixes.BN_MODES), ("focal", fixes.OPTIONS["focal"][0]),
-                         ("frozen_backward", FROZEN_BACKWARD)):
+                         ("frozen_backward", FROZEN_BACKWARD), ("loss", fixes.OPTIONS["loss"][0])):
         if options.get(key, allowed[0]) not in allowed:
             raise CpuoptError(f"retinanet: {key} must be {' or '.join(allowed)}, got {options[key]!r}")
 
@@ -251,9 +251,9 @@ def detection_loss(focal):
 
 
 def build(preset: str = "quick", classes: int = 80, trainable_layers: int = 3, frozen_bn: str = "separate",
-          focal: str = "reference", frozen_backward: str = "skip") -> Workload:
+          focal: str = "reference", frozen_backward: str = "skip", loss: str = "composite") -> Workload:
     validate_options({"classes": classes, "trainable_layers": trainable_layers, "frozen_bn": frozen_bn,
-                      "focal": focal, "frozen_backward": frozen_backward})
+                      "focal": focal, "frozen_backward": frozen_backward, "loss": loss})
     size, batch = preset_value(preset, PRESETS)[6:]
     torch.manual_seed(0)
     folding = frozen_bn in ("folded", "compiled")
@@ -276,6 +276,9 @@ def build(preset: str = "quick", classes: int = 80, trainable_layers: int = 3, f
             targets.append(assign(grid, boxes, labels))
         return images, torch.stack(targets)
 
-    loss = fixes.focal_loss(focal)
+    if loss == "fused":
+        from cpuopt_helpers.kernels.detection_loss import detection_loss as loss_fn
+    else:
+        loss_fn = detection_loss(fixes.focal_loss(focal))
     name = f"retinanet-{preset}-{classes}c-tl{trainable_layers}"
-    return Workload(name, model, make_batch, detection_loss(loss), batch, image_like=True)
+    return Workload(name, model, make_batch, loss_fn, batch, image_like=True)
