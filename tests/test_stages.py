@@ -518,6 +518,24 @@ def test_uncounted_work_is_unknown_never_zero_gflops():
     assert "gemm gap" not in [f.kind for f in found]  # no comparison of shares it does not know
 
 
+def test_the_baseline_says_where_the_kernel_takes_a_large_share_of_cpu_time():
+    from cpuopt_helpers.launch import KERNEL_SHARE
+    from cpuopt_helpers.stages import baseline, choosing
+
+    ok = {"status": "ok", "samples_per_s": 10.0, "step_ms": {"median": 100.0}, "achieved_gflops": 20.0,
+          "startup_s": 1.0, "peak_rss_mb": 100.0, "phase_ms": {"forward": 30.0, "backward": 60.0, "optimizer": 10.0}}
+    runs = [dict(ok, config={"workload": w}, system_share=share, page_faults_per_step=faults)
+            for w, share, faults in (("cnn", 0.30, 4000), ("cnn", 0.20, 2000), ("cnn", 0.40, 6000),
+                                     ("rnn", KERNEL_SHARE / 2, 10), ("rnn", KERNEL_SHARE / 2, 10))]
+    unread = [dict(ok, config={"workload": "mine"}, system_share=None, page_faults_per_step=None)]
+    table = choosing.throughput_table(runs + unread)
+    assert (table.loc["cnn", "system_share"], table.loc["cnn", "page_faults_per_step"]) == (0.30, 4000)
+    shares = [f for f in baseline.findings(table, 200.0) if f.kind == "kernel share"]
+    assert [(f.workload, f.values["settings"]) for f in shares] == [("cnn", [["PyTorch's defaults", 0.30, 4000.0]])]
+    assert shares[0].sentence.startswith("cnn: the kernel's share of the timed steps' CPU time (page faults a step): "
+                                         "PyTorch's defaults 30% (4,000).")
+
+
 def test_a_run_that_fell_back_says_so_in_its_name_and_is_never_a_candidate():
     base, results = screened()
     fell = [dict(r, fallbacks=[{"what": "fused Lamb", "fell_back_to": "eager", "reason": "CalledProcessError: cc"}])

@@ -8,12 +8,14 @@ import pandas as pd
 
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.decisions import Choice, Finding, Plan
+from cpuopt_helpers.launch import KERNEL_SHARE
 from cpuopt_helpers.stages.choosing import PHASES, throughput_table
 from cpuopt_helpers.system import Facts
 
 
 def findings(table: pd.DataFrame, peak_gflops: float | None, theoretical_gflops: float | None = None) -> list[Finding]:
-    """The baseline of each workload, and how far each is from the GEMM ceiling, from its table."""
+    """The baseline of each workload, how far each is from the GEMM ceiling, and where the kernel
+    takes ``KERNEL_SHARE`` of its CPU time or more (page faults: notebook 04's allocators), from its table."""
     if table.empty:
         return [Finding("", "baseline", "no baseline result")]
     found = []
@@ -31,6 +33,10 @@ def findings(table: pd.DataFrame, peak_gflops: float | None, theoretical_gflops:
         lo, hi = efficiency.idxmin(), efficiency.idxmax()
         found.append(Finding("", "baseline", "gemm gap", {"furthest": lo, "furthest_share": float(efficiency[lo]),
                                                           "closest": hi, "closest_share": float(efficiency[hi])}))
+    if "system_share" in table:
+        found += [Finding(name, "baseline", "kernel share", {"settings": [
+            ["PyTorch's defaults", float(row["system_share"]), float(row["page_faults_per_step"])]]})
+            for name, row in table.iterrows() if row["system_share"] >= KERNEL_SHARE]  # NaN: not read
     return found + [Finding(name, "baseline", "noisy runs", {"warning": warning})
                     for name, warning in table["warning"].dropna().items()]
 

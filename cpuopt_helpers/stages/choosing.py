@@ -34,7 +34,8 @@ PHASES = ("forward", "backward", "optimizer")
 def throughput_table(results: list[dict]) -> pd.DataFrame:
     """One row per workload: median samples/s over runs with their range (low-high; a few
     runs give no honest interval of their own), median step and phase times, achieved
-    GFLOP/s, the spread warning, and how many of its runs timed out or crashed (``failed``)."""
+    GFLOP/s, the kernel's share of CPU time and page faults a step (``kernel_medians``), the
+    spread warning, and how many of its runs timed out or crashed (``failed``)."""
     rows, failed = {}, {}
     for r in results:
         workload = r["config"]["workload"]
@@ -52,7 +53,7 @@ def throughput_table(results: list[dict]) -> pd.DataFrame:
                           if all(r["achieved_gflops"] for r in runs) else math.nan),
                "startup_s": stats.summarize([r["startup_s"] for r in runs])["median"],
                "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-               "warning": stats.spread_warning(sps, f"{workload} samples/s")}
+               "warning": stats.spread_warning(sps, f"{workload} samples/s")} | kernel_medians(runs)
         for phase in PHASES:
             row[f"{phase}_ms"] = stats.summarize([r["phase_ms"][phase] for r in runs])["median"]
         timed = sum(row[f"{p}_ms"] for p in PHASES)
