@@ -36,7 +36,7 @@ IPEX ?= 1
 # make -n (--dry-run, --just-print): recipes that run anyway (those calling $(MAKE)) write no record
 DRY_RUN = $(findstring n,$(firstword -$(MAKEFLAGS)))
 
-.PHONY: setup system-deps ipex run case-study test test-notebooks test-others test-fast docs lab overhead parse-speed focal-loss lamb clean
+.PHONY: setup system-deps ipex run case-study test test-notebooks test-others test-fast docs lab overhead parse-speed focal-loss detection-loss lamb clean
 
 # The three parts are independent: a sub-make builds them side by side (the IPEX runtime's
 # download overlaps the workbook venv's install).
@@ -161,6 +161,9 @@ parse-speed: setup
 
 focal-loss: setup
 	$(PY) -m cpuopt_helpers.kernels.benchmark focal
+
+detection-loss: setup
+	$(PY) -m cpuopt_helpers.kernels.benchmark loss
 
 lamb: setup
 	$(PY) -m cpuopt_helpers.kernels.benchmark lamb

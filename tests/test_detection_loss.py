@@ -125,3 +125,21 @@ def test_the_compiled_loop_runs_compiled_and_matches(batch, fresh_status):
     torch.testing.assert_close(loss, ref[0], rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(grad, ref[1], rtol=1e-5, atol=1e-7)
     torch._dynamo.reset()
+
+
+def test_the_loss_benchmark_times_every_kernel_in_paired_rounds_and_says_what_fell_back(fresh_status, monkeypatch):
+    """Forced (torch.compile fails): the benchmark still times the three losses, eager, and says so."""
+    from cpuopt_helpers.kernels import benchmark, focal_loss
+
+    def broken_compile(*args, **kwargs):
+        raise RuntimeError("no C++ compiler here")
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setitem(focal_loss.STATUS, "compiled", None)
+    monkeypatch.setitem(focal_loss.STATUS, "reason", "")
+    out = benchmark.detection_loss(rounds=3, presets=("quick",), classes=80)
+    assert [f["what"] for f in out["fallbacks"]] == ["closed-form focal", "fused"]
+    rows = {(r["kernel"], r["part"]): r for r in out["rows"]}
+    assert set(rows) == {(k, p) for k in benchmark.LOSS_KERNELS for p in ("forward", "backward", "both")}
+    assert rows[("composite", "both")]["speedup"] == 1.0 and rows[("fused", "both")]["rounds"] == 3
+    assert rows[("fused", "both")]["elements"] == 4 * len(retinanet.anchors(64)) * 80

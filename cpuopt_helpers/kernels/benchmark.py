@@ -1,14 +1,17 @@
-"""Kernel benchmarks of the case study: the focal loss and the Lamb optimizer.
+"""Kernel benchmarks of the case study: the focal loss, the whole detection loss and the Lamb optimizer.
 
 ``python -m cpuopt_helpers.kernels.benchmark focal [--json]`` times torchvision's focal
 loss against the closed-form kernels at RetinaNet's logit shapes (anchors x classes of
 the quick and standard presets, 80 and 601 classes): forward, backward and both,
 interleaved round by round in one process, each kernel's speedup over the reference with
-a 95% CI. ``... lamb [--json]`` times Lamb on RetinaNet's trainable parameters, each round a training
-step's optimizer work (``zero_grad``, backward's gradients landing, ``step``): the
-per-parameter loop against the multi-tensor (foreach) and fused updates, and IPEX's fused Lamb in
-the IPEX runtime (a second process, beside that runtime's own loop: every speedup is a
-ratio measured inside one process).
+a 95% CI. ``... loss`` does the same for RetinaNet's whole loss as the workload computes it
+(the model's output and the workload's targets at the standard and full presets, 264
+classes): the composite loss with torchvision's focal loss, with the closed-form one, and
+the loss in one pass (``loss=fused``). ``... lamb [--json]`` times Lamb on RetinaNet's
+trainable parameters, each round a training step's optimizer work (``zero_grad``, backward's
+gradients landing, ``step``): the per-parameter loop against the multi-tensor (foreach) and
+fused updates, and IPEX's fused Lamb in the IPEX runtime (a second process, beside that
+runtime's own loop: every speedup is a ratio measured inside one process).
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import time
 import torch
 
 # preset -> (image size, images per batch), as the RetinaNet workload's presets
-PRESETS = {"quick": (64, 4), "standard": (256, 2)}
+PRESETS = {"quick": (64, 4), "standard": (256, 2), "full": (800, 2)}
 FOCAL_KERNELS = ("reference", "closed-form eager", "closed-form compiled")
+LOSS_KERNELS = ("composite", "composite, closed-form focal", "fused")
 
 
 def anchors(size: int) -> int:
@@ -36,16 +40,44 @@ def focal_shapes(presets=("quick", "standard"), classes=(80, 601)) -> dict:
 
 def _time_focal(fn, x, t) -> tuple[float, float]:
     """Seconds of one forward and one backward (the loss summed, as the detector does)."""
+    return _time_loss(lambda x, t: fn(x, t, reduction="sum"), x, t)
+
+
+def _time_loss(fn, x, t) -> tuple[float, float]:
+    """Seconds of one forward and one backward of a loss ``fn(x, t)``."""
     x = x.detach().clone().requires_grad_()
     start = time.perf_counter()
-    loss = fn(x, t, reduction="sum")
+    loss = fn(x, t)
     mid = time.perf_counter()
     loss.backward()
     return mid - start, time.perf_counter() - mid
 
 
-def focal(rounds: int = 15, dtype: str = "fp32", presets=("quick", "standard"), classes=(80, 601)) -> dict:
+def _interleaved(kinds: dict, x, t, rounds: int, name: str, elements: int, timer=_time_focal) -> list[dict]:
+    """Each kernel warmed up (and compiled) outside the clock, then timed round by round in turn:
+    the rows of forward, backward and both, each against the first kernel paired by round."""
     from cpuopt_helpers import compare, stats
+
+    for fn in kinds.values():
+        timer(fn, x, t)
+        timer(fn, x, t)
+    times = {k: [] for k in kinds}
+    for _ in range(rounds):
+        for k, fn in kinds.items():
+            times[k].append(timer(fn, x, t))
+    first, rows = next(iter(kinds)), []
+    for k in kinds:
+        for part, pick in (("forward", lambda s: s[0]), ("backward", lambda s: s[1]), ("both", sum)):
+            mine, ref = [pick(s) for s in times[k]], [pick(s) for s in times[first]]
+            ratio = compare.paired_ratio(mine, ref)  # the first kernel's time / this kernel's, paired by round
+            rows.append({"shape": name, "elements": elements, "part": part, "kernel": k,
+                         "median_ms": stats.summarize([s * 1e3 for s in mine])["median"],
+                         "speedup": ratio["ratio"], "speedup_low": ratio["ci_low"],
+                         "speedup_high": ratio["ci_high"], "verdict": ratio["verdict"], "rounds": ratio["n"]})
+    return rows
+
+
+def focal(rounds: int = 15, dtype: str = "fp32", presets=("quick", "standard"), classes=(80, 601)) -> dict:
     from cpuopt_helpers.kernels import focal_loss
 
     kinds = {"reference": focal_loss.reference_sigmoid_focal_loss,
@@ -62,22 +94,33 @@ def focal(rounds: int = 15, dtype: str = "fp32", presets=("quick", "standard"), 
         g = torch.Generator().manual_seed(0)
         x = (torch.randn(shape, generator=g) * 3).to(kind)
         t = (torch.rand(shape, generator=g) < 0.01).to(kind)  # detection: few positive anchors
-        for fn in kinds.values():  # warm up (and compile) outside the clock
-            _time_focal(fn, x, t)
-            _time_focal(fn, x, t)
-        times = {k: [] for k in kinds}
-        for _ in range(rounds):
-            for k, fn in kinds.items():
-                times[k].append(_time_focal(fn, x, t))
-        for k in kinds:
-            for part, pick in (("forward", lambda s: s[0]), ("backward", lambda s: s[1]), ("both", sum)):
-                mine, ref = [pick(s) for s in times[k]], [pick(s) for s in times["reference"]]
-                ratio = compare.paired_ratio(mine, ref)  # reference time / this kernel's time, paired by round
-                rows.append({"shape": name, "elements": shape[0] * shape[1], "part": part, "kernel": k,
-                             "median_ms": stats.summarize([s * 1e3 for s in mine])["median"],
-                             "speedup": ratio["ratio"], "speedup_low": ratio["ci_low"],
-                             "speedup_high": ratio["ci_high"], "verdict": ratio["verdict"], "rounds": ratio["n"]})
+        rows += _interleaved(kinds, x, t, rounds, name, shape[0] * shape[1])
     return {"dtype": dtype, "threads": torch.get_num_threads(), "rounds": rounds, "rows": rows, "fallbacks": fallbacks}
+
+
+def detection_loss(rounds: int = 10, presets=("standard", "full"), classes: int = 264) -> dict:
+    """RetinaNet's loss as the workload computes it, forward and backward, at each preset's output
+    shape with the workload's own targets: the composite loss (torchvision's focal loss, then the
+    closed-form one) against the loss in one pass."""
+    from cpuopt_helpers.kernels import detection_loss as fused
+    from cpuopt_helpers.kernels import focal_loss
+    from cpuopt_helpers.workloads import retinanet
+
+    kinds = dict(zip(LOSS_KERNELS, (retinanet.detection_loss(focal_loss.reference_sigmoid_focal_loss),
+                                    retinanet.detection_loss(focal_loss.sigmoid_focal_loss), fused.detection_loss)))
+    fallbacks = [{"what": what, "fell_back_to": "eager", "reason": module.STATUS["reason"]}
+                 for what, module in (("closed-form focal", focal_loss), ("fused", fused))
+                 if not module._compiled_works()]  # auto runs eager there: measured, and said
+    rows = []
+    for preset in presets:
+        size, batch = PRESETS[preset]
+        g = torch.Generator().manual_seed(0)
+        targets = retinanet.synthetic_targets(retinanet.anchors(size), size, classes, batch, g)
+        outputs = torch.randn(batch, targets.shape[1], classes + 4, generator=g) * 3
+        rows += _interleaved(kinds, outputs, targets, rounds, f"{preset} {classes} classes",
+                             batch * targets.shape[1] * classes, _time_loss)
+    return {"dtype": "fp32", "threads": torch.get_num_threads(), "rounds": rounds, "rows": rows,
+            "fallbacks": fallbacks}
 
 
 def lamb_parameters(preset: str) -> list[torch.nn.Parameter]:
@@ -168,28 +211,33 @@ def lamb(preset: str = "standard", rounds: int = 20) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="focal-loss and Lamb kernel benchmarks")
-    parser.add_argument("what", choices=("focal", "lamb", "lamb-ipex"))
-    parser.add_argument("--rounds", type=int, help="interleaved rounds (focal 15, lamb 20)")
+    parser = argparse.ArgumentParser(description="focal-loss, detection-loss and Lamb kernel benchmarks")
+    parser.add_argument("what", choices=("focal", "loss", "lamb", "lamb-ipex"))
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (focal 15, loss 10, lamb 20)")
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="focal: input dtype")
     parser.add_argument("--preset", default="standard", help="lamb: RetinaNet preset whose parameters are updated")
-    parser.add_argument("--presets", default="quick,standard", help="focal: presets whose shapes are timed")
+    parser.add_argument("--presets", help="focal, loss: presets whose shapes are timed (quick,standard; standard,full)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.what == "lamb-ipex":
         print(json.dumps(lamb_here(["loop", "ipex fused"], args.preset, args.rounds or 20)))
         return 0
-    if args.what == "focal":
-        out = focal(args.rounds or 15, args.dtype, tuple(args.presets.split(",")))
+    if args.what in ("focal", "loss"):
+        if args.what == "focal":
+            out = focal(args.rounds or 15, args.dtype, tuple((args.presets or "quick,standard").split(",")))
+        else:
+            out = detection_loss(args.rounds or 10, tuple((args.presets or "standard,full").split(",")))
         if args.json:
             print(json.dumps(out))
             return 0
-        print(f"focal loss, {out['dtype']}, {out['threads']} threads, {out['rounds']} interleaved rounds")
+        print(f"{'focal loss' if args.what == 'focal' else 'RetinaNet loss'}, {out['dtype']}, {out['threads']} "
+              f"threads, {out['rounds']} interleaved rounds")
         for f in out["fallbacks"]:
-            print(f"{f['what']}: not measured: it fell back to {f['fell_back_to']} here ({f['reason']})")
+            print(f"{f['what']}: it fell back to {f['fell_back_to']} here ({f['reason']})")
         for r in out["rows"]:
-            print(f"{r['shape']:<22} {r['part']:<8} {r['kernel']:<21} {r['median_ms']:9.3f} ms  "
-                  f"{r['speedup']:5.2f}x the reference (95% CI {r['speedup_low']:.2f}-{r['speedup_high']:.2f})")
+            print(f"{r['shape']:<22} {r['part']:<8} {r['kernel']:<28} {r['median_ms']:9.3f} ms  "
+                  f"{r['speedup']:5.2f}x the {FOCAL_KERNELS[0] if args.what == 'focal' else LOSS_KERNELS[0]} "
+                  f"(95% CI {r['speedup_low']:.2f}-{r['speedup_high']:.2f}): {r['verdict']}")
         return 0
     out = lamb(args.preset, args.rounds or 20)
     if args.json:

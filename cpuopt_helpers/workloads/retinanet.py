@@ -235,6 +235,19 @@ def assign(anchor: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor) -> t
     return torch.cat([cls[:, None], encode(boxes[idx], anchor)], 1)
 
 
+def synthetic_targets(grid: torch.Tensor, size: int, classes: int, batch_size: int,
+                      g: torch.Generator) -> torch.Tensor:
+    """[batch, anchors, 5]: each image's BOXES_PER_IMAGE random boxes and labels, assigned to the grid."""
+    targets = []
+    for _ in range(batch_size):
+        centre = torch.rand(BOXES_PER_IMAGE, 2, generator=g) * size
+        half = (0.05 + 0.3 * torch.rand(BOXES_PER_IMAGE, 2, generator=g)) * size / 2
+        boxes = torch.cat([(centre - half).clamp(0, size), (centre + half).clamp(0, size)], 1)
+        labels = torch.randint(0, classes, (BOXES_PER_IMAGE,), generator=g)
+        targets.append(assign(grid, boxes, labels))
+    return torch.stack(targets)
+
+
 def detection_loss(focal):
     def loss_fn(outputs, targets):
         classes = outputs.shape[-1] - 4
@@ -267,14 +280,7 @@ def build(preset: str = "quick", classes: int = 80, trainable_layers: int = 3, f
     def make_batch(batch_size: int):
         g = torch.Generator().manual_seed(batch_size)
         images = torch.randn(batch_size, 3, size, size, generator=g)
-        targets = []
-        for _ in range(batch_size):
-            centre = torch.rand(BOXES_PER_IMAGE, 2, generator=g) * size
-            half = (0.05 + 0.3 * torch.rand(BOXES_PER_IMAGE, 2, generator=g)) * size / 2
-            boxes = torch.cat([(centre - half).clamp(0, size), (centre + half).clamp(0, size)], 1)
-            labels = torch.randint(0, classes, (BOXES_PER_IMAGE,), generator=g)
-            targets.append(assign(grid, boxes, labels))
-        return images, torch.stack(targets)
+        return images, synthetic_targets(grid, size, classes, batch_size, g)
 
     if loss == "fused":
         from cpuopt_helpers.kernels.detection_loss import detection_loss as loss_fn
