@@ -12,7 +12,8 @@ the page says which). Nothing is handed on: the study never touches a ladder.
 Where the kernel takes ``KERNEL_SHARE`` of the top's CPU time or more (page faults: memory the C
 library's allocator hands back to the OS and faults in again), the top is compared with itself
 under an allocator that keeps freed memory, in as many fixed rounds; where that is confirmed faster,
-it is profiled too, and the projection and the next fix read the fastest configuration confirmed.
+it is profiled in the top's place (one profile fewer keeps the trial within the study's budget more
+often), and the projection and the next fix read the fastest configuration confirmed.
 After the comparisons each arm is traced (``profiledn.wholestep``: every operator of a timed step
 with its work and ceiling) and the trace accounts for its step by phase (``profiledn.account``):
 why the forward takes what it takes against the backward, and where the top's time goes by
@@ -148,11 +149,13 @@ def kept_name(allocator: dict) -> str:
     return f"top under {allocator['config'].allocator}"
 
 
-def trial_seconds(compare_s: float, figures: dict) -> float:
+def trial_seconds(compare_s: float, figures: dict, defaults_profile_s: float = 0.0) -> float:
     """The allocator trial's seconds at most: as many runs as the comparison just made, each as long as
-    the top's (the comparison's time split by its arms' steps; the allocator's arm counted as slow)."""
+    the top's (the comparison's time split by its arms' steps; the allocator's arm counted as slow),
+    and the profile that follows them (the defaults' profile, scaled the same way)."""
     d, t = figures["defaults"].get("step_s"), figures["top"].get("step_s")
-    return 2 * compare_s * t / (d + t) if d and t else compare_s
+    top_share = t / (d + t) if d and t else 0.5
+    return 2 * compare_s * top_share + defaults_profile_s * (t / d if d and t else 1.0)
 
 
 def compare_line(a: RunConfig, b: RunConfig, rounds: int) -> str:
@@ -201,9 +204,10 @@ def profile_arms(session, arms: dict[str, RunConfig], trace_dir: Path, ceilings,
 
 def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Path | None = None,
               resume: bool = False, say=print, preset: str = "full", budget_min: float = BUDGET_MIN) -> dict:
-    """Compare both arms in ``rounds`` fixed paired rounds, then profile each, and tell (and with
-    ``folder``, write the page). Returns everything the page is made of. A profile that fails is
-    said on the page; the comparison is kept. ``preset``: the full one is the study; the quick one
+    """Compare both arms in ``rounds`` fixed paired rounds, then profile the defaults and the
+    fastest configuration confirmed (the top, or the top under an allocator the trial found
+    faster), and tell (and with ``folder``, write the page). Returns everything the page is
+    made of. A profile that fails is said on the page; the comparison is kept. ``preset``: the full one is the study; the quick one
     runs the same in a minute or two (a smoke run, for tests). ``budget_min``: the allocator trial
     starts only where it fits within it."""
     check(rounds, classes, budget_min)
@@ -220,20 +224,17 @@ def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Pat
                                    resume)
     compare_s, trace_dir = time.time() - began, session.store.path.parent / "traces" / f"{TAG}-{preset}"
     trace_dir.mkdir(parents=True, exist_ok=True)
-    profiled = {"defaults": base, "top": top}
-    profiles, took = profile_arms(session, profiled, trace_dir, ceilings, resume, say)
-    need = trial_seconds(compare_s, figures) + took["top"] + TRY_RESERVE_S  # its rounds, its profile, the last trial
+    profiles, took = profile_arms(session, {"defaults": base}, trace_dir, ceilings, resume, say)
+    need = trial_seconds(compare_s, figures, took["defaults"]) + TRY_RESERVE_S  # its rounds and profile, the last trial
     allocator = try_allocator(session, top, figures["top"], rounds, f"{TAG}/{preset}/allocator", resume, say,
                               need, budget_min * 60 - (time.time() - started))
-    if allocator and compare.pays(allocator.get("comparison")):  # the fastest configuration confirmed: profiled too
-        profiled[kept_name(allocator)] = allocator["config"]
-        profiles |= profile_arms(session, {kept_name(allocator): allocator["config"]}, trace_dir, ceilings, resume,
-                                 say)[0]
-    fastest = list(profiled)[-1]  # the projection and the next fix read its profile
+    kept = allocator and compare.pays(allocator.get("comparison"))  # the fastest configuration confirmed
+    fastest, config = (kept_name(allocator), allocator["config"]) if kept else ("top", top)
+    profiles |= profile_arms(session, {fastest: config}, trace_dir, ceilings, resume, say)[0]  # what the next fix reads
     tried = target = next_fix_target(profiles[fastest]) if "whole" in profiles[fastest] else None
     if target:
         say(f"trying the next fix: {target['op']} alone, under each path this CPU offers")
-        tried = try_next_fix(target, profiled[fastest], session.facts)
+        tried = try_next_fix(target, config, session.facts)
     study = {"base": base, "top": top, "source": source, "comparison": result, "figures": figures,
              "allocator": allocator, "profiles": profiles, "fastest": fastest, "tried": tried, "ceilings": ceilings,
              "theoretical": ceilings.theoretical_gflops,
@@ -402,9 +403,7 @@ def page_rows(study: dict) -> list[records.Row]:
             + (f", {gflops / peak:.0%} of the theoretical {dtype} peak)" if peak else "; theoretical peak unknown)"))
         out += [records.Row(f"{name}: images/s", f"{f['samples_per_s']:.3f}", "", runs),
                 records.Row(f"{name}: images/s per physical core", f"{f['per_core']:.3f}", "", runs),
-                records.Row(f"{name}: step (forward with its loss / backward / optimizer)",
-                            f"{f['step_s']:.1f} s ({f['forward_s']:.1f} / {f['backward_s']:.1f} / "
-                            f"{f['optimizer_s']:.2f} s)", "", runs),
+                step_row(name, f),
                 records.Row(f"{name}: GFLOP/s achieved", f"{f['achieved_gflops']:.0f}{share}", "", runs)]
         out += kernel_rows(name, f)
     out += allocator_rows(study.get("allocator"))
@@ -425,6 +424,13 @@ def interval(c: dict) -> str:
     """A comparison's interval as the page gives it ("none" where it has none)."""
     return (f"{c.get('label', '95% CI')} {c['ci_low']:.2f}-{c['ci_high']:.2f}"
             if c.get("ci_low") is not None and c["ci_low"] == c["ci_low"] else "none")
+
+
+def step_row(name: str, f: dict) -> records.Row:
+    """An arm's median step and its phases."""
+    return records.Row(f"{name}: step (forward with its loss / backward / optimizer)",
+                       f"{f['step_s']:.1f} s ({f['forward_s']:.1f} / {f['backward_s']:.1f} / {f['optimizer_s']:.2f} s)",
+                       "", f"{f.get('runs', 0)} runs (median)")
 
 
 def kernel_rows(name: str, f: dict) -> list[records.Row]:
@@ -450,8 +456,8 @@ def allocator_rows(kept: dict | None) -> list[records.Row]:
     out = [records.Row(f"{name} over the top, images/s", ratio, interval(c), rounds),
            records.Row(f"{name}: verdict", c["verdict"], "", rounds)]
     if f:
-        out.append(records.Row(f"{name}: images/s per physical core", f"{f['per_core']:.3f}", "",
-                               f"{f['runs']} runs (median)"))
+        out += [records.Row(f"{name}: images/s per physical core", f"{f['per_core']:.3f}", "",
+                            f"{f['runs']} runs (median)"), step_row(name, f)]
     return out + kernel_rows(name, f)
 
 

@@ -169,6 +169,8 @@ def test_the_trial_is_planned_from_the_comparisons_own_time():
     figures = {"defaults": {"step_s": 30.0}, "top": {"step_s": 20.0}}
     assert fullstudy.trial_seconds(1000.0, figures) == 800.0  # 10 runs took 1000 s: 10 of the top's take 2 x 400
     assert fullstudy.trial_seconds(1000.0, {"defaults": {}, "top": {}}) == 1000.0  # no steps: as long as it
+    assert fullstudy.trial_seconds(1000.0, figures, 300.0) == 1000.0  # and the profile: the defaults' 300 s x 20 / 30
+    assert fullstudy.trial_seconds(1000.0, {"defaults": {}, "top": {}}, 300.0) == 1300.0
 
 
 @pytest.mark.parametrize("verdict, ratio", [("faster", 1.53), ("no different", 1.01)])
@@ -184,6 +186,8 @@ def test_the_page_gives_the_allocator_trial_after_the_kernels_share(tmp_path, fa
     assert f"| top under jemalloc over the top, images/s | {ratio:.2f}x | 95% CI {ratio - 0.09:.2f}-" in text
     assert f"| top under jemalloc: verdict | {verdict} |  | 5 paired rounds |" in text
     assert "| top under jemalloc: the kernel's share of CPU time (page faults a step) | 0% (8) |" in text
+    assert "| top under jemalloc: step (forward with its loss / backward / optimizer) | 21.7 s (1.0 / 2.0 / 0.10 s) |" \
+        in text  # the trial's runs: its forward against its backward
     notes = text.split("\n\n")
     kernel = next(i for i, n in enumerate(notes) if "the study tried the top under jemalloc" in n)
     assert "may pay" not in notes[kernel]
@@ -248,8 +252,10 @@ def test_the_study_profiles_real_workers_at_the_quick_preset(tmp_path, this_fact
     assert dict(study["top"].options)["focal"] == "fast"  # no ladder in this store: the paper's recipe
     assert said[-1].startswith("the page: ") and "the next fix the profile points at" in " ".join(said[-3:])
     page = next((tmp_path / "results").glob("*-retinanet-quick.md")).read_text()
-    assert "python -m cpuopt_helpers.fullstudy --preset quick" in page and "| forward | top |" in page
-    if kept:  # the trial's arm ran with the allocator preloaded, traced like the others
+    assert "python -m cpuopt_helpers.fullstudy --preset quick" in page and "| forward | defaults |" in page
+    assert set(study["profiles"]) == {"defaults", study["fastest"]}  # the top is traced only where it stays fastest
+    assert ("| forward | top |" in page) == (not kept)
+    if kept:  # the trial's arm ran with the allocator preloaded, traced in the top's place
         assert f"| top under {kept} over the top, images/s | 2.00x |" in page
         assert f"| forward | top under {kept} |" in page
         assert f"retinanet (top under {kept}): the next fix the profile points at" in page
