@@ -207,9 +207,9 @@ def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Pat
     """Compare both arms in ``rounds`` fixed paired rounds, then profile the defaults and the
     fastest configuration confirmed (the top, or the top under an allocator the trial found
     faster), and tell (and with ``folder``, write the page). Returns everything the page is
-    made of. A profile that fails is said on the page; the comparison is kept. ``preset``: the full one is the study; the quick one
-    runs the same in a minute or two (a smoke run, for tests). ``budget_min``: the allocator trial
-    starts only where it fits within it."""
+    made of. A profile that fails is said on the page; the comparison is kept. ``preset``: the
+    full one is the study; the quick one runs the same in a minute or two (a smoke run, for
+    tests). ``budget_min``: the allocator trial starts only where it fits within it."""
     check(rounds, classes, budget_min)
     started = time.time()
     base, top, source = arms(session, classes, preset)
