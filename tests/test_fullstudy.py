@@ -79,6 +79,32 @@ def test_the_page_holds_the_verdict_rates_phases_and_ends_with_the_next_fix(tmp_
     assert "the next fix the profile points at" in notes[-2]  # the last note before the page's footer
 
 
+def test_the_page_bounds_the_ratio_by_the_fastests_step_at_every_ceiling(tmp_path, facts):
+    study = made_up_study(facts, bf16_fast=False)
+    bound = study["profiles"]["top"]["whole"]["speedup_bound"]
+    row = f"| top over PyTorch's defaults, its step at every ceiling (bound) | {0.092 / 0.070 * bound:.2f}x |"
+    assert bound > 1 and row in fullstudy.write_page(study, tmp_path, facts()).read_text()
+    kept = study["figures"]["top"] | {"step_s": 10.0}  # the allocator trial's winner: its own step
+    study["profiles"]["top under jemalloc"] = study["profiles"]["top"]
+    study |= {"fastest": "top under jemalloc",
+              "allocator": {"config": study["top"].replace(allocator="jemalloc"), "figures": {"top": {}, "kept": kept},
+                            "comparison": {"ratio": 2.0, "ci_low": 1.9, "ci_high": 2.1, "n": 5, "verdict": "faster"}}}
+    row = f"its step at every ceiling (bound) | {2 / 0.07 / 10 * bound:.2f}x"
+    text = fullstudy.write_page(study, tmp_path, facts()).read_text()
+    assert f"| top under jemalloc over PyTorch's defaults, {row}" in text
+    study["fastest"] = "top"
+    study["profiles"]["top"] = {"error": "a traced run did not finish"}  # no projection: no bound
+    assert "(bound)" not in fullstudy.write_page(study, tmp_path, facts()).read_text()
+
+
+def test_the_pages_command_names_what_differs_from_the_studys_defaults():
+    assert fullstudy.page_command("full", 264, 5) == "make case-study PRESET=full"
+    assert fullstudy.page_command("full", 264, 8) == "make case-study PRESET=full ROUNDS=8"
+    assert fullstudy.page_command("standard", 80, 10) == ("python -m cpuopt_helpers.fullstudy --page docs/results "
+                                                          "--preset standard --classes 80 --rounds 10")
+    assert fullstudy.page_command("full", 601, 5).endswith("--preset full --classes 601")
+
+
 def test_a_top_whose_steps_wait_on_the_kernel_is_pointed_at_an_allocator_that_keeps_memory(tmp_path, facts):
     study = made_up_study(facts, bf16_fast=False)
     study["figures"]["defaults"] |= {"system_share": 0.05, "page_faults_per_step": 1000.0}
@@ -252,7 +278,8 @@ def test_the_study_profiles_real_workers_at_the_quick_preset(tmp_path, this_fact
     assert dict(study["top"].options)["focal"] == "fast"  # no ladder in this store: the paper's recipe
     assert said[-1].startswith("the page: ") and "the next fix the profile points at" in " ".join(said[-3:])
     page = next((tmp_path / "results").glob("*-retinanet-quick.md")).read_text()
-    assert "python -m cpuopt_helpers.fullstudy --preset quick" in page and "| forward | defaults |" in page
+    assert "python -m cpuopt_helpers.fullstudy --page docs/results --preset quick" in page
+    assert "| forward | defaults |" in page
     assert set(study["profiles"]) == {"defaults", study["fastest"]}  # the top is traced only where it stays fastest
     assert ("| forward | top |" in page) == (not kept)
     if kept:  # the trial's arm ran with the allocator preloaded, traced in the top's place
