@@ -70,17 +70,25 @@ def arms(session, classes: int = CLASSES, preset: str = "full") -> tuple[RunConf
     ladder = session.store.get_fact(session.machine, "ladder/retinanet/standard", [])
     if len(ladder) > 1:
         stored = RunConfig.from_dict(ladder[-1]["config"])
-        top = with_options(stored.replace(preset=preset, steps=STEPS, warmup=WARMUP, timeout_s=TIMEOUT_S),
-                           classes=classes)
+        top = same_model(stored.replace(preset=preset, steps=STEPS, warmup=WARMUP, timeout_s=TIMEOUT_S), base)
         if top.config_hash() != base.config_hash():  # a ladder still at the defaults: the recipe instead
             return base, top, f"the top of this machine's standard-preset ladder ({ladder[-1]['step']})"
     plan = case_study.configs(base, session.facts).named  # its arms drop the base's options: classes again
     top = plan.get(RECIPE, plan.get("all fixes"))
     if top is None:
         raise CpuoptError("retinanet declares none of the paper's fixes; nothing to compare with its defaults")
-    return base, with_options(top, classes=classes), (f"{RECIPE} (no standard-preset ladder of RetinaNet above "
-                                                      "PyTorch's defaults is stored here: `make run` or `make "
-                                                      "case-study` writes one)")
+    return base, same_model(top, base), (f"{RECIPE} (no standard-preset ladder of RetinaNet above "
+                                           "PyTorch's defaults is stored here: `make run` or `make case-study` "
+                                           "writes one)")
+
+
+def same_model(config: RunConfig, base: RunConfig) -> RunConfig:
+    """``config`` with the base's class count: set where the base sets it, else the workload's own
+    (at 80 classes the defaults name none, and a top naming it would differ from them in name only)."""
+    classes = dict(base.options).get("classes")
+    if classes is not None:
+        return with_options(config, classes=classes)
+    return config.replace(options={k: v for k, v in dict(config.options).items() if k != "classes"})
 
 
 def profile(config: RunConfig, trace: Path, ceilings: wholestep.Ceilings, reuse: bool = False) -> dict:

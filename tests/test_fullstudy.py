@@ -339,6 +339,14 @@ def test_a_ladder_still_at_the_defaults_gives_way_to_the_recipe(tmp_path, facts)
     ladder = [{"step": "baseline", "config": stored.to_dict()}, {"step": "allocator", "config": stored.to_dict()}]
     base, top, source = fullstudy.arms(session(tmp_path, made, ladder))
     assert top.config_hash() != base.config_hash() and RECIPE in source  # never an A/A comparison
+    base, top, source = fullstudy.arms(session(tmp_path, made, ladder), classes=80, preset="standard")
+    assert top.config_hash() != base.config_hash() and RECIPE in source  # at 80 classes too
+
+
+def test_at_80_classes_neither_arm_names_the_classes(tmp_path, facts):
+    base, top, _ = fullstudy.arms(session(tmp_path, facts()), classes=80, preset="standard")
+    assert "classes" not in dict(base.options) and "classes" not in dict(top.options)  # the workload's own 80
+    assert "classes" not in fullstudy.setting_label(top.to_dict(), base.to_dict())
 
 
 def made_up_trial(best_ratio: float | None, alone_gflops: float = 90.0) -> dict:
