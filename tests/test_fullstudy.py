@@ -97,6 +97,13 @@ def test_the_page_bounds_the_ratio_by_the_fastests_step_at_every_ceiling(tmp_pat
     assert "(bound)" not in fullstudy.write_page(study, tmp_path, facts()).read_text()
 
 
+def test_only_a_study_at_mlperfs_size_is_set_beside_mlperfs_rate(tmp_path, facts):
+    study = made_up_study(facts, bf16_fast=True) | {"preset": "standard", "classes": 80}
+    said = " ".join(f.sentence for f in fullstudy.study_findings(study))
+    assert "0.046 images/s per physical core (MLPerf's rate is at the full preset's size: not comparable)" in said
+    assert "% of MLPerf" not in said
+
+
 def test_the_pages_command_names_what_differs_from_the_studys_defaults():
     assert fullstudy.page_command("full", 264, 5) == "make case-study PRESET=full"
     assert fullstudy.page_command("full", 264, 8) == "make case-study PRESET=full ROUNDS=8"

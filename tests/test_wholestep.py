@@ -187,6 +187,21 @@ def test_gemm_formulas_by_dtype_and_conv_backward():
     assert flops == conv_flops([1, 1, 7, 7], [2, 1, 3, 3], [1, 2, 3, 3])  # (7 - 3) // 2 + 1 = 3
 
 
+def test_a_span_runs_in_the_dtype_of_its_gemm_not_of_the_cast_before_it():
+    """Under autocast, aten::conv2d records its fp32 inputs; inside it, a cast, then the bf16 convolution."""
+    fp32 = {"Input Dims": [[2, 3, 8, 8], [4, 3, 3, 3]], "Input type": ["float", "float"]}
+    bf16 = {"Input Dims": [[2, 3, 8, 8], [4, 3, 3, 3]] + [[]] * 7,
+            "Input type": ["c10::BFloat16"] * 2 + ["x"] * 7,
+            "Concrete Inputs": ["", "", "", "[1, 1]", "[0, 0]", "[1, 1]", "False", "[0, 0]", "1"]}
+    cast = wholestep.Node("aten::_to_copy", 1, 2, {"Input Dims": [[2, 3, 8, 8]], "Input type": ["float"]})
+    conv2d = wholestep.Node("aten::conv2d", 0, 10, fp32, [cast, wholestep.Node("aten::convolution", 4, 5, bf16)])
+    with_bf16 = wholestep.Ceilings({"fp32": 100.0, "bf16": 400.0}, 10.0)
+    work = wholestep.node_work(conv2d, with_bf16)
+    assert work.dtype == "bf16" and work.flops == wholestep.kernel_work("aten::convolution", bf16)[0]
+    copy_after = wholestep.Node("aten::relu", 0, 20, fp32, [conv2d, cast])  # a copy after the GEMM changes nothing
+    assert wholestep.node_work(copy_after, with_bf16).dtype == "bf16"
+
+
 def test_an_autograd_node_is_named_by_the_gemms_shapes_below_it():
     """ConvolutionBackward0 records only the gradient it takes; the convolution's shapes say which layer
     it is (what the full study's trial needs to rebuild it)."""

@@ -129,9 +129,12 @@ class Work:
     shapes: str = ""
 
     def __add__(self, other: "Work") -> "Work":
+        # the dtype a GEMM below ran in, before a copy's: under autocast a span's first child casts
+        # its fp32 inputs and the convolution after it runs in bf16
+        gemm = self if self.flops or not other.flops else other
         return Work(self.flops + other.flops, self.bytes + other.bytes, self.compute_s + other.compute_s,
                     self.memory_s + other.memory_s, self.unknown_us + other.unknown_us,
-                    self.dtype or other.dtype, self.shapes or other.shapes)
+                    gemm.dtype or self.dtype or other.dtype, self.shapes or other.shapes)
 
 
 # ---------------------------------------------------------------------------------- reading a trace
