@@ -336,7 +336,7 @@ def _full_preset_top(v: dict, c) -> str:
     said = (f"{_who(v)}at the {v['preset']} preset ({v['classes']} classes), {v['change']} over PyTorch's defaults: "
             f"{compare.describe(c.to_dict() if c else None)}.")
     if v["per_core"] is not None:
-        said += f" The top trains {v['per_core']:.3f} images/s per physical core" + _of_mlperf(v, full=True) + "."
+        said += f" The top trains {v['per_core']:.3f} images/s per physical core" + _of_mlperf(v, long=True) + "."
     if not v["bf16_fast"]:
         said += (f" In {v['dtype']}: this CPU has no bf16 fast path ({v['bf16_reason']}); the 3x and per-core goals "
                  "are checked on an AMX machine.")
@@ -372,12 +372,13 @@ def _allocator_tried(v: dict, c) -> str:
     return said
 
 
-def _of_mlperf(v: dict, full: bool = False) -> str:
-    """The rate's share of MLPerf's, where the study ran at MLPerf's size (``mlperf_per_core`` None elsewhere)."""
+def _of_mlperf(v: dict, long: bool = False) -> str:
+    """The rate's share of MLPerf's, where the study ran at MLPerf's size (``mlperf_per_core`` None
+    elsewhere); ``long``: with where MLPerf's rate comes from, and saying so where it is not comparable."""
     if v.get("mlperf_per_core") is None:
-        return " (MLPerf's rate is at the full preset's size: not comparable)" if full else ""
-    return (f", {v['per_core'] / v['mlperf_per_core']:.0%} of MLPerf" + (" Training v3.0 Intel" if full else "")
-            + f"'s {v['mlperf_per_core']:.2f}" + (" (AMX, communication included)" if full else ""))
+        return " (MLPerf's rate is at the full preset's size: not comparable)" if long else ""
+    return (f", {v['per_core'] / v['mlperf_per_core']:.0%} of MLPerf" + (" Training v3.0 Intel" if long else "")
+            + f"'s {v['mlperf_per_core']:.2f}" + (" (AMX, communication included)" if long else ""))
 
 
 def _fresh_memory(v: dict, c) -> str:
