@@ -522,7 +522,7 @@ def format_result(r: dict) -> str:
         f"loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}; launch to first step {r['startup_s']:.2f} s",
     ]
     if r.get("system_share") is not None:
-        lines.append(f"  the kernel took {r['system_share']:.0%} of the timed steps' CPU time; "
+        lines.append(f"  the OS kernel took {r['system_share']:.0%} of the timed steps' CPU time (system time); "
                      f"{r['page_faults_per_step']:,.0f} page faults a step")
     lines += [f"  fell back: {f['what']} ran {f['fell_back_to']} ({f['reason']})" for f in r.get("fallbacks") or []]
     for i in r["instances"]:

@@ -189,7 +189,7 @@ def try_allocator(session, top: RunConfig, figures: dict, rounds: int, tag: str,
             f"{max(left_s, 0) / 60:.0f} min of the study's budget are left")
         return {"config": kept, "skipped": {"need_min": need_s / 60, "left_min": max(left_s, 0) / 60,
                                             "command": compare_line(top, kept, rounds)}}
-    say(f"the kernel took {figures['system_share']:.0%} of the top's CPU time: the top under {kept.allocator}, "
+    say(f"the OS kernel took {figures['system_share']:.0%} of the top's CPU time: the top under {kept.allocator}, "
         f"which keeps freed memory, against the top in {rounds} paired rounds")
     result, found = compare_arms(session, {"top": top, "kept": kept}, rounds, tag, resume)
     return {"config": kept, "comparison": result, "figures": found}
@@ -319,10 +319,16 @@ def tried_lines(tried: dict | None, ceilings: wholestep.Ceilings) -> list[str]:
         share = f"{both['gflops'] / ceiling:.0%}" if ceiling else ""
         over = "" if both["speedup"] is None else f"{both['speedup']:.2f}x"
         interval = "" if both["speedup"] is None else f"95% CI {both['speedup_low']:.2f}-{both['speedup_high']:.2f}"
-        forward, backward = rows[(path, "forward")]["median_ms"], rows[(path, "backward")]["median_ms"]
-        out.append(f"| {path} | {forward:.0f} | {backward:.0f} | {both['gflops']:.0f} | {share} | {over} | {interval} "
+        forward, backward = (_ms_cell(rows[(path, part)]["median_ms"]) for part in ("forward", "backward"))
+        label = f"as run ({tried['dtype']}, contiguous)" if path == "as run" else path
+        out.append(f"| {label} | {forward} | {backward} | {both['gflops']:.0f} | {share} | {over} | {interval} "
                    f"| {both['verdict']} |")
     return ["\n".join(out)]
+
+
+def _ms_cell(ms: float) -> str:
+    """Milliseconds to three significant figures or so: whole above 100, one decimal below."""
+    return f"{ms:.0f}" if ms >= 100 else f"{ms:.1f}"
 
 
 def study_findings(study: dict) -> list[Finding]:
@@ -423,11 +429,12 @@ def page_rows(study: dict) -> list[records.Row]:
     fastest = study.get("fastest", "top")
     whole = study["profiles"][fastest].get("whole")
     if whole:
-        out.append(records.Row(f"{fastest} at every ceiling (projection of its traced step)",
-                               f"{whole['projected_ms'] / 1e3:.1f} s of {whole['step_ms'] / 1e3:.1f} s", "",
-                               "2 traced runs"))
+        out.append(records.Row(f"{fastest} at every ceiling (projection of its traced step, profiled without shapes)",
+                               f"{whole['projected_ms'] / 1e3:.1f} s of its {whole['step_ms'] / 1e3:.1f} s traced step",
+                               "", "2 traced runs"))
         out += [records.Row(f"{fastest}: gap, {cause}", f"{ms / 1e3:.2f} s ({whole['gap_share'].get(cause, 0):.0%} "
-                            "of the step)", "", "2 traced runs") for cause, ms in whole["gap_ms"].items() if ms > 0]
+                            "of the traced step)", "", "2 traced runs")
+                for cause, ms in whole["gap_ms"].items() if ms > 0]
     out += bound_rows(study)
     took = records.duration_words(study["seconds"]) + (" (this invocation, resumed)" if study.get("resumed") else "")
     out.append(records.Row("the study's wall time", took, "", "1 run"))
@@ -466,7 +473,7 @@ def kernel_rows(name: str, f: dict) -> list[records.Row]:
     """An arm's kernel share and page faults, where its worker read them."""
     if "system_share" not in f:
         return []
-    return [records.Row(f"{name}: the kernel's share of CPU time (page faults a step)",
+    return [records.Row(f"{name}: the OS kernel's share of CPU time (system time; page faults a step)",
                         f"{f['system_share']:.0%} ({f['page_faults_per_step']:,.0f})", "",
                         f"{f['runs']} runs (median)")]
 
@@ -498,6 +505,10 @@ def write_page(study: dict, folder: Path, facts) -> Path:
              *tried_lines(study.get("tried"), study["ceilings"]),
              *[f.sentence for f in found]]
     preset = study["preset"]
+    if preset != "full":
+        notes.append("At this preset the study measures again, in its own paired rounds, the comparison notebook 09 "
+                     "makes for the README's generated block: two separate measurements of the same two "
+                     "configurations, each with its own interval.")
     return records.write_record(folder, f"retinanet-{preset}", f"RetinaNet at the {preset} preset, {study['classes']} "
                                 "classes", page_rows(study), page_command(preset, study["classes"],
                                                                          study.get("rounds", ROUNDS)),

@@ -77,7 +77,8 @@ def _baseline(v: dict, c) -> str:
     if v.get("gflops") is None:
         work = "GFLOP/s unknown (its FLOPs could not be counted)"
     else:
-        share = f", {v['gflops'] / v['peak_gflops']:.0%} of the measured fp32 GEMM peak" if v.get("peak_gflops") else ""
+        share = (f", {v['gflops'] / v['peak_gflops']:.0%} of the measured fp32 GEMM ceiling" if v.get("peak_gflops")
+                 else "")
         if v.get("theoretical_gflops"):
             share += f" and {v['gflops'] / v['theoretical_gflops']:.0%} of the theoretical fp32 peak"
         elif share:
@@ -156,7 +157,7 @@ def _climb_top(v: dict, c) -> str:
 
 
 # profiledn.wholestep's words: what a whole step's gap and its time between operators are spent on
-_CAUSE_WORDS = {"compute": "GEMM-like kernels running below the GEMM peak",
+_CAUSE_WORDS = {"compute": "GEMM-like kernels running below the measured GEMM ceiling",
                 "memory": "memory-bound operators running below the copy bandwidth (many are too small to reach it)",
                 "no work": "operators that move no data (views, allocations: framework overhead)",
                 "unknown": "operators whose work is not counted",
@@ -195,7 +196,8 @@ def _logs_time(v: dict, c) -> str:
     (la, lb), (ta, tb) = v["labels"], v["ms"]
     if not v["per_step"]:
         return f"Logged oneDNN time: {_ms(ta)} in {la} vs {_ms(tb)} in {lb}."
-    return f"oneDNN time per step: {_ms(ta)} in {la} vs {_ms(tb)} in {lb} ({tb / ta:.2f}x)." if ta else \
+    return (f"oneDNN time per step: {_ms(ta)} in {la} vs {_ms(tb)} in {lb} (the second's time over the first's: "
+            f"{tb / ta:.2f}x).") if ta else \
         f"{la} logged no oneDNN time."
 
 
@@ -247,7 +249,8 @@ def _whole_step_coverage(v: dict, c) -> str:
 
 def _whole_step_projection(v: dict, c) -> str:
     gap = v["gap_ms"]
-    said = (f"{_who(v)}at every ceiling the step would take {_ms(v['projected_ms'])} "
+    traced = f"its traced step ({_ms(v['step_ms'])})" if v.get("step_ms") else "the traced step"
+    said = (f"{_who(v)}at every ceiling {traced} would take {_ms(v['projected_ms'])} "
             f"({v['speedup_bound']:.1f}x faster)" if v["speedup_bound"] else f"{_who(v)}no projection")
     if sum(gap.values()) > 0:
         said += (f"; of the {_ms(sum(gap.values()))} gap, {_shares(gap)}: most of the room is in "
@@ -263,8 +266,7 @@ def _forward_backward(v: dict, c) -> str:
 
     ratio = f"{v['ratio']:.2f} of it" if v["ratio"] is not None else "no ratio (no backward was traced)"
     said = (f"{_who(v)}the forward, its loss in it, takes {v['forward_ms'] / 1e3:.2f} s against the backward's "
-            f"{v['backward_ms'] / 1e3:.2f} s: {ratio} (the goal: {v['goal']:.1f} at most, "
-            f"unless the forward is GEMM-bound at half the ceiling or more: {'met' if v['met'] else 'not met'}).")
+            f"{v['backward_ms'] / 1e3:.2f} s: {ratio} ({_ratio_goal(v)}).")
     if v["work_ratio"]:
         said += (f" Why, from the trace: the backward does {v['work_ratio']:.2f}x the forward's GFLOP "
                  f"({v['full_backward']:.0f}x where every layer trains and its input needs a gradient"
@@ -274,10 +276,28 @@ def _forward_backward(v: dict, c) -> str:
     loss = (f"The loss is {v['loss_share']:.0%} of the forward" if v["loss_share"] is not None else
             "The trace marks no loss (compiled into the forward's region, the loss is counted with the forward)")
     said += (f" {loss}; GEMM-like operators are "
-             f"{v['gemm_share_forward']:.0%} of the forward at {rate(v['forward_gflops'], v['forward_of_ceiling'])} "
+             f"{v['gemm_share_forward']:.0%} of the forward with its loss at "
+             f"{rate(v['forward_gflops'], v['forward_of_ceiling'])} "
              f"and {v['gemm_share_backward']:.0%} of the backward at "
              f"{rate(v['backward_gflops'], v['backward_of_ceiling'])}.")
     return said
+
+
+def _ratio_goal(v: dict) -> str:
+    """profiledn.account's goal for the forward against the backward, and which of its two ways it meets."""
+    share, rate = v.get("bound_share", 0.8), v.get("bound_rate", 0.5)
+    goal = (f"the goal: {v['goal']:.1f} at most, or a GEMM-bound forward: GEMM-like operators {share:.0%} or more "
+            f"of its time, at {rate:.0%} or more of the measured GEMM ceiling")
+    if v["ratio"] is not None and v["ratio"] <= v["goal"]:
+        return goal + ": met"
+    if v["met"]:
+        return goal + ": met, GEMM-bound"
+    short = []
+    if v["gemm_share_forward"] < share:
+        short.append(f"GEMM-like operators {v['gemm_share_forward']:.0%} of its time")
+    if (v["forward_of_ceiling"] or 0) < rate:
+        short.append(f"at {v['forward_of_ceiling'] or 0:.0%} of the ceiling")
+    return goal + ": not met" + (f" ({', '.join(short)})" if short else "")
 
 
 def _of_theory(share) -> str:
@@ -313,7 +333,7 @@ def _next_fix_tried(v: dict, c) -> str:
         return f"{said}: the trial did not finish ({v['error']}); nothing is said of its paths."
     share = f" ({v['alone_gflops'] / v['ceiling']:.0%} of the measured GEMM ceiling)" if v["ceiling"] else ""
     said += (f", {v['rounds']} interleaved rounds: as the step ran it, {v['alone_gflops']:.0f} GFLOP/s alone{share}, "
-             f"{v['step_gflops']:.0f} in the step; "
+             f"{v['step_gflops']:.0f} GFLOP/s in the step; "
              + "; ".join(f"{p['path']} {p['ratio']:.2f}x (95% CI {p['low']:.2f}-{p['high']:.2f}): {p['verdict']}"
                          for p in v["paths"]) + ".")
     best = v["best"]
@@ -332,6 +352,11 @@ def _next_fix_tried(v: dict, c) -> str:
             "beside it).")
 
 
+def _base_rate(v: dict) -> str:
+    """The multi-instance reference's own rate, where the finding carries it."""
+    return f" ({v['base_samples_per_s']:.1f} samples/s)" if v.get("base_samples_per_s") else ""
+
+
 def _full_preset_top(v: dict, c) -> str:
     said = (f"{_who(v)}at the {v['preset']} preset ({v['classes']} classes), {v['change']} over PyTorch's defaults: "
             f"{compare.describe(c.to_dict() if c else None)}.")
@@ -344,9 +369,9 @@ def _full_preset_top(v: dict, c) -> str:
 
 
 def _kernel_time(v: dict, c) -> str:
-    said = (f"{_who(v)}the kernel took {v['share']:.0%} of the timed steps' CPU time, {v['page_faults']:,.0f} page "
-            "faults a step: memory the allocator hands back to the OS is faulted in again, page by page, and every "
-            "operator that touches new memory waits for it")
+    said = (f"{_who(v)}the OS kernel took {v['share']:.0%} of the timed steps' CPU time (system time), "
+            f"{v['page_faults']:,.0f} page faults a step: memory the allocator hands back to the OS is faulted in "
+            "again, page by page, and every operator that touches new memory waits for it")
     if v["allocator"] != "default":
         return said + f"; its allocator ({v['allocator']}) does not keep enough of it."
     if v.get("tried"):
@@ -362,7 +387,7 @@ def _allocator_tried(v: dict, c) -> str:
             f"compared above, in fresh paired rounds: {compare.describe(c.to_dict() if c else None)}.")
     before, after = v["before"], v["after"]
     if after.get("system_share") is not None:
-        said += (f" The kernel's share of CPU time went from {before['system_share']:.0%} to "
+        said += (f" The OS kernel's share of CPU time went from {before['system_share']:.0%} to "
                  f"{after['system_share']:.0%}, its page faults from {before['page_faults_per_step']:,.0f} a step to "
                  f"{after['page_faults_per_step']:,.0f}.")
     if v["faster"] and v["per_core"] is not None:
@@ -390,7 +415,8 @@ def _fresh_memory(v: dict, c) -> str:
     if slower < v["costly"]:
         return said + "; page faults cost little here."
     return said + (". A step whose allocator hands large freed blocks back to the OS pays that at every reuse; an "
-                   "allocator that keeps them avoids it (notebook 04 gives the kernel's share of CPU time under each).")
+                   "allocator that keeps them avoids it (notebook 04 gives the OS kernel's share of CPU time under "
+                   "each).")
 
 
 def _headline(v: dict, c) -> str:
@@ -534,7 +560,8 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     # (a table with no result says "no layout", as choose does)
     "best layout": lambda v, c: (
         f"{v['workload']}, {v['mode']}: best multi-rank layout {v['ranks']} ranks x {v['threads']} threads at "
-        f"{v['samples_per_s']:.1f} samples/s = {v['normalised']:.2f}x the single-rank reference "
+        f"{v['samples_per_s']:.1f} samples/s = {v['normalised']:.2f}x one rank on {v.get('base_threads', 1)} "
+        f"thread{'s' if v.get('base_threads', 1) != 1 else ''}{_base_rate(v)} "
         f"(ideal {v['ideal']:.0f}x, efficiency {v['efficiency']:.0%})."),
     "ddp over independent": lambda v, c: (
         f"{v['workload']}: DDP over independent instances at {v['ranks']} x {v['threads']}: {describe(c)} "
@@ -611,7 +638,8 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
         "kernels): the oneDNN log alone does not explain it; the framework profiler trace does."),
     "profile comparison": lambda v, c: (
         f"{v['workload']}, {v['labels'][0]} vs {v['labels'][1]}: measured step {_ms(v['step_ms'][0])} vs "
-        f"{_ms(v['step_ms'][1])} ({v['step_ms'][0] / v['step_ms'][1]:.2f}x in one run each; the optimisation "
+        f"{_ms(v['step_ms'][1])} (the second's speed over the first's: {v['step_ms'][0] / v['step_ms'][1]:.2f}x, in "
+        "one run each; the optimisation "
         "notebooks measure it with repeats)."),
     "profile comparison note": lambda v, c: v["note"],  # why the pair is worth reading, as variant_pairs says it
     # profiledn.replay.projection_findings: the log's primitives replayed in isolation
@@ -655,7 +683,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "forward backward": _forward_backward,
     "kernel time": _kernel_time,
     "kernel share": lambda v, c: (  # stages.allocator.kernel_findings
-        f"{_who(v)}the kernel's share of the timed steps' CPU time (page faults a step): " + "; ".join(
+        f"{_who(v)}the OS kernel's share of the timed steps' CPU time (system time; page faults a step): " + "; ".join(
             f"{name} {share:.0%} ({faults:,.0f})"
             for name, share, faults in v["settings"])
         + ". Memory an allocator hands back to the OS is faulted in again, page by page, at its next use."),

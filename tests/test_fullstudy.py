@@ -102,6 +102,14 @@ def test_only_a_study_at_mlperfs_size_is_set_beside_mlperfs_rate(tmp_path, facts
     said = " ".join(f.sentence for f in fullstudy.study_findings(study))
     assert "0.046 images/s per physical core (MLPerf's rate is at the full preset's size: not comparable)" in said
     assert "% of MLPerf" not in said
+    page = fullstudy.write_page(study, tmp_path, facts()).read_text()  # at this preset notebook 09 compares too
+    assert "the comparison notebook 09 makes for the README's generated block: two separate measurements" in page
+    assert "notebook 09" not in fullstudy.write_page(made_up_study(facts, bf16_fast=True), tmp_path,
+                                                     facts()).read_text()
+
+
+def test_a_trials_short_times_keep_a_decimal():
+    assert [fullstudy._ms_cell(ms) for ms in (1232.4, 100.0, 12.34, 6.04)] == ["1232", "100", "12.3", "6.0"]
 
 
 def test_the_pages_command_names_what_differs_from_the_studys_defaults():
@@ -117,15 +125,15 @@ def test_a_top_whose_steps_wait_on_the_kernel_is_pointed_at_an_allocator_that_ke
     study["figures"]["defaults"] |= {"system_share": 0.05, "page_faults_per_step": 1000.0}
     study["figures"]["top"] |= {"system_share": 0.40, "page_faults_per_step": 1234567.0}
     text = fullstudy.write_page(study, tmp_path, facts()).read_text()
-    assert "| top: the kernel's share of CPU time (page faults a step) | 40% (1,234,567) |" in text
-    assert "| defaults: the kernel's share of CPU time (page faults a step) | 5% (1,000) |" in text
+    assert "| top: the OS kernel's share of CPU time (system time; page faults a step) | 40% (1,234,567) |" in text
+    assert "| defaults: the OS kernel's share of CPU time (system time; page faults a step) | 5% (1,000) |" in text
     notes = text.split("\n\n")
-    kernel = next(i for i, n in enumerate(notes) if "the kernel took 40% of the timed steps' CPU time, 1,234,567 "
-                  "page faults a step" in n)
+    kernel = next(i for i, n in enumerate(notes) if "the OS kernel took 40% of the timed steps' CPU time "
+                  "(system time), 1,234,567 page faults a step" in n)
     assert "`--allocator tcmalloc`" in notes[kernel] and "the next fix the profile points at" in notes[-2]
     assert "at every ceiling" in notes[kernel + 1]  # said before the projection: it slows every operator
     study["figures"]["top"]["system_share"] = fullstudy.KERNEL_SHARE / 2  # below the threshold: not said
-    assert "the kernel took" not in fullstudy.write_page(study, tmp_path, facts()).read_text()
+    assert "the OS kernel took" not in fullstudy.write_page(study, tmp_path, facts()).read_text()
 
 
 @pytest.mark.parametrize("share, allocator, installed, tried", [
@@ -168,7 +176,7 @@ def test_the_allocator_trial_compares_the_top_with_itself_under_the_allocator(tm
     kept = fullstudy.try_allocator(sess, top, {"system_share": 0.4}, 5, "t", False, said.append)
     assert compared == [(top, top.replace(allocator="jemalloc"), "t")] and kept["config"].allocator == "jemalloc"
     assert kept["figures"]["kept"]["system_share"] == 0.01 and kept["figures"]["top"]["samples_per_s"] == 1.0
-    assert said == ["the kernel took 40% of the top's CPU time: the top under jemalloc, which keeps freed memory, "
+    assert said == ["the OS kernel took 40% of the top's CPU time: the top under jemalloc, which keeps freed memory, "
                     "against the top in 5 paired rounds"]
 
 
@@ -218,7 +226,8 @@ def test_the_page_gives_the_allocator_trial_after_the_kernels_share(tmp_path, fa
     text = fullstudy.write_page(study, tmp_path, facts()).read_text()
     assert f"| top under jemalloc over the top, images/s | {ratio:.2f}x | 95% CI {ratio - 0.09:.2f}-" in text
     assert f"| top under jemalloc: verdict | {verdict} |  | 5 paired rounds |" in text
-    assert "| top under jemalloc: the kernel's share of CPU time (page faults a step) | 0% (8) |" in text
+    assert ("| top under jemalloc: the OS kernel's share of CPU time (system time; page faults a step) | 0% (8) |"
+            in text)
     assert "| top under jemalloc: step (forward with its loss / backward / optimizer) | 21.7 s (1.0 / 2.0 / 0.10 s) |" \
         in text  # the trial's runs: its forward against its backward
     notes = text.split("\n\n")
@@ -376,7 +385,7 @@ def test_the_page_ends_with_the_next_fix_tried_and_its_paths(tmp_path, facts):
     study["tried"] = made_up_trial(1.8)
     text = fullstudy.write_page(study, tmp_path, facts()).read_text()
     assert "| channels-last | 1600 | 1600 | 56 | 56% | 0.62x | 95% CI 0.58-0.66 | slower |" in text  # ceiling 100
-    assert "| as run | 1000 | 1000 | 90 | 90% |  |  |  |" in text
+    assert "| as run (fp32, contiguous) | 1000 | 1000 | 90 | 90% |  |  |  |" in text  # what the step ran, named
     last = text.split("\n\n")[-2]
     assert last.startswith("retinanet (top): the next fix, tried: ConvolutionBackward0 (2x2376x100x100;")
     assert "bf16 channels-last is the fastest confirmed path: about 1.78 s a step less at this shape " \
@@ -389,7 +398,7 @@ def test_a_trial_that_finds_no_faster_path_splits_the_loss_between_the_kernel_an
     study["tried"] = made_up_trial(None, alone_gflops=alone)
     sentence = fullstudy.study_findings(study)[-1].sentence
     assert "No path is confirmed faster by 2% or more" in sentence
-    assert f"{alone:.0f} GFLOP/s alone ({alone:.0f}% of the measured GEMM ceiling), 60 in the step" in sentence
+    assert f"{alone:.0f} GFLOP/s alone ({alone:.0f}% of the measured GEMM ceiling), 60 GFLOP/s in the step" in sentence
     # per GFLOP: 1/100 at the ceiling, 1/90 alone, 1/60 in the step: (1/90 - 1/100) / (1/60 - 1/100) = 1/6
     assert f"{kernel} is its kernel's own" in sentence
 
@@ -399,7 +408,7 @@ def test_a_trial_that_did_not_finish_is_said_and_no_table_made_up(tmp_path, fact
     study["tried"] = {k: v for k, v in made_up_trial(1.8).items() if k != "trial"} | {"error": "killed"}
     text = fullstudy.write_page(study, tmp_path, facts()).read_text()
     assert "the trial did not finish (killed); nothing is said of its paths." in text
-    assert "| as run |" not in text
+    assert "| as run" not in text
 
 
 def test_only_a_convolutions_backward_is_tried_at_its_heaviest_shape():

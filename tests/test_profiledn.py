@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from cpuopt_helpers import profiledn
+from cpuopt_helpers.decisions import Finding
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.profiledn import replay
 from cpuopt_helpers.profiledn.breakdown import reorder_roles
@@ -501,8 +502,10 @@ def test_the_answer_is_records_each_profiles_under_its_label():
         "trace top operators", "trace outside onednn", "trace spans", "trace fragmented"]
     head, note = [f for f in found if f.kind.startswith("profile comparison")]
     assert head.workload == "cnn" and head.values == {"labels": ["fp32", "bf16"], "step_ms": [40.0, 30.0]}
-    assert head.sentence == ("cnn, fp32 vs bf16: measured step 40.0 ms vs 30.0 ms (1.33x in one run each; the "
-                             "optimisation notebooks measure it with repeats).")
+    assert head.sentence == ("cnn, fp32 vs bf16: measured step 40.0 ms vs 30.0 ms (the second's speed over the "
+                             "first's: 1.33x, in one run each; the optimisation notebooks measure it with repeats).")
+    logs = Finding("", "profiledn", "logs onednn time", {"labels": ["fp32", "bf16"], "ms": [40.0, 30.0], "per_step": True})
+    assert logs.sentence.endswith("(the second's time over the first's: 0.75x).")  # a time ratio, named so
     assert note.sentence == "bf16 has a fast path here: amx"
     per_profile = next(f for f in found if f.kind == "log total" and f.workload == "rnn")
     assert per_profile.sentence.startswith("rnn: 7 primitive executions took ")  # after its label, as a detail

@@ -284,6 +284,6 @@ def test_the_results_page_gives_each_baseline_both_shares_of_peak(monkeypatch, f
     lines = pages._baseline_lines(table, machine, roof)
     assert lines[0].endswith("| GFLOP/s | of the measured fp32 GEMM ceiling | of the theoretical fp32 peak |")
     assert lines[2].endswith("| 103.0 | 31% | 25% |") and lines[3].endswith("| unknown | unknown | unknown |")
-    assert any("31% of the measured fp32 GEMM peak and 25% of the theoretical fp32 peak" in line for line in lines)
+    assert any("31% of the measured fp32 GEMM ceiling and 25% of the theoretical fp32 peak" in line for line in lines)
     theory["fp32"] = None  # a CPU not in peak.CORES, or no clock
     assert pages._baseline_lines(table, machine, roof)[2].endswith("| 103.0 | 31% | unknown |")

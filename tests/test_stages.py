@@ -168,7 +168,8 @@ def test_the_kernels_share_under_each_allocator_is_said_where_one_reaches_it(gli
     found = allocator.kernel_findings(table, "cnn")
     assert bool(found) == said
     if said:
-        assert found[0].sentence == ("cnn: the kernel's share of the timed steps' CPU time (page faults a step): "
+        assert found[0].sentence == ("cnn: the OS kernel's share of the timed steps' CPU time (system time; "
+                                     "page faults a step): "
                                      "glibc malloc 31% (50,000); allocator=jemalloc 1% (40); allocator=tcmalloc 2% "
                                      "(90). Memory an allocator hands back to the OS is faulted in again, page by "
                                      "page, at its next use.")
@@ -413,6 +414,8 @@ def test_layout_choice_confirms_ddp_and_says_what_memory_it_holds():
                for i in range(2) for c in configs]
     table = multi_instance.layout_table(results, "cnn")
     assert table.set_index(["mode", "ranks"]).loc[("ddp", 2), "total_rss_mb"] == 400.0
+    best = next(f for f in multi_instance.layout_findings(table, results, "cnn") if f.kind == "best layout")
+    assert "2 ranks x 1 threads at 19.0 samples/s = 1.90x one rank on 1 thread (10.0 samples/s)" in best.sentence
     seen = []
 
     def confirm(a, b):
@@ -495,10 +498,10 @@ def test_baseline_findings_compare_workloads_with_the_ceiling_only_when_there_ar
     assert found[-1].values == {"furthest": "rnn", "furthest_share": 0.25, "closest": "cnn", "closest_share": 0.75}
     assert found[0].sentence.startswith("rnn: 10.0 samples/s (median of 2 runs, range 9.0-11.0); backward takes 60%")
     with_theory, = baseline.findings(two.loc[["cnn"]], 200.0, 600.0)  # both shares of peak, where the peak is known
-    assert with_theory.sentence.endswith("75% of the measured fp32 GEMM peak and 25% of the theoretical fp32 peak.")
+    assert with_theory.sentence.endswith("75% of the measured fp32 GEMM ceiling and 25% of the theoretical fp32 peak.")
     one = baseline.findings(two.loc[["cnn"]], 200.0)
     assert len(one) == 1 and one[0].values["gflops"] / one[0].values["peak_gflops"] == 0.75
-    assert one[0].sentence.endswith("75% of the measured fp32 GEMM peak (the theoretical fp32 peak is unknown here: "
+    assert one[0].sentence.endswith("75% of the measured fp32 GEMM ceiling (the theoretical fp32 peak is unknown here: "
                                     "`cpuopt doctor`).")
 
 
@@ -532,7 +535,8 @@ def test_the_baseline_says_where_the_kernel_takes_a_large_share_of_cpu_time():
     assert (table.loc["cnn", "system_share"], table.loc["cnn", "page_faults_per_step"]) == (0.30, 4000)
     shares = [f for f in baseline.findings(table, 200.0) if f.kind == "kernel share"]
     assert [(f.workload, f.values["settings"]) for f in shares] == [("cnn", [["PyTorch's defaults", 0.30, 4000.0]])]
-    assert shares[0].sentence.startswith("cnn: the kernel's share of the timed steps' CPU time (page faults a step): "
+    assert shares[0].sentence.startswith("cnn: the OS kernel's share of the timed steps' CPU time (system time; "
+                                         "page faults a step): "
                                          "PyTorch's defaults 30% (4,000).")
 
 

@@ -146,6 +146,8 @@ def test_operator_table_rates_intensity_and_ceilings(result):
     assert {f.workload for f in found.values()} == {"fixture"} and {f.stage for f in found.values()} == {"profiling"}
     assert found["whole step coverage"].values["coverage"] == result["coverage"]
     assert found["whole step projection"].values["gap_ms"] == result["gap_ms"]
+    assert found["whole step projection"].sentence.startswith(  # which step is projected: the traced one, named
+        f"fixture: at every ceiling its traced step ({result['step_ms']:.2f} ms) would take")
     gemm = found["whole step gemm"].values
     assert gemm["heaviest"] == "aten::linear" and gemm["heaviest_of_ceiling"] == pytest.approx(linear["of_ceiling"])
     between = found["whole step between ops"]

@@ -85,7 +85,7 @@ def forward_backward(table: pd.DataFrame) -> dict:
             "forward_gflops": _num(table.loc["forward", "gemm_gflops"]),
             "backward_gflops": _num(table.loc["backward", "gemm_gflops"]),
             "goal": RATIO_GOAL, "met": bool((ratio is not None and ratio <= RATIO_GOAL) or gemm_bound),
-            "gemm_bound": gemm_bound}
+            "gemm_bound": gemm_bound, "bound_share": GEMM_BOUND_SHARE, "bound_rate": GEMM_BOUND_RATE}
 
 
 def _num(x) -> float | None:

@@ -513,7 +513,7 @@ def wholestep_findings(result: dict, label: str = "") -> list[Finding]:
         "plain_step_ms": float(result["plain_step_ms"]) if result["plain_step_ms"] else result["plain_step_ms"],
         "shaped_step_ms": float(result["shaped_step_ms"]) if result.get("timing") == "light trace" else None}))
     found.append(Finding(label, STAGE, "whole step projection", {
-        "projected_ms": float(result["projected_ms"]),
+        "projected_ms": float(result["projected_ms"]), "step_ms": float(result["step_ms"]),
         "speedup_bound": float(result["speedup_bound"]) if result["speedup_bound"] else result["speedup_bound"],
         "gap_ms": {k: float(v) for k, v in result["gap_ms"].items()}}))
     waits = result.get("between_ops_by_phase_ms") or {}

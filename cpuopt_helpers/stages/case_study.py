@@ -400,8 +400,9 @@ def hand_on_recipe(session, plan: Plan, table: pd.DataFrame) -> str:
     top = plan.named[name]
     words = (f"{plan.workload}: {RECIPE} adapted to this CPU ({setting_label(top.to_dict(), plan.base.to_dict())}; "
              f"bf16 {'on: this CPU has a fast path' if top.dtype == 'bf16' else 'off: no fast path here'}; "
-             "torch.compile left to make case-study) is the top of its ladder; notebook 09 confirms it against "
-             "PyTorch's defaults in fresh rounds.")
+             "torch.compile left to make case-study) is the top of its ladder, handed on as one block (its fixes are "
+             "not confirmed one by one: `make case-study` climbs them); notebook 09 confirms it against PyTorch's "
+             "defaults in fresh rounds.")
     session.hand_on(top, RECIPE, {"workload": plan.workload, "sentence": words, "recipe": True},
                     stage="case-study fixes")
     return words

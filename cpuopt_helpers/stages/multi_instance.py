@@ -155,7 +155,10 @@ def layout_findings(table: pd.DataFrame, results: list[dict], workload: str) -> 
         best = rows.sort_values("samples_per_s", ascending=False).iloc[0]
         found.append(note("best layout", mode=mode, ranks=int(best.ranks), threads=int(best.threads),
                           samples_per_s=float(best.samples_per_s), normalised=float(best.normalised),
-                          ideal=float(best.ideal), efficiency=float(best.efficiency)))
+                          ideal=float(best.ideal), efficiency=float(best.efficiency),
+                          # the reference normalised by: one rank on the fewest threads measured
+                          base_threads=round(best.threads * best.ranks / best.ideal),
+                          base_samples_per_s=float(best.samples_per_s / best.normalised)))
     hashes = {}
     for r in results:
         if r["status"] == "ok" and r["config"]["workload"] == workload:
