@@ -504,7 +504,8 @@ def test_the_answer_is_records_each_profiles_under_its_label():
     assert head.workload == "cnn" and head.values == {"labels": ["fp32", "bf16"], "step_ms": [40.0, 30.0]}
     assert head.sentence == ("cnn, fp32 vs bf16: measured step 40.0 ms vs 30.0 ms (the second's speed over the "
                              "first's: 1.33x, in one run each; the optimisation notebooks measure it with repeats).")
-    logs = Finding("", "profiledn", "logs onednn time", {"labels": ["fp32", "bf16"], "ms": [40.0, 30.0], "per_step": True})
+    logs = Finding("", "profiledn", "logs onednn time",
+                   {"labels": ["fp32", "bf16"], "ms": [40.0, 30.0], "per_step": True})
     assert logs.sentence.endswith("(the second's time over the first's: 0.75x).")  # a time ratio, named so
     assert note.sentence == "bf16 has a fast path here: amx"
     per_profile = next(f for f in found if f.kind == "log total" and f.workload == "rnn")
