@@ -484,7 +484,8 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
         f"{v['cpu_model']}: {v['physical_cores']} physical / {v['logical_cores']} logical cores on {v['sockets']} "
         f"socket(s) and {v['numa_nodes']} NUMA node(s); widest vector ISA: {v['widest_isa']}."),
     "ceilings": lambda v, c: (
-        f"Measured ceilings on {v['threads']} threads: fp32 GEMM {v['gemm_gflops']:.0f} GFLOP/s, memory copy "
+        f"Measured ceilings on {v['threads']} threads: fp32 GEMM {v['gemm_gflops']:.0f} GFLOP/s, "
+        + (f"bf16 GEMM {v['bf16_gflops']:.0f} GFLOP/s, " if v.get("bf16_gflops") else "") + "memory copy "
         f"{v['copy_gbs']:.1f} GB/s; a kernel needs about {v['gemm_gflops'] / v['copy_gbs']:.0f} FLOP per byte "
         "moved to be compute-bound here."),
     "fresh memory": _fresh_memory,

@@ -140,3 +140,13 @@ def test_tell_prints_the_findings_and_keeps_them_as_notes(tmp_path, capsys):
     again.tell([rnn], "quick")
     capsys.readouterr()
     assert again.notes("threads", "quick") == [rnn] and again.notes("precision", "quick") == [gate]
+
+
+def test_the_ceilings_give_the_bf16_gemm_ceiling_where_it_was_measured():
+    facts = make_facts(versions={"onednn_bf16_supported": True}, numactl={"present": False})
+    roofline = {"threads": 2, "gemm_gflops_best": 120.0, "copy_gbs_best": 10.0}
+    said = {f.kind: f.sentence for f in baseline.system_findings(facts, roofline)}["ceilings"]
+    assert said.startswith("Measured ceilings on 2 threads: fp32 GEMM 120 GFLOP/s, memory copy 10.0 GB/s")
+    said = {f.kind: f.sentence for f in baseline.system_findings(facts, roofline | {"gemm_gflops_bf16_best": 410.0})}
+    assert said["ceilings"].startswith("Measured ceilings on 2 threads: fp32 GEMM 120 GFLOP/s, bf16 GEMM 410 GFLOP/s, "
+                                       "memory copy 10.0 GB/s")
