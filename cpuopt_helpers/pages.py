@@ -326,6 +326,12 @@ def cpu_slug(facts: Facts) -> str:
     return re.sub(r"[^a-z0-9]+", "-", words).strip("-") or "cpu"
 
 
+def words_link(page: Path) -> str:
+    """A link to what the page's words mean, where the page sits beside the docs (docs/results/)."""
+    return (" What its words mean: [how it measures](../measuring.md#words-the-pages-use)."
+            if (page.parent.parent / "measuring.md").exists() else "")
+
+
 def isa_slug(facts: Facts) -> str:
     """The widest vector level of a machine, for a page's name: amx, avx512, avx2 or sse."""
     isa = facts.isa
@@ -358,7 +364,7 @@ def write_results_page(store: ResultStore, facts: Facts, preset: str, folder: Pa
     page.write_text(f"# Results: {facts.cpu_model} ({isa_slug(facts)}), {day}, preset {preset}\n\n"
                     + "\n".join(kept) + f"\n\nWritten by `cpuopt workbook readme --preset {preset} --page "
                     f"{folder}` from the results store, after `make run`; a page of another machine or day is "
-                    "another file.\n")
+                    f"another file.{words_link(page)}\n")
     return page
 
 

@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-from cpuopt_helpers.pages import cpu_slug, isa_slug
+from cpuopt_helpers.pages import cpu_slug, isa_slug, words_link
 from cpuopt_helpers.provenance import code_version
 from cpuopt_helpers.system import Facts, collect_facts
 
@@ -121,7 +121,7 @@ def write_record(folder: Path, name: str, title: str, rows: Sequence[Row], comma
     day = (when or datetime.now(timezone.utc)).astimezone(timezone.utc).date().isoformat()
     page = page_path(folder, facts, name, day)
     page.parent.mkdir(parents=True, exist_ok=True)
-    line = stamp(facts, day, command, commit or own_commit(), preset)
+    line = stamp(facts, day, command, commit or own_commit(), preset) + words_link(page)
     page.write_text(record_page(f"{title}: {facts.cpu_model} ({isa_slug(facts)}), {day}", line, rows, notes))
     return page
 

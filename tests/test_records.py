@@ -77,6 +77,11 @@ def test_the_stamp_names_the_machine_day_commit_torch_and_command(tmp_path, fact
         assert needed in stamp, (needed, stamp)
     assert text.startswith("# A record: Intel(R) Xeon(R) Platinum 8480+ (amx), 2026-12-01\n")
     assert "| figure | value | interval | rounds |" in text and "| x | 1 s |  |  |" in text
+    assert "What its words mean" not in stamp  # no docs beside this folder: no link to a page that is not there
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "measuring.md").write_text("## Words the pages use\n")
+    stamp = write(tmp_path / "docs" / "results", facts(**XEON)).read_text().splitlines()[2]
+    assert stamp.endswith("What its words mean: [how it measures](../measuring.md#words-the-pages-use).")
 
 
 def test_a_rerun_on_the_same_day_replaces_the_page_and_another_day_or_machine_is_another_file(tmp_path, facts):
