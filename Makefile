@@ -1,8 +1,9 @@
 # cpuopt workbook. Every target bootstraps what it needs; a second call is quick.
 #   make run        execute the workbook (PRESET=standard by default) into build/; WORKLOADS=a,b
 #                   (built-in names or your own package.module:function) for every notebook that takes them
-#   make case-study notebook 08 with the whole ladder climbed on RetinaNet at 80 and 601 classes, CLASSES=80 one of them (the longest: see docs/case-study.md);
+#   make case-study notebook 08 with the whole ladder climbed on RetinaNet at 80 and 601 classes (CLASSES=80: one; the longest: see docs/case-study.md);
 #                   PRESET=full: RetinaNet at 800 px and 264 classes, defaults against the top, profiled and compared
+#                   (CLASSES does not apply: docs/case-study.md gives the line for another class count)
 #   make test       every test: unit, integration (real workers), notebooks (each once: 00 by nbval, 01-09 by
 #                   papermill); the notebooks and the rest as two pytest processes side by side; its duration
 #                   and outcome as a dated record under docs/results/
@@ -101,6 +102,7 @@ case-study: setup
 ifeq ($(PRESET),full)
 	$(PY) -m cpuopt_helpers.fullstudy --page docs/results $(if $(ROUNDS),--rounds $(ROUNDS)) $(if $(BUDGET_MIN),--budget-min $(BUDGET_MIN))
 else
+	$(if $(strip $(CLASSES)),,$(error CLASSES is empty: name the class counts to climb, e.g. CLASSES=80))
 	IPEX=$(IPEX) $(VENV)/bin/cpuopt workbook run --preset $(PRESET) --only 08 -p CLIMB_CLASSES '[$(CLASSES)]' \
 	  -p MIN_ROUNDS 5 -p MAX_ROUNDS 5 -p FINAL_ROUNDS 10 -p BUDGET_MIN 10 -p COMPILED_REGION True -p DISCREPANCY True
 endif

@@ -58,6 +58,7 @@ TRY_ROUNDS = compare.FIXED_ROUNDS  # the next fix's trial: interleaved rounds of
 TRY_TIMEOUT_S = 1200.0  # the trial: a few minutes at the full preset's heaviest convolution
 TRY_RESERVE_S = 300.0  # what the study's plan keeps for that trial
 BUDGET_MIN = 60.0  # the study's minutes on 2 cores: the allocator trial starts only where it fits within them
+LADDER_SOURCE = "the top of this machine's standard-preset ladder"  # where the top comes from, when stored
 # a path of kernels.conv_paths -> how a run takes it
 PATH_FLAGS = {"channels-last": "--channels-last", "bf16": "--dtype bf16",
               "bf16 channels-last": "--dtype bf16 --channels-last", "GEMM form": None}
@@ -72,7 +73,7 @@ def arms(session, classes: int = CLASSES, preset: str = "full") -> tuple[RunConf
         stored = RunConfig.from_dict(ladder[-1]["config"])
         top = same_model(stored.replace(preset=preset, steps=STEPS, warmup=WARMUP, timeout_s=TIMEOUT_S), base)
         if top.config_hash() != base.config_hash():  # a ladder still at the defaults: the recipe instead
-            return base, top, f"the top of this machine's standard-preset ladder ({ladder[-1]['step']})"
+            return base, top, f"{LADDER_SOURCE} ({ladder[-1]['step']})"
     plan = case_study.configs(base, session.facts).named  # its arms drop the base's options: classes again
     top = plan.get(RECIPE, plan.get("all fixes"))
     if top is None:
@@ -320,7 +321,7 @@ def tried_lines(tried: dict | None, ceilings: wholestep.Ceilings) -> list[str]:
         over = "" if both["speedup"] is None else f"{both['speedup']:.2f}x"
         interval = "" if both["speedup"] is None else f"95% CI {both['speedup_low']:.2f}-{both['speedup_high']:.2f}"
         forward, backward = (_ms_cell(rows[(path, part)]["median_ms"]) for part in ("forward", "backward"))
-        label = f"as run ({tried['dtype']}, contiguous)" if path == "as run" else path
+        label = f"as run ({tried['dtype']}, NCHW)" if path == "as run" else path
         out.append(f"| {label} | {forward} | {backward} | {both['gflops']:.0f} | {share} | {over} | {interval} "
                    f"| {both['verdict']} |")
     return ["\n".join(out)]
@@ -429,7 +430,7 @@ def page_rows(study: dict) -> list[records.Row]:
     fastest = study.get("fastest", "top")
     whole = study["profiles"][fastest].get("whole")
     if whole:
-        out.append(records.Row(f"{fastest} at every ceiling (projection of its traced step, profiled without shapes)",
+        out.append(records.Row(f"{fastest} at every ceiling (projection of its traced step)",
                                f"{whole['projected_ms'] / 1e3:.1f} s of its {whole['step_ms'] / 1e3:.1f} s traced step",
                                "", "2 traced runs"))
         out += [records.Row(f"{fastest}: gap, {cause}", f"{ms / 1e3:.2f} s ({whole['gap_share'].get(cause, 0):.0%} "
@@ -505,14 +506,21 @@ def write_page(study: dict, folder: Path, facts) -> Path:
              *tried_lines(study.get("tried"), study["ceilings"]),
              *[f.sentence for f in found]]
     preset = study["preset"]
-    if preset != "full":
-        notes.append("At this preset the study measures again, in its own paired rounds, the comparison notebook 09 "
-                     "makes for the README's generated block: two separate measurements of the same two "
-                     "configurations, each with its own interval.")
+    if same_as_notebook_09(study):
+        notes.append("The study measures again, in its own paired rounds and with its own steps, what notebook 09 "
+                     "compares for the README's generated block (the standard-preset ladder's top against PyTorch's "
+                     "defaults, the same settings): two separate measurements, each with its own interval.")
     return records.write_record(folder, f"retinanet-{preset}", f"RetinaNet at the {preset} preset, {study['classes']} "
                                 "classes", page_rows(study), page_command(preset, study["classes"],
                                                                          study.get("rounds", ROUNDS)),
                                 notes=notes, facts=facts, preset=preset)
+
+
+def same_as_notebook_09(study: dict) -> bool:
+    """The study compares what notebook 09 does: the stored ladder's top at the standard preset, at
+    RetinaNet's own class count (the defaults name none)."""
+    return (study["preset"] == "standard" and "classes" not in dict(study["base"].options)
+            and study["source"].startswith(LADDER_SOURCE))
 
 
 def page_command(preset: str, classes: int, rounds: int) -> str:

@@ -332,7 +332,8 @@ def _next_fix_tried(v: dict, c) -> str:
     if "error" in v:
         return f"{said}: the trial did not finish ({v['error']}); nothing is said of its paths."
     share = f" ({v['alone_gflops'] / v['ceiling']:.0%} of the measured GEMM ceiling)" if v["ceiling"] else ""
-    said += (f", {v['rounds']} interleaved rounds: as the step ran it, {v['alone_gflops']:.0f} GFLOP/s alone{share}, "
+    said += (f", {v['rounds']} interleaved rounds: in the step's dtype with NCHW tensors, {v['alone_gflops']:.0f} "
+             f"GFLOP/s alone{share}, "
              f"{v['step_gflops']:.0f} GFLOP/s in the step; "
              + "; ".join(f"{p['path']} {p['ratio']:.2f}x (95% CI {p['low']:.2f}-{p['high']:.2f}): {p['verdict']}"
                          for p in v["paths"]) + ".")
@@ -350,6 +351,11 @@ def _next_fix_tried(v: dict, c) -> str:
     return (f"{said}: of this shape's time above the ceiling, {kernel:.0%} is its kernel's own (the fastest path "
             f"PyTorch offers here, alone) and {1 - kernel:.0%} comes from around it in the step (caches, the work "
             "beside it).")
+
+
+def _base_threads(v: dict) -> int:
+    """The multi-instance reference's threads (a finding stored before they were kept: from its ideal)."""
+    return v.get("base_threads") or round(v["threads"] * v["ranks"] / v["ideal"])
 
 
 def _base_rate(v: dict) -> str:
@@ -486,7 +492,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "ceilings": lambda v, c: (
         f"Measured ceilings on {v['threads']} threads: fp32 GEMM {v['gemm_gflops']:.0f} GFLOP/s, "
         + (f"bf16 GEMM {v['bf16_gflops']:.0f} GFLOP/s, " if v.get("bf16_gflops") else "") + "memory copy "
-        f"{v['copy_gbs']:.1f} GB/s; a kernel needs about {v['gemm_gflops'] / v['copy_gbs']:.0f} FLOP per byte "
+        f"{v['copy_gbs']:.1f} GB/s; an fp32 kernel needs about {v['gemm_gflops'] / v['copy_gbs']:.0f} FLOP per byte "
         "moved to be compute-bound here."),
     "fresh memory": _fresh_memory,
     "bf16 flags": lambda v, c: (
@@ -561,8 +567,8 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     # (a table with no result says "no layout", as choose does)
     "best layout": lambda v, c: (
         f"{v['workload']}, {v['mode']}: best multi-rank layout {v['ranks']} ranks x {v['threads']} threads at "
-        f"{v['samples_per_s']:.1f} samples/s = {v['normalised']:.2f}x one rank on {v.get('base_threads', 1)} "
-        f"thread{'s' if v.get('base_threads', 1) != 1 else ''}{_base_rate(v)} "
+        f"{v['samples_per_s']:.1f} samples/s = {v['normalised']:.2f}x one rank on {_base_threads(v)} "
+        f"thread{'s' if _base_threads(v) != 1 else ''}{_base_rate(v)} "
         f"(ideal {v['ideal']:.0f}x, efficiency {v['efficiency']:.0%})."),
     "ddp over independent": lambda v, c: (
         f"{v['workload']}: DDP over independent instances at {v['ranks']} x {v['threads']}: {describe(c)} "
