@@ -1,7 +1,8 @@
 # cpuopt workbook. Every target bootstraps what it needs; a second call is quick.
 #   make run        execute the workbook (PRESET=standard by default) into build/; WORKLOADS=a,b
 #                   (built-in names or your own package.module:function) for every notebook that takes them
-#   make case-study notebook 08 with the whole ladder climbed on RetinaNet at 80 and 601 classes (CLASSES=80: one; the longest: see docs/case-study.md);
+#   make case-study notebook 08 with the whole ladder climbed on RetinaNet at 80 and 601 classes (CLASSES=80: one);
+#                   the longest target: see docs/case-study.md;
 #                   PRESET=full: RetinaNet at 800 px and 264 classes, defaults against the top, profiled and compared
 #                   (CLASSES does not apply: docs/case-study.md gives the line for another class count)
 #   make test       every test: unit, integration (real workers), notebooks (each once: 00 by nbval, 01-09 by
