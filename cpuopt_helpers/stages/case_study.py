@@ -421,8 +421,8 @@ def settle_fixes(session, plans: dict[str, Plan], tables: dict, climbs: dict, pr
         if workload in climbs or stored:
             lines.append(f"{workload}: its ladder is the climb above." if workload in climbs else
                          f"{workload}: its ladder is the climb `make case-study` stored on {stored['day']}; this run "
-                         "leaves it as it is (notebook 09 confirms its top against PyTorch's defaults in fresh "
-                         "rounds).")
+                         "leaves it as it is (notebook 09's headline is the climb's own comparison of its top with "
+                         "PyTorch's defaults, in the climb's fresh paired rounds, not measured again).")
             continue
         if workload == "retinanet":  # its ladder starts here (an earlier run's, not a climb's, is replaced)
             session.reset_ladder(workload, preset)
