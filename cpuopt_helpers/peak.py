@@ -187,7 +187,8 @@ def peak_report(cpuinfo: str, cores: int, roofline: dict | None, root: str = "/"
                      "measured_share": (measured[d] / theory["theoretical_gflops"][d]
                                         if measured[d] and theory["theoretical_gflops"][d] else None)}
                  for d in ("fp32", "bf16")}
-    per_dtype["fp32"]["measured_paths"] = (roofline or {}).get("gemm_paths")  # the sizes and paths it is the best of
+    for dtype, key in (("fp32", "gemm_paths"), ("bf16", "gemm_paths_bf16")):  # the sizes and paths it is the best of
+        per_dtype[dtype]["measured_paths"] = (roofline or {}).get(key)
     return {**per_dtype, **{k: v for k, v in theory.items() if k != "theoretical_gflops"}}
 
 

@@ -273,10 +273,13 @@ def test_ceiling_by_dtype():
 
 def test_bf16_gemm_is_measured_next_to_fp32():
     result = roofline.measure_bf16_gemm(128, 2)
-    assert set(result) == {"gemm_gflops_bf16", "gemm_gflops_bf16_best", "gemm_size_bf16"}
+    assert set(result) == {"gemm_gflops_bf16", "gemm_gflops_bf16_best", "gemm_size_bf16", "gemm_paths_bf16"}
     assert result["gemm_size_bf16"] == 128 and result["gemm_gflops_bf16_best"] >= result["gemm_gflops_bf16"] > 0
-    slow = roofline.measure_bf16_gemm(1024, 2, budget_s=1e-6)  # no time: the smallest size
-    assert slow["gemm_size_bf16"] == 256
+    paths = result["gemm_paths_bf16"]  # the ceiling is the best of every path, as fp32's
+    assert set(paths) == {"mm 64", "mm 128", "conv1x1 channels-last 128"}
+    assert result["gemm_gflops_bf16_best"] == max(result["gemm_gflops_bf16_best"], *paths.values()) > 0
+    slow = roofline.measure_bf16_gemm(1024, 2, budget_s=1e-6)  # no time: the smallest size, and no paths
+    assert slow["gemm_size_bf16"] == 256 and slow["gemm_paths_bf16"] is None
 
 
 def test_runs_of_one_model_share_a_flop_count_and_others_do_not(monkeypatch, tmp_path):
