@@ -135,16 +135,17 @@ def test_a_top_whose_steps_wait_on_the_kernel_is_pointed_at_an_allocator_that_ke
                   "(system time), 1,234,567 page faults a step" in n)
     assert "`--allocator tcmalloc`" in notes[kernel] and "the next fix the profile points at" in notes[-2]
     assert "at every ceiling" in notes[kernel + 1]  # said before the projection: it slows every operator
-    study["figures"]["top"]["system_share"] = fullstudy.KERNEL_SHARE / 2  # below the threshold: not said
+    study["figures"]["top"]["system_share"] = fullstudy.TRY_KERNEL_SHARE / 2  # below the threshold: not said
     assert "the OS kernel took" not in fullstudy.write_page(study, tmp_path, facts()).read_text()
 
 
 @pytest.mark.parametrize("share, allocator, installed, tried", [
     (0.40, "default", ("jemalloc", "tcmalloc"), "jemalloc"),
     (0.40, "default", ("tcmalloc",), "tcmalloc"),  # the first of KEEPS_MEMORY found here
+    (0.10, "default", ("jemalloc", "tcmalloc"), "jemalloc"),  # below a notebook's KERNEL_SHARE: the study tries it
     (0.40, "default", (), None),  # none installed: the page points at `make setup` instead
     (0.40, "tcmalloc", ("jemalloc", "tcmalloc"), None),  # a ladder's allocator: kept as chosen
-    (fullstudy.KERNEL_SHARE / 2, "default", ("jemalloc", "tcmalloc"), None),  # the kernel is no issue
+    (fullstudy.TRY_KERNEL_SHARE / 2, "default", ("jemalloc", "tcmalloc"), None),  # the kernel is no issue
     (None, "default", ("jemalloc", "tcmalloc"), None)])  # a worker that did not read its CPU time
 def test_the_allocator_is_tried_only_where_the_kernel_takes_its_share_under_glibc(facts, share, allocator, installed,
                                                                                   tried):
@@ -175,7 +176,7 @@ def test_the_allocator_trial_compares_the_top_with_itself_under_the_allocator(tm
 
     sess.confirm = confirm
     said = []
-    assert fullstudy.try_allocator(sess, top, {"system_share": 0.1}, 5, "t", False, said.append) is None
+    assert fullstudy.try_allocator(sess, top, {"system_share": 0.02}, 5, "t", False, said.append) is None
     kept = fullstudy.try_allocator(sess, top, {"system_share": 0.4}, 5, "t", False, said.append)
     assert compared == [(top, top.replace(allocator="jemalloc"), "t")] and kept["config"].allocator == "jemalloc"
     assert kept["figures"]["kept"]["system_share"] == 0.01 and kept["figures"]["top"]["samples_per_s"] == 1.0
