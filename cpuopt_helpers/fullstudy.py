@@ -65,6 +65,10 @@ LADDER_SOURCE = "the top of this machine's standard-preset ladder"  # where the 
 # a path of kernels.conv_paths -> how a run takes it
 PATH_FLAGS = {"channels-last": "--channels-last", "bf16": "--dtype bf16",
               "bf16 channels-last": "--dtype bf16 --channels-last", "GEMM form": None}
+# (a path, the dtype the step ran) -> the climb's rung that compares that flag over the whole step (every layer)
+WHOLE_STEP_RUNGS = {("channels-last", "bf16"): "bf16: channels-last",
+                    ("channels-last", "fp32"): "runtime: channels-last",
+                    ("bf16", "fp32"): "bf16", ("bf16 channels-last", "fp32"): "bf16: channels-last"}
 
 
 def arms(session, classes: int = CLASSES, preset: str = "full") -> tuple[RunConfig, RunConfig, str]:
@@ -246,7 +250,7 @@ def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Pat
     tried = target = next_fix_target(profiles[fastest]) if "whole" in profiles[fastest] else None
     if target:
         say(f"trying the next fix: {target['op']} alone, under each path this CPU offers")
-        tried = try_next_fix(target, config, session.facts)
+        tried = try_next_fix(target, config, session.facts) | {"whole_step": whole_step_rungs(session, target["dtype"])}
     study = {"base": base, "top": top, "source": source, "comparison": result, "figures": figures,
              "allocator": allocator, "profiles": profiles, "fastest": fastest, "tried": tried, "ceilings": ceilings,
              "theoretical": ceilings.theoretical_gflops,
@@ -292,6 +296,15 @@ def try_next_fix(target: dict, config: RunConfig, facts, rounds: int = TRY_ROUND
     return target | {"trial": json.loads(done.stdout)}
 
 
+def whole_step_rungs(session, dtype: str) -> dict[str, dict]:
+    """Path -> the stored standard-preset ladder's rung that compared its flag over the whole step, where a
+    climb (``make case-study``) stored one: its name, its own sentence and the climb's day."""
+    ladder = {r["step"]: r for r in session.store.get_fact(session.machine, "ladder/retinanet/standard", [])}
+    day = (session.store.get_fact(session.machine, case_study.climbed_fact("retinanet", "standard")) or {}).get("day")
+    return {path: {"rung": rung, "sentence": (ladder[rung].get("evidence") or {}).get("sentence", ""), "day": day}
+            for (path, ran), rung in WHOLE_STEP_RUNGS.items() if ran == dtype and rung in ladder}
+
+
 def tried_finding(tried: dict, ceiling: float | None, who: str = "retinanet (top)") -> Finding:
     """The trial in words: each path against the one the step ran, and what that leaves."""
     values = {k: tried[k] for k in ("op", "shapes", "step_ms", "step_gflops")}
@@ -299,7 +312,8 @@ def tried_finding(tried: dict, ceiling: float | None, who: str = "retinanet (top
         return Finding(who, "case_study", "next fix tried", values | {"error": tried["error"]})
     both = [r for r in tried["trial"]["rows"] if r["part"] == "both"]
     paths = [{"path": r["path"], "ratio": r["speedup"], "low": r["speedup_low"], "high": r["speedup_high"],
-              "verdict": r["verdict"], "flags": PATH_FLAGS.get(r["path"])} for r in both if r["path"] != "as run"]
+              "verdict": r["verdict"], "flags": PATH_FLAGS.get(r["path"]),
+              "whole_step": (tried.get("whole_step") or {}).get(r["path"])} for r in both if r["path"] != "as run"]
     won = [p for p in paths if compare.pays({"verdict": p["verdict"], "ratio": p["ratio"]})]
     best = max(won, key=lambda p: p["ratio"]) if won else None
     return Finding(who, "case_study", "next fix tried", values | {

@@ -340,8 +340,9 @@ def _next_fix_tried(v: dict, c) -> str:
     best = v["best"]
     if best:
         how = f"`{best['flags']}`" if best["flags"] else "no option applies it yet"
-        return (f"{said} {best['path']} is the fastest confirmed path: about {v['saving_ms'] / 1e3:.2f} s a step less "
-                f"at this shape ({how}).")
+        said += (f" {best['path']} is the fastest confirmed path: about {v['saving_ms'] / 1e3:.2f} s a step less "
+                 f"at this shape ({how}).")
+        return said + _flag_over_whole_step(best) if best["flags"] else said
     said += f" No path is confirmed faster by {compare.MIN_GAIN:.0%} or more"
     if not v["ceiling"] or v["step_gflops"] >= v["ceiling"]:
         return said + "."
@@ -351,6 +352,18 @@ def _next_fix_tried(v: dict, c) -> str:
     return (f"{said}: of this shape's time above the ceiling, {kernel:.0%} is its kernel's own (the fastest path "
             f"PyTorch offers here, alone) and {1 - kernel:.0%} comes from around it in the step (caches, the work "
             "beside it).")
+
+
+def _flag_over_whole_step(path: dict) -> str:
+    """A path's flag changes every layer, not the one shape tried: the climb's rung that compared it over the
+    whole step, where one is stored."""
+    said = f" `{path['flags']}` changes every layer, not this shape alone: "
+    ws = path.get("whole_step")
+    if not ws:
+        return said + "only the whole step compared tells whether it pays (`make case-study` climbs a rung for it)."
+    day = f", climbed on {ws['day']}" if ws.get("day") else ""
+    verdict = f": {ws['sentence'].rstrip('.')}." if ws.get("sentence") else " (`cpuopt ladder` gives its verdict)."
+    return said + f"the standard-preset ladder's rung \"{ws['rung']}\" compared it over the whole step{day}" + verdict
 
 
 def _base_threads(v: dict) -> int:

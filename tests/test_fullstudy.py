@@ -394,6 +394,31 @@ def test_the_page_ends_with_the_next_fix_tried_and_its_paths(tmp_path, facts):
     assert last.startswith("retinanet (top): the next fix, tried: ConvolutionBackward0 (2x2376x100x100;")
     assert "bf16 channels-last is the fastest confirmed path: about 1.78 s a step less at this shape " \
            "(`--dtype bf16 --channels-last`)" in last  # 4 s x (1 - 1/1.8)
+    assert last.endswith("`--dtype bf16 --channels-last` changes every layer, not this shape alone: only the whole "
+                         "step compared tells whether it pays (`make case-study` climbs a rung for it).")
+
+
+def test_the_fastest_path_alone_is_set_beside_the_climbs_rung_over_the_whole_step(tmp_path, facts):
+    from cpuopt_helpers.stages import case_study
+
+    made = facts()
+    base = RunConfig.for_preset("retinanet", "standard").to_dict()
+    said = "bf16: channels-last: 1.00x (95% CI 0.94-1.06, 5 paired rounds): no different; the rung below kept."
+    ladder = [{"step": "baseline", "config": base}, {"step": "bf16", "config": base},
+              {"step": "bf16: channels-last", "config": base, "evidence": {"sentence": said}}]
+    sess = session(tmp_path, made, ladder)
+    assert fullstudy.whole_step_rungs(sess, "bf16") == {  # a ladder not climbed: no day
+        "channels-last": {"rung": "bf16: channels-last", "sentence": said, "day": None}}
+    sess.store.put_fact("m", case_study.climbed_fact("retinanet", "standard"), {"day": "2026-12-04"})
+    rungs = fullstudy.whole_step_rungs(sess, "fp32")  # channels-last alone: its fp32 rung is not in this ladder
+    assert rungs == {"bf16": {"rung": "bf16", "sentence": "", "day": "2026-12-04"},
+                     "bf16 channels-last": {"rung": "bf16: channels-last", "sentence": said, "day": "2026-12-04"}}
+    study = made_up_study(facts, bf16_fast=True)
+    study["tried"] = made_up_trial(1.8) | {"whole_step": rungs}
+    last = fullstudy.write_page(study, tmp_path, made).read_text().split("\n\n")[-2]
+    assert last.endswith("`--dtype bf16 --channels-last` changes every layer, not this shape alone: the "
+                         "standard-preset ladder's rung \"bf16: channels-last\" compared it over the whole step, "
+                         f"climbed on 2026-12-04: {said}")
 
 
 @pytest.mark.parametrize("alone, kernel", [(90.0, "17%"), (40.0, "100%"), (50.0, "100%")])
