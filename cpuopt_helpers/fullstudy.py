@@ -51,8 +51,9 @@ ROUNDS = 5  # fixed paired rounds: one look, the plain 95% interval
 STEPS, WARMUP = 2, 1  # timed steps a run; warm-up goes on until steady (at most 2 more here)
 TIMEOUT_S = 1800.0  # a run: a cold compile of the full model and its few long steps fit
 # the top's kernel share from which the page says so and the study tries an allocator that keeps memory: lower
-# than a notebook's launch.KERNEL_SHARE, since the trial is one more comparison in the study's budget, and the
-# full preset's large activations fault in again under glibc where the standard preset's do not
+# than a notebook's launch.KERNEL_SHARE, since the trial is one more comparison in the study's budget. glibc maps
+# every block above its largest mmap threshold (32 MiB on 64-bit, mallopt(3)) afresh and unmaps it when freed, so
+# the full preset's activations (800 px) fault in again at every step, where most of the standard preset's fit below
 TRY_KERNEL_SHARE = 0.05
 KEEPS_MEMORY = ("jemalloc", "tcmalloc")  # allocators that keep freed memory for reuse (jemalloc: config.JEMALLOC_CONF)
 MLPERF_PER_CORE = 0.20  # images/s per physical core: MLPerf Training v3.0, Intel, 2x Xeon 8480+ (AMX) a node
