@@ -230,6 +230,30 @@ def test_lamb_foreach_and_fused_equal_the_per_parameter_loop_and_the_formula():
         Lamb(model.parameters(), impl="cuda")
 
 
+def test_a_deep_copied_lamb_keeps_its_implementation_and_trains_like_the_original():
+    """ipex.optimize deep-copies the optimizer; torch's Optimizer copies only its defaults, state
+    and groups, so the copy lost ``impl`` and failed at its first zero_grad."""
+    import copy
+
+    from cpuopt_helpers.kernels.lamb import Lamb
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    x = torch.randn(4, 8)
+    for impl in ("loop", "fused"):
+        m = copy.deepcopy(model)
+        opt = Lamb(m.parameters(), impl=impl)
+        twin = copy.deepcopy({"model": m, "opt": opt})  # one memo: the copy's groups hold the copied parameters
+        assert twin["opt"].impl == impl and "_flat" not in twin["opt"].__dict__
+        for mm, o in ((m, opt), (twin["model"], twin["opt"])):
+            for _ in range(2):
+                o.zero_grad(set_to_none=True)
+                mm(x).pow(2).mean().backward()
+                o.step()
+        for a, b in zip(m.parameters(), twin["model"].parameters()):
+            torch.testing.assert_close(a, b)
+
+
 def test_the_kernel_benchmarks_say_when_a_compiled_kernel_fell_back(fresh_focal_status, monkeypatch):
     """Forced (torch.compile fails): the focal benchmark leaves its compiled row out and says why,
     the Lamb benchmark says its fused update ran eager, and notebook 08's findings name both."""

@@ -40,6 +40,11 @@ class Lamb(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.impl = impl
 
+    def __getstate__(self) -> dict:
+        """torch's Optimizer pickles (and deep-copies, as ``ipex.optimize`` does) its defaults, state and
+        groups only: ``impl`` goes with them; the flat buffers do not (they belong to the old parameters)."""
+        return {**super().__getstate__(), "impl": self.impl}
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Fused: the flat gradient buffers are zeroed in place (their views stay each parameter's
         ``.grad``); a parameter outside them as torch's optimizers do."""
