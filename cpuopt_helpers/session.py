@@ -101,8 +101,9 @@ class Session:
 
         ``step`` names the rung; ``stage`` the ladder stage it belongs to (default: the step
         itself; notebook 08's climb has several rungs a stage, e.g. "runtime: torch.compile" of
-        stage "runtime"). Rungs are kept in the order of LADDER_STAGES, then of arrival: a
-        notebook re-run alone replaces its own rung and leaves the others where they were.
+        stage "runtime"). Rungs are kept in the order of LADDER_STAGES, then of arrival: a rung
+        handed on again (a notebook re-run alone, the climb's top given its end-to-end verdict)
+        replaces itself in its place and leaves the others where they were.
         ``ladder`` names the ladder (default: the workload; notebook 08 keeps RetinaNet's
         601-class ladder apart).
         """
@@ -112,8 +113,11 @@ class Session:
         name = f"ladder/{ladder or config.workload}/{config.preset}"
         kept = comparison.to_dict() if isinstance(comparison, Comparison) else \
             Comparison.from_dict(comparison).to_dict() if comparison else None
-        rungs = [s for s in self.store.get_fact(self.machine, name, []) if s["step"] != step] + [
-            {"step": step, "stage": stage, "config": config.to_dict(), "evidence": dict(evidence or {}, comparison=kept)}]
+        new = {"step": step, "stage": stage, "config": config.to_dict(),
+               "evidence": dict(evidence or {}, comparison=kept)}
+        rungs = self.store.get_fact(self.machine, name, [])
+        at = next((i for i, s in enumerate(rungs) if s["step"] == step), len(rungs))  # a rung again keeps its place
+        rungs = rungs[:at] + [new] + rungs[at + 1:]
         rungs.sort(key=lambda s: stage_index(s.get("stage", s["step"])))
         self.store.put_fact(self.machine, name, rungs)
 

@@ -101,7 +101,7 @@ class FakeClimb:
     so the climb's choices and its ladder can be checked exactly."""
 
     FACTORS = {"omp_runtime": 1.3, "allocator": 1.0, "channels_last": 1.2, "compile": 1.5, "dtype": 1.5,
-               "optimizer_impl": 1.1}
+               "optimizer_impl": 1.1, "ipex": 1.055}
 
     def __init__(self, session):
         self.session, self.sweeps, self.confirmed = session, 0, []
@@ -133,8 +133,11 @@ class FakeClimb:
         return self.compare(a, b, min_rounds)
 
 
-def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_end_to_end_rounds(tmp_path):
+def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_end_to_end_rounds(tmp_path, monkeypatch):
+    from cpuopt_helpers import runtimes
     from cpuopt_helpers.stages import climb
+
+    monkeypatch.setattr(runtimes, "ipex_facts", lambda: {"available": True, "reason": ""})
 
     facts = make_facts(allocators={"jemalloc": "/x/libjemalloc.so.2", "tcmalloc": None})
     session = Session(facts=facts, store=ResultStore(tmp_path / "r.sqlite"))
@@ -168,6 +171,8 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     assert autotune["sentence"].startswith("runtime: max-autotune: compiled in 40 s") and \
         "against torch.compile (default mode) in fresh rounds" in autotune["sentence"]
     assert by_rung["bf16: channels-last"]["finding"].values["reason"] == "channels-last is on already"
+    assert by_rung["case-study fixes: IPEX"]["finding"].values["reason"].startswith(  # not on a compiled ladder
+        "the ladder carries torch.compile") and top.runtime == "main"
     step = by_rung["runtime: the whole step compiled"]  # no faster here either: the model stays the compiled part
     assert not step["handed_on"] and step["finding"].values["against"] == "torch.compile (default mode)"
     end = result["end_to_end"]
@@ -176,7 +181,8 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     rows = ladder.rungs(session.store, "m", "retinanet", "quick", 2)
     assert [r.step for r in rows] == ["baseline", *climb.CLIMB_RUNGS]  # the stale rung replaced
     assert [r.change for r in rows][1:3] == ["kept", "omp_runtime=intel"] and rows[1].kept
-    assert rows[-1].end_to_end.n == 10 and rows[-1].vs_baseline["ratio"] == pytest.approx(end["ratio"])
+    assert rows[-1].kept and rows[-2].end_to_end.n == 10 and ladder.top_end_to_end(rows) is rows[-2].end_to_end
+    assert rows[-1].vs_baseline["ratio"] == pytest.approx(end["ratio"])
     found = climb.climb_findings(result)
     assert [f.kind for f in found] == ["climb rung"] * len(climb.CLIMB_RUNGS) + ["climb top"]
     assert found[4].values["said"] == {"kind": "compile pays", "values": compiled["finding"].values}
@@ -196,10 +202,25 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     assert skipped.values["reason"].startswith("no bf16 fast path on this CPU (no AVX512-BF16 or AMX)")
     assert fp32["rungs"][8]["finding"].values["reason"].startswith("the ladder is not in bf16 here")
     assert fp32["top"].dtype == "fp32" and dict(fp32["top"].options)["classes"] == "601"
+    assert (fp32["top"].runtime, fp32["top"].ipex) == ("ipex", True) and fp32["rungs"][-1]["handed_on"]  # eager: tried
     assert not climb.climb_findings(fp32)[-1].values["met"]
     assert ladder.workloads(session.store, "m", "quick", "retinanet") == ["retinanet", "retinanet, 601 classes"]
     with pytest.raises(CpuoptError, match="unknown rung"):
         climb.climb(session, base, "retinanet", True, "t", 5, 5, None, 10, rungs=("quantization",))
+
+
+def test_the_ipex_rung_says_why_it_was_not_tried(monkeypatch):
+    from cpuopt_helpers import runtimes
+    from cpuopt_helpers.stages import climb
+
+    base = RunConfig.for_preset("retinanet", "quick", optimizer="lamb", threads=2)
+    where = climb.Climbing(base.replace(dtype="bf16"), base, make_facts(), True)
+    monkeypatch.setattr(runtimes, "ipex_facts", lambda: {"available": False, "reason": "IPEX=0 was set"})
+    assert climb.ipex(where) == ((), "no usable IPEX runtime: IPEX=0 was set")
+    monkeypatch.setattr(runtimes, "ipex_facts", lambda: {"available": True, "reason": ""})
+    (arm,), why = climb.ipex(where)
+    assert why == "" and (arm.config.runtime, arm.config.ipex, arm.config.dtype) == ("ipex", True, "bf16")
+    assert climb.ipex(where.__class__(arm.config, base, make_facts(), True))[1].startswith("the ladder runs in another")
 
 
 def test_the_end_to_end_verdict_is_found_below_rungs_that_kept_the_configuration():

@@ -130,6 +130,22 @@ def fixes(c: Climbing) -> Candidates:
     return found, ""
 
 
+def ipex(c: Climbing) -> Candidates:
+    """IPEX, the paper's runtime, on the top so far: ``ipex.optimize`` (its weight prepacking, in the
+    dtype the ladder carries) in the IPEX runtime (torch 2.8 + IPEX 2.8, built by `make ipex`)."""
+    from cpuopt_helpers import runtimes
+
+    if c.current.compile:
+        return (), "the ladder carries torch.compile; IPEX and torch.compile are measured one at a time"
+    if c.current.runtime != "main":
+        return (), f"the ladder runs in another runtime already ({c.current.runtime})"
+    runtime = runtimes.ipex_facts()
+    if not runtime["available"]:
+        return (), f"no usable IPEX runtime: {runtime['reason']}"
+    return (Arm("IPEX: ipex.optimize, weights prepacked (torch 2.8 + IPEX 2.8)",
+                c.current.replace(runtime="ipex", ipex=True)),), ""
+
+
 @dataclass(frozen=True)
 class ClimbRung:
     """One rung of the climb: its name in the ladder, its stage, its candidates."""
@@ -151,6 +167,7 @@ CLIMB = (
     ClimbRung("bf16", "bf16", bf16),
     ClimbRung("bf16: channels-last", "bf16", bf16_channels_last),
     ClimbRung("case-study fixes", "case-study fixes", fixes),
+    ClimbRung("case-study fixes: IPEX", "case-study fixes", ipex),
 )
 CLIMB_RUNGS = tuple(r.name for r in CLIMB)
 
