@@ -142,7 +142,7 @@ def ipex(c: Climbing) -> Candidates:
     runtime = runtimes.ipex_facts()
     if not runtime["available"]:
         return (), f"no usable IPEX runtime: {runtime['reason']}"
-    return (Arm("IPEX: ipex.optimize, weights prepacked (torch 2.8 + IPEX 2.8)",
+    return (Arm("ipex.optimize, weights prepacked (torch 2.8 + IPEX 2.8)",
                 c.current.replace(runtime="ipex", ipex=True)),), ""
 
 
