@@ -39,7 +39,7 @@ from pathlib import Path
 import pandas as pd
 
 from cpuopt_helpers import compare, records
-from cpuopt_helpers.config import RunConfig, bench_line, setting_label
+from cpuopt_helpers.config import RunConfig, bench_line, setting_hash, setting_label
 from cpuopt_helpers.decisions import RECIPE, Comparison, Finding
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.profiledn import account, wholestep
@@ -81,7 +81,9 @@ def arms(session, classes: int = CLASSES, preset: str = "full") -> tuple[RunConf
         stored = RunConfig.from_dict(ladder[-1]["config"])
         top = same_model(stored.replace(preset=preset, steps=STEPS, warmup=WARMUP, timeout_s=TIMEOUT_S), base)
         if top.config_hash() != base.config_hash():  # a ladder still at the defaults: the recipe instead
-            return base, top, f"{LADDER_SOURCE} ({ladder[-1]['step']})"
+            # the rung that set the top, not a later one that kept it
+            made = next(r for r in ladder if setting_hash(r["config"]) == setting_hash(ladder[-1]["config"]))
+            return base, top, f"{LADDER_SOURCE} ({made['step']})"
     plan = case_study.configs(base, session.facts).named  # its arms drop the base's options: classes again
     top = plan.get(RECIPE, plan.get("all fixes"))
     if top is None:

@@ -25,7 +25,8 @@ def test_the_top_is_the_standard_ladders_moved_to_the_full_preset(tmp_path, fact
     stored = RunConfig.for_preset("retinanet", "standard", optimizer="lamb", optimizer_impl="fused", compile="default",
                                   options={"focal": "fast", "frozen_bn": "folded"})
     ladder = [{"step": "baseline", "config": RunConfig.for_preset("retinanet", "standard").to_dict()},
-              {"step": "case-study fixes", "config": stored.to_dict()}]
+              {"step": "case-study fixes", "config": stored.to_dict()},
+              {"step": "case-study fixes: IPEX", "config": stored.to_dict()}]  # kept: the rung below set the top
     base, top, source = fullstudy.arms(session(tmp_path, facts(), ladder), classes=264)
     assert (base.preset, top.preset) == ("full", "full")
     assert dict(base.options) == {"classes": "264"} and base.compile is None and base.optimizer == "lamb"
