@@ -24,6 +24,7 @@ from typing import Callable
 
 import pandas as pd
 
+from cpuopt_helpers import runtimes
 from cpuopt_helpers.config import RunConfig, normalise, setting_label
 from cpuopt_helpers.decisions import Arm, Comparison, Finding
 from cpuopt_helpers.errors import CpuoptError
@@ -133,8 +134,6 @@ def fixes(c: Climbing) -> Candidates:
 def ipex(c: Climbing) -> Candidates:
     """IPEX, the paper's runtime, on the top so far: ``ipex.optimize`` (its weight prepacking, in the
     dtype the ladder carries) in the IPEX runtime (torch 2.8 + IPEX 2.8, built by `make ipex`)."""
-    from cpuopt_helpers import runtimes
-
     if c.current.compile:
         return (), "the ladder carries torch.compile; IPEX and torch.compile are measured one at a time"
     if c.current.runtime != "main":
