@@ -285,7 +285,11 @@ def next_fix_target(prof: dict) -> dict | None:
 def try_next_fix(target: dict, config: RunConfig, facts, rounds: int = TRY_ROUNDS) -> dict:
     """The next fix's convolution (``next_fix_target``) alone under each path this CPU offers
     (``kernels.conv_paths``, in a process of its own at the top's threads): the target, and
-    ``trial`` or ``error``."""
+    ``trial``, ``error``, or ``skipped`` where the step runs IPEX's convolutions (weights prepacked, in
+    torch 2.8), which the benchmark, in this torch, would not time as the step ran them."""
+    if config.ipex:
+        return target | {"skipped": "the step runs IPEX's convolutions (weights prepacked, torch 2.8), and the "
+                                    "benchmark alone runs this torch's: it would not time the kernel the step ran"}
     command = [sys.executable, "-m", "cpuopt_helpers.kernels.conv_paths", target["shapes"], "--dtype",
                target["dtype"], "--threads", str(config.threads or facts.physical_cores), "--rounds", str(rounds),
                "--json"] + (["--bf16-fast"] if facts.bf16.get("accelerated") else [])
@@ -311,8 +315,9 @@ def whole_step_rungs(session, dtype: str) -> dict[str, dict]:
 def tried_finding(tried: dict, ceiling: float | None, who: str = "retinanet (top)") -> Finding:
     """The trial in words: each path against the one the step ran, and what that leaves."""
     values = {k: tried[k] for k in ("op", "shapes", "step_ms", "step_gflops")}
-    if "error" in tried:
-        return Finding(who, "case_study", "next fix tried", values | {"error": tried["error"]})
+    for why in ("error", "skipped"):
+        if why in tried:
+            return Finding(who, "case_study", "next fix tried", values | {why: tried[why]})
     both = [r for r in tried["trial"]["rows"] if r["part"] == "both"]
     paths = [{"path": r["path"], "ratio": r["speedup"], "low": r["speedup_low"], "high": r["speedup_high"],
               "verdict": r["verdict"], "flags": PATH_FLAGS.get(r["path"]),

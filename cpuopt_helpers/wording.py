@@ -331,6 +331,8 @@ def _next_fix_tried(v: dict, c) -> str:
     said = f"{_who(v)}the next fix, tried: {v['op']} ({v['shapes']}) alone, forward and backward"
     if "error" in v:
         return f"{said}: the trial did not finish ({v['error']}); nothing is said of its paths."
+    if "skipped" in v:
+        return f"{said}: not run: {v['skipped']}."
     share = f" ({v['alone_gflops'] / v['ceiling']:.0%} of the measured GEMM ceiling)" if v["ceiling"] else ""
     said += (f", {v['rounds']} interleaved rounds: in the step's dtype with NCHW tensors, {v['alone_gflops']:.0f} "
              f"GFLOP/s alone{share}, "

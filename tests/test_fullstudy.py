@@ -441,6 +441,20 @@ def test_a_trial_that_did_not_finish_is_said_and_no_table_made_up(tmp_path, fact
     assert "| as run" not in text
 
 
+def test_no_trial_runs_where_the_step_runs_ipexs_convolutions(tmp_path, facts, monkeypatch):
+    """The benchmark runs this torch's convolutions: for a top in IPEX (the climb's IPEX rung carried up)
+    it would not time the kernel the step ran, so it is not run, and the page says why."""
+    monkeypatch.setattr(fullstudy.subprocess, "run", lambda *a, **k: pytest.fail("the trial ran"))
+    target = {k: v for k, v in made_up_trial(1.8).items() if k != "trial"}
+    top = RunConfig.for_preset("retinanet", "full", runtime="ipex", ipex=True)
+    study = made_up_study(facts, bf16_fast=False)
+    study["tried"] = fullstudy.try_next_fix(target, top, facts())
+    monkeypatch.undo()  # the page's stamp runs git
+    text = fullstudy.write_page(study, tmp_path, facts()).read_text()
+    assert "alone, forward and backward: not run: the step runs IPEX's convolutions (weights prepacked" in text
+    assert "| as run" not in text
+
+
 def test_only_a_convolutions_backward_is_tried_at_its_heaviest_shape():
     import pandas as pd
 
