@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cpuopt_helpers import compare, records
+from cpuopt_helpers import compare, records, targets
 from cpuopt_helpers.config import RunConfig, bench_line, setting_hash, setting_label
 from cpuopt_helpers.decisions import RECIPE, Comparison, Finding
 from cpuopt_helpers.errors import CpuoptError
@@ -56,7 +56,7 @@ TIMEOUT_S = 1800.0  # a run: a cold compile of the full model and its few long s
 # the full preset's activations (800 px) fault in again at every step, where most of the standard preset's fit below
 TRY_KERNEL_SHARE = 0.05
 KEEPS_MEMORY = ("jemalloc", "tcmalloc")  # allocators that keep freed memory for reuse (jemalloc: config.JEMALLOC_CONF)
-MLPERF_PER_CORE = 0.20  # images/s per physical core: MLPerf Training v3.0, Intel, 2x Xeon 8480+ (AMX) a node
+MLPERF_PER_CORE = targets.MLPERF_PER_CORE
 TAG = "case-study-full"
 TRY_ROUNDS = compare.FIXED_ROUNDS  # the next fix's trial: interleaved rounds of its convolution alone (one look)
 TRY_TIMEOUT_S = 1200.0  # the trial: a few minutes at the full preset's heaviest convolution
@@ -370,6 +370,7 @@ def study_findings(study: dict) -> list[Finding]:
         "per_core": per_core, "mlperf_per_core": mlperf_rate(study), "dtype": study["top"].dtype,
         "bf16_fast": bool(bf16.get("accelerated")), "bf16_reason": bf16.get("reason", "")},
         Comparison.from_dict(c))]
+    found += target_findings(study)
     for name, prof in study["profiles"].items():
         arm = f"retinanet ({name})"
         found.append(Finding(arm, "case_study", "forward backward", prof["account"]) if "account" in prof else
@@ -461,7 +462,7 @@ def page_rows(study: dict) -> list[records.Row]:
         out += [records.Row(f"{fastest}: gap, {cause}", f"{ms / 1e3:.2f} s ({whole['gap_share'].get(cause, 0):.0%} "
                             "of the traced step)", "", "2 traced runs")
                 for cause, ms in whole["gap_ms"].items() if ms > 0]
-    out += bound_rows(study)
+    out += bound_rows(study) + target_rows(target_findings(study))
     took = records.duration_words(study["seconds"]) + (" (this invocation, resumed)" if study.get("resumed") else "")
     out.append(records.Row("the study's wall time", took, "", "1 run"))
     return out
@@ -471,15 +472,45 @@ def bound_rows(study: dict) -> list[records.Row]:
     """The most the fastest configuration allows here: its median step were every operator of its
     traced step at its ceiling (the projection's share of the traced step), against PyTorch's
     defaults' median step. A bound, not a measurement: a goal above it needs other work, not tuning."""
+    most = targets.ratio_bound(measured(study))
+    if most is None:
+        return []
+    return [records.Row(f"{study.get('fastest', 'top')} over PyTorch's defaults, its step at every ceiling (bound)",
+                        f"{most:.2f}x", "", "its projection, both arms' median steps")]
+
+
+def measured(study: dict) -> targets.Measured:
+    """What the targets read: the comparison, and the fastest configuration confirmed (the top, or
+    the top under the allocator the trial kept): its rate per core, step, GFLOP/s and projection."""
     fastest = study.get("fastest", "top")
-    whole = study["profiles"].get(fastest, {}).get("whole")
+    whole = study["profiles"].get(fastest, {}).get("whole") or {}
     kept = (study.get("allocator") or {}).get("figures", {}).get("kept")
     mine, base = (kept if fastest != "top" else study["figures"].get("top")) or {}, study["figures"].get("defaults", {})
-    if not whole or not whole.get("speedup_bound") or not mine.get("step_s") or not base.get("step_s"):
-        return []
-    return [records.Row(f"{fastest} over PyTorch's defaults, its step at every ceiling (bound)",
-                        f"{base['step_s'] / mine['step_s'] * whole['speedup_bound']:.2f}x", "",
-                        "its projection, both arms' median steps")]
+    return targets.Measured(study["comparison"], mine.get("per_core"), whole.get("speedup_bound"),
+                            mine.get("achieved_gflops"), mine.get("step_s"), base.get("step_s"),
+                            study["theoretical"].get(study["top"].dtype))
+
+
+def target_findings(study: dict) -> list[Finding]:
+    """The case study's targets at this preset and class count, each with its verdict on this CPU."""
+    return targets.findings(study["preset"], study["classes"], targets.fast_path(study["bf16"]), measured(study))
+
+
+def target_rows(found: list[Finding]) -> list[records.Row]:
+    """Each target's verdict on this CPU, as a row."""
+    words = {"met": "met", "not met": "not met", "no result": "not checked: no result",
+             "too few rounds": "not checked: too few rounds"}
+    rows = []
+    for f in (f for f in found if f.kind == "target"):
+        v = f.values
+        want = (f"{v['value']:.2f} images/s per physical core" if v["figure"] == "per_core" else
+                f"{v['value']:.1f}x over PyTorch's defaults" + (f", lower end {v['lower']:.1f}" if v["lower"] else ""))
+        said, basis = words.get(v["status"], f"not checked here (this CPU: {v['here']})"), "the comparison"
+        if v["bound"] is not None:
+            said += f"; at every ceiling {v['bound']:.2f}" + ("x" if v["figure"] == "ratio" else "")
+            basis += " and its projection"
+        rows.append(records.Row(f"target for {v['path_name']} CPUs: {want}", said, "", basis))
+    return rows
 
 
 def interval(c: dict) -> str:

@@ -427,6 +427,31 @@ def _of_mlperf(v: dict, long: bool = False) -> str:
             + f"'s {v['mlperf_per_core']:.2f}" + (" (AMX, communication included)" if long else ""))
 
 
+def _target(v: dict, c) -> str:
+    """targets.findings: one target of the case study, its verdict on this CPU, and what the run allows."""
+    at = f"at the {v['preset']} preset ({v['classes']} classes)"
+    if v["figure"] == "per_core":
+        want, unit = f"{v['value']:.2f} images/s per physical core" + (f", {v['source']}" if v["source"] else ""), ""
+        got = "no run finished" if v["measured"] is None else f"the top trains {v['measured']:.3f}"
+    else:
+        want = (f"the top over PyTorch's defaults {v['value']:.1f}x in {v['rounds']} paired rounds"
+                + (f", the interval's lower end at {v['lower']:.1f} or more" if v["lower"] else ""))
+        unit, got = "x", f"measured {compare.describe(c.to_dict() if c else None)}"
+    said = f"Target for {v['path_name']} CPUs {at}: {want}. "
+    said += {"met": f"Met: {got}.", "not met": f"Not met: {got}.", "no result": f"Not checked: {got}.",
+             "too few rounds": f"Not checked: {got}; the target needs {v['rounds']} paired rounds.",
+             "other path": f"Not checked here (this CPU: {v['here']}); {got}."}[v["status"]]
+    if v["bound"] is not None:
+        beyond = v["bound"] < v["value"]
+        said += (f" At every ceiling (this run's projection) the top would reach {v['bound']:.2f}{unit} here: "
+                 + ("below the target, so no faster kernel for its operators reaches it on this machine; it needs "
+                    "less work or another CPU." if beyond else "the target is within that bound."))
+    if v["needed_share"] is not None:
+        said += (f" The target asks for {v['needed_share']:.0%} of the theoretical peak over the whole step"
+                 + (f"; the top runs at {v['top_share']:.0%}." if v["top_share"] is not None else "."))
+    return said
+
+
 def _fresh_memory(v: dict, c) -> str:
     """stages.baseline.system_findings: writing memory the OS maps at first touch, against mapped memory."""
     slower = v["mapped_gbs"] / v["fresh_gbs"]
@@ -464,6 +489,8 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
                                       "asking for it trains with the fallback (its result says so)."),
     # stages.summary: notebook 09's headline of each ladder, and whether its runs time enough steps
     "ladder headline": _headline,
+    # targets.findings: the case study's targets for this CPU's kind, each with its verdict
+    "target": _target,
     "steady window": lambda v, c: (
         f"{v['workload']} at the {v['preset']} preset ({'/'.join(map(str, v['steps']))} timed steps a run): the steps' "
         f"own noise explains {v['share']:.0%} of a paired comparison's variance ({v['rounds']} rounds of "

@@ -242,3 +242,11 @@ def test_the_measuring_pages_power_table_is_what_the_simulation_gives():
     text = (ROOT / "docs" / "measuring.md").read_text()
     inside = text.split("<!-- power:start -->\n", 1)[1].split("\n<!-- power:end -->", 1)[0]
     assert inside == power.block(), "run `python -m cpuopt_helpers.power --write docs/measuring.md` (make docs does)"
+
+
+def test_the_case_study_pages_targets_are_the_codes():
+    from cpuopt_helpers import targets
+
+    text = (ROOT / "docs" / "case-study.md").read_text()
+    inside = text.split("<!-- targets:start -->\n", 1)[1].split("\n<!-- targets:end -->", 1)[0]
+    assert inside == targets.table(), "paste `python -c 'from cpuopt_helpers import targets; print(targets.table())'`"

@@ -60,7 +60,8 @@ def made_up_study(facts, bf16_fast: bool) -> dict:
     return {"base": base, "top": top, "source": "the paper's recipe", "comparison": comparison, "figures": figures,
             "profiles": {"defaults": prof, "top": prof}, "ceilings": CEIL, "theoretical": {"fp32": 400.0},
             "cores": 2, "seconds": 2400.0, "classes": 264, "preset": "full",
-            "bf16": {"accelerated": bf16_fast, "reason": "no bf16 in the ISA" if not bf16_fast else "AMX"}}
+            "bf16": {"accelerated": bf16_fast, "path": "amx" if bf16_fast else None,
+                     "reason": "no bf16 in the ISA" if not bf16_fast else "AMX"}}
 
 
 def test_the_page_holds_the_verdict_rates_phases_and_ends_with_the_next_fix(tmp_path, facts):
@@ -483,3 +484,23 @@ def test_an_allocator_trial_that_finished_no_run_claims_nothing(tmp_path, facts)
     trial = next(n for n in text.split("\n\n") if "an allocator that keeps freed memory, tried" in n)
     assert trial.endswith("the top under tcmalloc over the top as compared above, in fresh paired rounds: not "
                           "measured.")  # no share, no rate made up
+
+
+def test_the_page_gives_each_target_of_its_size_with_its_verdict_and_bound(tmp_path, facts):
+    study = made_up_study(facts, bf16_fast=True) | {"preset": "standard", "classes": 80}
+    study["bf16"] |= {"path": "avx512_bf16"}
+    text = fullstudy.write_page(study, tmp_path, facts()).read_text()
+    bound = 0.092 / 0.070 * study["profiles"]["top"]["whole"]["speedup_bound"]
+    assert (f"| target for AVX512-BF16 CPUs: 2.5x over PyTorch's defaults | too few rounds; at every ceiling "
+            f"{bound:.2f}x |") in text.replace("not checked: ", "")  # 5 rounds, the target needs 10
+    assert "| target for AMX CPUs: 3.0x over PyTorch's defaults, lower end 2.7 | not checked here (this CPU: " \
+           "AVX512-BF16)" in text
+    assert "Target for AVX512-BF16 CPUs at the standard preset (80 classes)" in text
+    study["comparison"] |= {"n": 10}
+    assert "| target for AVX512-BF16 CPUs: 2.5x over PyTorch's defaults | not met;" in \
+        fullstudy.write_page(study, tmp_path, facts()).read_text()
+    for other in (study | {"classes": 601}, study | {"preset": "quick"}):  # no target at another size
+        assert "arget for" not in fullstudy.write_page(other, tmp_path, facts()).read_text()
+    full = made_up_study(facts, bf16_fast=False)  # no bf16 fast path: the study runs in fp32, no target is checked
+    assert "Not checked here (this CPU: no bf16 fast path); the top trains 0.046." in \
+        fullstudy.write_page(full, tmp_path, facts()).read_text()

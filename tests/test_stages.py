@@ -688,3 +688,24 @@ def test_make_runs_retinanet_ladder_is_the_papers_recipe_named_and_confirmed_onc
         top = RunConfig.from_dict(rows[1].config)
         assert dict(top.options) == dict(plan.named["all fixes"].options) and top.dtype == ("bf16" if fast else "fp32")
         assert top.compile is None  # torch.compile: make case-study's climb weighs its compile time
+
+
+def test_notebook_09_checks_retinanets_targets_on_its_headline_at_its_class_count():
+    def table(options):
+        return pd.DataFrame([{"config": RunConfig.for_preset("retinanet", "standard", options=options).to_dict()}])
+
+    c = {"ratio": 2.6, "ci_low": 2.4, "ci_high": 2.8, "n": 10, "verdict": "faster", "label": "95% CI"}
+    avx512 = {"accelerated": True, "path": "avx512_bf16"}
+    found = summary.target_findings({"retinanet": table({})}, {"retinanet": c}, "standard", avx512)
+    assert [(f.stage, f.values["path"], f.values["status"]) for f in found] == [
+        ("summary", "amx", "other path"), ("summary", "avx512_bf16", "met")]  # its own notes, not notebook 08's
+    assert found[1].sentence.startswith("Target for AVX512-BF16 CPUs at the standard preset (80 classes)")
+    assert "At every ceiling" not in found[1].sentence  # no projection in notebook 09
+    amx = summary.target_findings({"retinanet": table({})}, {"retinanet": c}, "standard", {"accelerated": True,
+                                                                                           "path": "amx"})
+    assert amx[0].values["status"] == "not met"  # 2.6x, and the lower end 2.4: short of 3.0x and 2.7
+    for tables, finals, preset in (({"retinanet": table({"classes": 601})}, {"retinanet": c}, "standard"),
+                                   ({"retinanet": table({})}, {}, "standard"),  # nothing handed on: no headline
+                                   ({"retinanet": table({})}, {"retinanet": c}, "quick"),
+                                   ({"cnn": table({})}, {"cnn": c}, "standard")):
+        assert summary.target_findings(tables, finals, preset, avx512) == []

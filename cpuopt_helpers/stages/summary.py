@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cpuopt_helpers import stats
+from cpuopt_helpers import stats, targets
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.decisions import Comparison, Finding
 
@@ -109,6 +109,17 @@ def headline_findings(tables: dict, finals: dict, price_per_hour: float) -> list
                   "theoretical_share": _number(last.get("theoretical_share"))}
         found.append(Finding(w, "summary", "ladder headline", values, Comparison.from_dict(finals.get(w))))
     return found
+
+
+def target_findings(tables: dict, finals: dict, preset: str, bf16: dict) -> list[Finding]:
+    """RetinaNet's targets at this preset and its ladder's class count (``targets``), checked on its
+    headline: the top against PyTorch's defaults in fresh paired rounds. Notebook 09 has no
+    projection; the study pages give each target's bound (``fullstudy``)."""
+    t, c = tables.get("retinanet"), finals.get("retinanet")
+    if t is None or not len(t) or not c:
+        return []
+    classes = int(dict(t.iloc[0]["config"].get("options") or {}).get("classes", targets.RETINANET_CLASSES))
+    return targets.findings(preset, classes, targets.fast_path(bf16), targets.Measured(c), stage="summary")
 
 
 def steady_findings(store, machine: str, workload: str, preset: str) -> list[Finding]:
