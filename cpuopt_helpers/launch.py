@@ -21,7 +21,7 @@ What ``make_result`` adds to the instances' results:
   median step): how far slow steps moved the throughput, which stays total samples over
   total time.
 - ``machine_state`` (``load1``, ``usable_cpus``, ``threads``, ``previous_threads``,
-  ``steal_pct``, ``loaded``; see ``is_loaded``) and ``code_version`` (package version and
+  ``steal_pct``, ``others_pct``, ``loaded``; see ``is_loaded``) and ``code_version`` (package version and
   a hash of the measuring code).
 """
 
@@ -45,7 +45,7 @@ from cpuopt_helpers import stats
 from cpuopt_helpers.config import PLACEMENT_FIELDS, RunConfig
 from cpuopt_helpers.planning import LaunchPlan, Machine, build_plan
 from cpuopt_helpers.provenance import (PREVIOUS_RUN_MEMORY_S, _load1, _read_text, code_version, machine_state,
-                                       measuring_env, run_threads, steal_pct, usable_cpus)
+                                       measuring_env, others_pct, run_threads, steal_pct, usable_cpus)
 from cpuopt_helpers.system import Facts
 from cpuopt_helpers.worker import PROGRESS_KEY, RESULT_KEY, UNSUPPORTED_EXIT
 
@@ -172,11 +172,11 @@ def run_plan(plan: LaunchPlan, facts: Facts | None = None) -> dict:
     _previous_run.update(end=time.monotonic(), threads=threads)
     cpus = sorted({c for inst in plan.instances for c in inst.cores}) if plan.pinning not in ("none", "run_cpu") \
         else None
-    state = machine_state(load1, usable_cpus(len(os.sched_getaffinity(0)), _read_text("/sys/fs/cgroup/cpu.max")),
-                          threads, steal_pct(stat_before, stat_after, cpus) if stat_before and stat_after else None,
-                          previous.get("threads", 0))
     texts = [open(o, errors="replace").read() for o in outs]
     results = [_parse_instance(text) for text in texts]
+    state = machine_state(load1, usable_cpus(len(os.sched_getaffinity(0)), _read_text("/sys/fs/cgroup/cpu.max")),
+                          threads, steal_pct(stat_before, stat_after, cpus) if stat_before and stat_after else None,
+                          previous.get("threads", 0), other_work(config, results))
     status, reason = watch.outcome(status, reason, results, errs)
     launcher_log = ""
     if plan.pinning == "run_cpu":  # what run_cpu decided, from its own log lines
@@ -193,6 +193,19 @@ def run_plan(plan: LaunchPlan, facts: Facts | None = None) -> dict:
     if launcher_log:
         result["launcher_log"] = launcher_log
     return result
+
+
+def other_work(config: RunConfig, results: list[dict | None]) -> float | None:
+    """Other processes' share of the machine's CPU time during the timed steps, in percent
+    (``provenance.others_pct``), from the worker's own readings. Only where one process is all
+    the run's work: the instances of a multi-instance run time their steps in windows of their
+    own, and DataLoader workers are processes of the run the worker does not count."""
+    if config.instances != 1 or config.loader_workers or len(results) != 1 or not results[0]:
+        return None
+    jiffies, cpu = results[0].get("machine_jiffies"), results[0].get("cpu_s")
+    if not jiffies or not cpu:
+        return None
+    return others_pct(jiffies["before"], jiffies["after"], cpu["user"] + cpu["system"], os.sysconf("SC_CLK_TCK"))
 
 
 def keep_niceness(pid: int) -> None:

@@ -29,6 +29,8 @@ def measuring_env(base_env) -> dict:
 
 
 STEAL_LOADED_PCT = 5.0  # more of the run's CPU time than this stolen by the hypervisor: loaded
+OTHERS_LOADED_PCT = 5.0  # more of the machine's CPU time than this spent on other work during the timed steps: loaded
+BUSY_FIELDS = (0, 1, 2, 5, 6)  # /proc/stat's busy time: user, nice, system, irq, softirq (guest time is in user)
 
 
 PREVIOUS_RUN_MEMORY_S = 300.0  # the 1-minute load average forgets a run within ~5 minutes (e^-5)
@@ -62,6 +64,21 @@ def steal_pct(before: str, after: str, cpus: list[int] | None = None) -> float |
     return 100.0 * steal / total if total > 0 else None
 
 
+def others_pct(before: list[int], after: list[int], own_s: float, hz: int) -> float | None:
+    """Percent of the machine's CPU time during the timed steps that went to other work: the busy
+    time /proc/stat counts over all CPUs (``BUSY_FIELDS``) less the run's own CPU time (``own_s``,
+    its threads' user and system seconds), over all the CPU time that passed (idle and steal
+    included). Any other runnable process can slow a run whose threads fill every core.
+    None where the readings do not say."""
+    if len(before) < 8 or len(after) < 8 or hz <= 0:
+        return None
+    total = sum(after[:8]) - sum(before[:8])
+    if total <= 0:
+        return None
+    busy = sum(after[i] - before[i] for i in BUSY_FIELDS)
+    return max(0.0, 100.0 * (busy - own_s * hz) / total)
+
+
 def usable_cpus(affinity: int, cpu_max: str | None = None) -> int:
     """CPUs this process may use: its affinity, lowered by a cgroup v2 quota ("QUOTA PERIOD" or "max PERIOD")."""
     if cpu_max:
@@ -76,17 +93,23 @@ def load_margin(usable: int) -> float:
     return max(1.0, 0.1 * usable)
 
 
-def is_loaded(load1: float | None, usable: int, steal: float | None, previous_threads: int = 0) -> bool:
+def is_loaded(load1: float | None, usable: int, steal: float | None, previous_threads: int = 0,
+              others: float | None = None) -> bool:
     """Was the machine busy with other work around this run? The rule:
 
-    loaded when the hypervisor stole more than 5% of the CPU time on the run's cores, or
-    when the 1-minute load average before launch exceeds what our own work can explain
-    plus a margin. Runs go back to back, so the load includes our previous run: it can
-    keep up to one runnable thread per usable CPU, or its own thread count when it
-    oversubscribed (``previous_threads``, known when this process launched it within the
-    last 5 minutes). Margin: ``load_margin``. So: load1 > max(usable, previous_threads) + margin.
+    loaded when the hypervisor stole more than 5% of the CPU time on the run's cores, or when
+    other processes took more than ``OTHERS_LOADED_PCT`` of the machine's CPU time during the
+    timed steps (``others_pct``: the one reading of the timed window itself), or when the
+    1-minute load average before launch exceeds what our own work can explain plus a margin.
+    Runs go back to back, so the load includes our previous run: it can keep up to one
+    runnable thread per usable CPU, or its own thread count when it oversubscribed
+    (``previous_threads``, known when this process launched it within the last 5 minutes).
+    Margin: ``load_margin``. So: load1 > max(usable, previous_threads) + margin. The load
+    average lags a minute behind: a short burst of other work during a run passes it unseen.
     """
     if steal is not None and steal > STEAL_LOADED_PCT:
+        return True
+    if others is not None and others > OTHERS_LOADED_PCT:
         return True
     return load1 is not None and load1 > max(usable, previous_threads) + load_margin(usable)
 
@@ -97,11 +120,12 @@ def run_threads(config: RunConfig) -> int:
 
 
 def machine_state(load1: float | None, usable: int, threads: int, steal: float | None,
-                  previous_threads: int = 0) -> dict:
+                  previous_threads: int = 0, others: float | None = None) -> dict:
     """The RunResult's ``machine_state``: what the machine was doing around the run, and the verdict."""
     return {"load1": load1, "usable_cpus": usable, "threads": threads, "previous_threads": previous_threads,
             "steal_pct": None if steal is None else round(steal, 3),
-            "loaded": is_loaded(load1, usable, steal, previous_threads)}
+            "others_pct": None if others is None else round(others, 3),
+            "loaded": is_loaded(load1, usable, steal, previous_threads, others)}
 
 
 def _read_text(path: str) -> str | None:

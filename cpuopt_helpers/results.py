@@ -288,8 +288,9 @@ def loaded_sentence(results: list[dict]) -> str | None:
                 + (f"; the hypervisor took {took}." if took else "."))
     state = "mostly quiet" if loaded <= 0.1 * len(states) else "busy with other work"
     return (f"The machine was {state}: {loaded} of {len(states)} runs measured on a loaded machine "
-            f"(a load average above the run's own, or more than {STEAL_LOADED_PCT:.0f}% of its CPU time taken by the "
-            f"hypervisor{': it took ' + took if took else ''}). Such runs are slower and their ratios noisier: on a "
+            f"(a load average above the run's own, other processes busy during its timed steps, or more than "
+            f"{STEAL_LOADED_PCT:.0f}% of its CPU time taken by the hypervisor{': it took ' + took if took else ''}). "
+            "Such runs are slower and their ratios noisier: on a "
             "quiet machine the same run takes less time, and its intervals are narrower.")
 
 

@@ -448,7 +448,8 @@ def _target(v: dict, c) -> str:
                     "less work or another CPU." if beyond else "the target is within that bound."))
     if v["needed_share"] is not None:
         said += (f" The target asks for {v['needed_share']:.0%} of the theoretical peak over the whole step"
-                 + (f"; the top runs at {v['top_share']:.0%}." if v["top_share"] is not None else "."))
+                 + (" (more than this CPU's cores can do at all, at the top's work a step)" if v["needed_share"] > 1
+                    else "") + (f"; the top runs at {v['top_share']:.0%}." if v["top_share"] is not None else "."))
     return said
 
 

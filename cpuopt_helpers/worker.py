@@ -669,12 +669,14 @@ def train(config: RunConfig) -> dict:
 def timed_steps(step: Callable[[], tuple], steps: int, losses: list[float], batch_size: int = 0) -> dict:
     """The timed loop: each step's time and phases, the losses appended, bracketed by wall-clock
     times (comparable between the instances of one run), and the CPU time the process's threads spent
-    in it, in user space and in the kernel, with the page faults taken (``cpu_s``). After each step a progress line
+    in it, in user space and in the kernel, with the page faults taken (``cpu_s``), and the whole machine's
+    (``machine_jiffies``: the launcher tells other work from it). After each step a progress line
     (PROGRESS_KEY: steps and samples done, seconds since the first) tells the launcher, should
     the run time out, the throughput it reached: at most one a second, so that it costs the timed
     window nothing measurable."""
     clock = time.perf_counter
     times, phases = [], []
+    jiffies = machine_jiffies()  # the whole machine's, to tell other work from this process's (launch)
     before = resource.getrusage(resource.RUSAGE_SELF)  # every thread's: what the kernel did for the steps
     timed_start = said = time.time()
     for k in range(steps):
@@ -688,10 +690,21 @@ def timed_steps(step: Callable[[], tuple], steps: int, losses: list[float], batc
             print(json.dumps({PROGRESS_KEY: {"steps": k + 1, "samples": (k + 1) * batch_size,
                                              "elapsed_s": said - timed_start}}), flush=True)
     after = resource.getrusage(resource.RUSAGE_SELF)
-    return {"step_s": times, "timed_start": timed_start, "timed_end": time.time(),
+    jiffies = {"before": jiffies, "after": machine_jiffies()} if jiffies else None
+    return {"step_s": times, "timed_start": timed_start, "timed_end": time.time(), "machine_jiffies": jiffies,
             "phase_s": {name: [p[i] for p in phases] for i, name in enumerate(("forward", "backward", "optimizer"))},
             "cpu_s": {"user": after.ru_utime - before.ru_utime, "system": after.ru_stime - before.ru_stime,
                       "page_faults": after.ru_minflt - before.ru_minflt + after.ru_majflt - before.ru_majflt}}
+
+
+def machine_jiffies() -> list[int] | None:
+    """/proc/stat's first line: the whole machine's CPU time by kind, in clock ticks (None off Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            head = f.readline().split()
+    except OSError:
+        return None
+    return [int(x) for x in head[1:]] if head and head[0] == "cpu" else None
 
 
 def end_ddp() -> None:

@@ -25,6 +25,7 @@ LAYERS = (
     {"config", "system"},  # what a run is; what the machine is
     # records and their words; where a run ran; interpreters; a oneDNN log's and a trace's findings (records)
     {"decisions", "wording", "provenance", "runtimes", "profiledn.breakdown", "profiledn.trace"},
+    {"targets"},  # the case study's targets, as records
     {"worker"},  # the measured process
     {"fixes", "workloads.cnn", "workloads.retinanet", "workloads.rnn", "workloads.transformer", "roofline",
      "accuracy", "profiledn.replay", "kernels.benchmark"},  # what the worker trains; other measured processes

@@ -2,6 +2,8 @@
 
 import os
 import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -219,7 +221,36 @@ def test_loaded_rule(load1, usable, steal, previous, loaded):
 def test_machine_state_from_proc_stat_fixtures():
     state = provenance.machine_state(1.2, 2, 2, provenance.steal_pct(STAT_BEFORE, STAT_AFTER, [0]))
     assert state == {"load1": 1.2, "usable_cpus": 2, "threads": 2, "previous_threads": 0, "steal_pct": 10.0,
-                     "loaded": True}
+                     "others_pct": None, "loaded": True}
+
+
+def test_other_work_is_the_machines_busy_time_less_the_runs_own():
+    # 2 CPUs, 10 s at 100 ticks a second: 2000 ticks; busy: user 1500 + nice 100 + system 200 + irq/softirq 20
+    before = [0] * 10
+    after = [1500, 100, 200, 170, 0, 10, 10, 10, 0, 0]
+    assert sum(after[:8]) == 2000
+    assert provenance.others_pct(before, after, own_s=16.0, hz=100) == pytest.approx(11.0)  # (1820 - 1600) / 2000
+    assert provenance.others_pct(before, after, own_s=17.2, hz=100) == pytest.approx(5.0)  # (1820 - 1720) / 2000
+    assert provenance.others_pct(before, after, own_s=19.0, hz=100) == 0.0  # accounting noise: never below zero
+    assert provenance.others_pct(before, before, 1.0, 100) is None and provenance.others_pct([1, 2], [3, 4], 1, 100) \
+        is None
+
+
+@pytest.mark.parametrize("others, loaded", [(None, False), (0.0, False), (4.9, False), (5.1, True)])
+def test_other_work_during_the_timed_steps_loads_the_machine_whatever_the_load_average(others, loaded):
+    assert provenance.is_loaded(0.3, 2, 0.0, 0, others) is loaded  # a quiet load average: the burst came after it
+    assert provenance.machine_state(0.3, 2, 2, 0.0, 0, others)["loaded"] is loaded
+
+
+def test_other_work_is_read_where_one_process_is_the_runs_work_only(monkeypatch):
+    monkeypatch.setattr(launch.os, "sysconf", lambda name: 100)
+    worker_said = {"machine_jiffies": {"before": [0] * 8, "after": [1500, 100, 200, 170, 0, 10, 10, 10]},
+                   "cpu_s": {"user": 15.0, "system": 2.2, "page_faults": 0}}
+    one = RunConfig(threads=2)
+    assert launch.other_work(one, [worker_said]) == pytest.approx(5.0)
+    assert launch.other_work(RunConfig(instances=2, threads=1), [worker_said, worker_said]) is None  # two windows
+    assert launch.other_work(one.replace(loader_workers=1), [worker_said]) is None  # its loaders are processes too
+    assert launch.other_work(one, [None]) is None and launch.other_work(one, [{"cpu_s": {}}]) is None
 
 
 def test_run_threads_counts_dataloader_workers():
@@ -289,11 +320,25 @@ def test_quick_worker_reports_steady_state_window_machine_and_code():
     assert r["compile_s"] is None and r["compile_warm_s"] is None and inst["inductor_cache"] is None
     assert isinstance(r["slow_steps"], int) and r["mean_over_median"] >= 0.5
     state = r["machine_state"]
-    assert set(state) == {"load1", "usable_cpus", "threads", "previous_threads", "steal_pct", "loaded"}
+    assert set(state) == {"load1", "usable_cpus", "threads", "previous_threads", "steal_pct", "others_pct", "loaded"}
+    assert 0 <= state["others_pct"] <= 100  # one process, no DataLoader: the timed window's own reading
     assert state["load1"] >= 0 and state["usable_cpus"] == len(os.sched_getaffinity(0))
     assert state["threads"] == inst["torch_threads"] and isinstance(state["loaded"], bool)
     assert state["steal_pct"] is None or 0 <= state["steal_pct"] <= 100
     assert r["code_version"] == provenance.code_version()
+
+
+@pytest.mark.slow
+def test_busy_processes_beside_a_run_load_it_though_the_load_average_lags():
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
+    try:  # one busy process a CPU, started together with the run: the 1-minute load average has not seen them yet
+        r = launch.run_plan(planning.build_plan(RunConfig.for_preset("cnn", "quick", steps=3), planning.Machine.this()))
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert r["status"] == "ok", r["reason"]
+    assert r["machine_state"]["others_pct"] > provenance.OTHERS_LOADED_PCT and r["machine_state"]["loaded"]
 
 
 def test_a_failing_worker_leaves_the_moment_it_failed_for_the_launcher(monkeypatch, tmp_path):

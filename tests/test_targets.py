@@ -89,3 +89,11 @@ def test_the_per_core_target_names_its_source_and_says_where_it_is_not_checked()
     (line,) = said(None, m, "full", 264)
     assert "Not checked here (this CPU: no bf16 fast path)" in line
     assert said("amx", m, "full", 264)[0].count("Not met: the top trains 0.153.") == 1
+
+
+def test_a_target_beyond_the_theoretical_peak_says_no_core_of_this_cpu_can_reach_it():
+    m = Measured(comparison(1.2, 1.1), top_gflops=90.0, top_step_s=1.0, base_step_s=1.2, peak_gflops=100.0)
+    avx512 = said("avx512_bf16", m)[1]  # 2.5x over a 1.2 s step: 0.48 s for 90 GFLOP, 188 GFLOP/s of a 100 peak
+    assert "The target asks for 188% of the theoretical peak over the whole step (more than this CPU's cores" in avx512
+    within = Measured(comparison(1.2, 1.1), top_gflops=90.0, top_step_s=1.0, base_step_s=3.0, peak_gflops=100.0)
+    assert "asks for 75% of the theoretical peak over the whole step; the top" in said("avx512_bf16", within)[1]
