@@ -69,7 +69,8 @@ def others_pct(before: list[int], after: list[int], own_s: float, hz: int) -> fl
     time /proc/stat counts over all CPUs (``BUSY_FIELDS``) less the run's own CPU time (``own_s``,
     its threads' user and system seconds), over all the CPU time that passed (idle and steal
     included). Any other runnable process can slow a run whose threads fill every core.
-    None where the readings do not say."""
+    The run's own helper processes count as other work: Inductor's compile workers after a cold
+    compile take CPU time from the timed steps all the same. None where the readings do not say."""
     if len(before) < 8 or len(after) < 8 or hz <= 0:
         return None
     total = sum(after[:8]) - sum(before[:8])
