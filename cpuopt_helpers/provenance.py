@@ -29,7 +29,7 @@ def measuring_env(base_env) -> dict:
 
 
 STEAL_LOADED_PCT = 5.0  # more of the run's CPU time than this stolen by the hypervisor: loaded
-OTHERS_LOADED_PCT = 5.0  # more of the machine's CPU time than this spent on other work during the timed steps: loaded
+OTHERS_LOADED_PCT = 5.0  # more of the run's CPUs' time than this spent on other work during the timed steps: loaded
 BUSY_FIELDS = (0, 1, 2, 5, 6)  # /proc/stat's busy time: user, nice, system, irq, softirq (guest time is in user)
 
 
@@ -65,10 +65,10 @@ def steal_pct(before: str, after: str, cpus: list[int] | None = None) -> float |
 
 
 def others_pct(before: list[int], after: list[int], own_s: float, hz: int) -> float | None:
-    """Percent of the machine's CPU time during the timed steps that went to other work: the busy
-    time /proc/stat counts over all CPUs (``BUSY_FIELDS``) less the run's own CPU time (``own_s``,
-    its threads' user and system seconds), over all the CPU time that passed (idle and steal
-    included). Any other runnable process can slow a run whose threads fill every core.
+    """Percent of the CPU time of the run's CPUs during the timed steps that went to other work: the
+    busy time /proc/stat counts over them (``BUSY_FIELDS``; the worker sums the CPUs it may run on)
+    less the run's own CPU time (``own_s``, its threads' user and system seconds), over all the CPU
+    time that passed (idle and steal included). Any other runnable process can slow a run whose threads fill every core.
     The run's own helper processes count as other work: Inductor's compile workers after a cold
     compile take CPU time from the timed steps all the same. None where the readings do not say."""
     if len(before) < 8 or len(after) < 8 or hz <= 0:

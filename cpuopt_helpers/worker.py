@@ -698,13 +698,18 @@ def timed_steps(step: Callable[[], tuple], steps: int, losses: list[float], batc
 
 
 def machine_jiffies() -> list[int] | None:
-    """/proc/stat's first line: the whole machine's CPU time by kind, in clock ticks (None off Linux)."""
+    """/proc/stat's CPU time by kind, in clock ticks, summed over the CPUs this process may run on:
+    the run's cores where it is pinned, so that other work on other cores does not count. The
+    whole machine's line where /proc/stat does not list them; None off Linux."""
+    from cpuopt_helpers.provenance import parse_proc_stat
+
     try:
         with open("/proc/stat") as f:
-            head = f.readline().split()
+            rows = parse_proc_stat(f.read())
     except OSError:
         return None
-    return [int(x) for x in head[1:]] if head and head[0] == "cpu" else None
+    mine = [rows.get(f"cpu{c}") for c in sorted(os.sched_getaffinity(0))]
+    return [sum(column) for column in zip(*mine)] if mine and all(mine) else rows.get("cpu")
 
 
 def end_ddp() -> None:

@@ -236,6 +236,16 @@ def test_other_work_is_the_machines_busy_time_less_the_runs_own():
         is None
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/stat") or len(os.sched_getaffinity(0)) < 2, reason="Linux, 2 CPUs")
+def test_the_worker_counts_the_cpus_it_may_run_on_only(monkeypatch):
+    monkeypatch.setattr(worker.os, "sched_getaffinity", lambda pid: {0})  # pinned to CPU 0
+    one = worker.machine_jiffies()
+    every = provenance.parse_proc_stat(open("/proc/stat").read())["cpu"]  # read after: all CPUs, later
+    assert len(one) == len(every) and sum(one[:8]) < sum(every[:8])
+    monkeypatch.setattr(worker.os, "sched_getaffinity", lambda pid: {4096})  # a CPU /proc/stat does not list
+    assert sum(worker.machine_jiffies()[:8]) >= sum(every[:8])  # the whole machine's line
+
+
 @pytest.mark.parametrize("others, loaded", [(None, False), (0.0, False), (4.9, False), (5.1, True)])
 def test_other_work_during_the_timed_steps_loads_the_machine_whatever_the_load_average(others, loaded):
     assert provenance.is_loaded(0.3, 2, 0.0, 0, others) is loaded  # a quiet load average: the burst came after it
