@@ -322,7 +322,8 @@ KNOBS: tuple[Knob, ...] = (
          requires=lambda c: "--compile needs at least one warm-up step (the compilation runs there, timed apart)"
          if c.compile and c.warmup < 1 else ""),
     Knob("compile_scope", "--compile-scope", "with --compile: model (the model alone) | step (the whole training "
-         "step: the forward with its loss as one region, its backward with it, and the optimizer's step)",
+         "step: the forward with its loss as one region, its backward with it, and the optimizer's step unless "
+         "--optimizer-impl fused)",
          choices=("model", "step"), name="compile scope", metavar="SCOPE", in_script=True,
          requires=lambda c: "--compile-scope step needs --compile default or max-autotune (Inductor)"
          if c.compile_scope == "step" and c.compile in (None, "zentorch") else ""),

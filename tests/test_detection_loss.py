@@ -143,3 +143,17 @@ def test_the_loss_benchmark_times_every_kernel_in_paired_rounds_and_says_what_fe
     assert set(rows) == {(k, p) for k in benchmark.LOSS_KERNELS for p in ("forward", "backward", "both")}
     assert rows[("composite", "both")]["speedup"] == 1.0 and rows[("fused", "both")]["rounds"] == 3
     assert rows[("fused", "both")]["elements"] == 4 * len(retinanet.anchors(64)) * 80
+
+
+def test_inside_a_compiled_region_auto_traces_its_expressions_into_that_graph(batch, fresh_status):
+    """The whole step compiled (``--compile-scope step``): auto must neither probe (its probe makes a
+    tensor that requires grad, which Dynamo cannot trace: the region broke in two) nor call its own
+    compiled loop, but leave the expressions to the region's compiler, with the same value and gradient."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    outputs, targets = batch
+    region = torch.compile(lambda x, t: fused.detection_loss(x, t), fullgraph=True, backend="aot_eager")
+    for a, b in zip(loss_and_grad(region, outputs, targets), loss_and_grad(composite(), outputs, targets)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert fused.STATUS["compiled"] is None and not fused._compiled  # no probe, no compiled loop of its own

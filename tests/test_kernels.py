@@ -328,3 +328,28 @@ def test_the_whole_step_compiled_trains_as_eager_and_runs_compiled_graphs(fresh_
     assert graphs >= 3 * 2  # per step at least: the forward with its loss, its backward, the optimizer's step
     _, optimizer_graphs = compiled_graphs_run(whole.optimizer.step)
     assert optimizer_graphs >= 1  # the optimizer's step alone runs compiled code
+
+
+def test_inside_a_compiled_region_auto_traces_the_focal_expressions_into_that_graph(fresh_compile):
+    """As the fused detection loss: within the whole step compiled, auto leaves the closed forms to
+    the region's compiler (one graph, no probe), with the reference's values and gradients."""
+    x, t = pair(seed=2)
+    region = torch.compile(lambda x, t, reduction: sigmoid_focal_loss(x, t, reduction=reduction), fullgraph=True,
+                           backend="aot_eager")
+    ref = values_and_grads(reference_sigmoid_focal_loss, x, t, "mean")
+    for a, b in zip(values_and_grads(region, x, t, "mean"), ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert focal_loss.STATUS["compiled"] is None and not focal_loss._compiled
+
+
+@pytest.mark.parametrize("impl, compiled", [("fused", False), ("foreach", True)])
+def test_the_whole_step_compiled_leaves_a_fused_optimizer_step_as_it_is(impl, compiled):
+    """A fused step is one loop already (the package's Lamb) or closed to the compiler (torch's):
+    compiled again, the fused Lamb went far slower. Any other step is compiled with the region."""
+    from cpuopt_helpers.config import RunConfig
+    from cpuopt_helpers.worker import prepare
+
+    base = RunConfig(workload="tests.user_workloads:build", preset="quick", threads=2, optimizer="lamb",
+                     optimizer_impl=impl, compile="default", compile_scope="step")
+    step = prepare(base).optimizer.step
+    assert hasattr(step, "_torchdynamo_orig_callable") is compiled

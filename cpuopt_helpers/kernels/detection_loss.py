@@ -103,6 +103,6 @@ def detection_loss(outputs: torch.Tensor, targets: torch.Tensor, alpha: float = 
     focal loss; ``impl``: auto | compiled | eager."""
     if impl not in ("auto", "compiled", "eager"):
         raise ValueError(f"impl must be auto, compiled or eager, got {impl!r}")
-    if impl == "auto":
-        impl = "compiled" if _compiled_works() else "eager"
+    if impl == "auto":  # inside a compiled region (the whole step compiled) its compiler fuses the eager expressions
+        impl = "eager" if torch.compiler.is_compiling() else "compiled" if _compiled_works() else "eager"
     return _DetectionLoss.apply(outputs, targets, alpha, gamma, beta, impl)

@@ -128,6 +128,6 @@ def sigmoid_focal_loss(inputs: torch.Tensor, targets: torch.Tensor, alpha: float
         raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
     if impl not in ("auto", "compiled", "eager"):
         raise ValueError(f"impl must be auto, compiled or eager, got {impl!r}")
-    if impl == "auto":
-        impl = "compiled" if _compiled_works() else "eager"
+    if impl == "auto":  # inside a compiled region (the whole step compiled) its compiler fuses the eager expressions
+        impl = "eager" if torch.compiler.is_compiling() else "compiled" if _compiled_works() else "eager"
     return _reduce(_FocalLoss.apply(inputs, targets, alpha, gamma, impl), reduction)
