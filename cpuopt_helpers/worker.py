@@ -673,14 +673,14 @@ def train(config: RunConfig) -> dict:
 def timed_steps(step: Callable[[], tuple], steps: int, losses: list[float], batch_size: int = 0) -> dict:
     """The timed loop: each step's time and phases, the losses appended, bracketed by wall-clock
     times (comparable between the instances of one run), and the CPU time the process's threads spent
-    in it, in user space and in the kernel, with the page faults taken (``cpu_s``), and the whole machine's
-    (``machine_jiffies``: the launcher tells other work from it). After each step a progress line
+    in it, in user space and in the kernel, with the page faults taken (``cpu_s``), and that of the CPUs
+    it may run on (``machine_jiffies``: the launcher tells other work from it). After each step a progress line
     (PROGRESS_KEY: steps and samples done, seconds since the first) tells the launcher, should
     the run time out, the throughput it reached: at most one a second, so that it costs the timed
     window nothing measurable."""
     clock = time.perf_counter
     times, phases = [], []
-    jiffies = machine_jiffies()  # the whole machine's, to tell other work from this process's (launch)
+    jiffies = machine_jiffies()  # its CPUs', to tell other work from this process's (launch)
     before = resource.getrusage(resource.RUSAGE_SELF)  # every thread's: what the kernel did for the steps
     timed_start = said = time.time()
     for k in range(steps):
