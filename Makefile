@@ -105,7 +105,7 @@ ifeq ($(PRESET),full)
 else
 	$(if $(strip $(CLASSES)),,$(error CLASSES is empty: name the class counts to climb, e.g. CLASSES=80))
 	IPEX=$(IPEX) $(VENV)/bin/cpuopt workbook run --preset $(PRESET) --only 08 -p CLIMB_CLASSES '[$(CLASSES)]' \
-	  -p STEPS 10 -p MIN_ROUNDS 5 -p MAX_ROUNDS 5 -p FINAL_ROUNDS 10 -p BUDGET_MIN 10 -p COMPILED_REGION True -p DISCREPANCY True
+	  -p MIN_ROUNDS 5 -p MAX_ROUNDS 5 -p FINAL_ROUNDS 10 -p BUDGET_MIN 10 -p COMPILED_REGION True -p DISCREPANCY True
 endif
 
 # It times itself, from its first line (TEST_START: make expands the whole recipe before running it)
