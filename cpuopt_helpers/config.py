@@ -147,9 +147,11 @@ class RunConfig:
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def label(self) -> str:
-        """A short human name: only the fields that differ from the defaults."""
+        """A short human name: only the fields that differ from the defaults (env that says only
+        where a cache goes, ``WHERE_ONLY``, left out: it names no setting)."""
         default = RunConfig(workload=self.workload, preset=self.preset).to_dict()
-        parts = [f"{k}={v}" for k, v in self.to_dict().items()
+        mine = dict(self.to_dict(), env={k: v for k, v in self.env if k not in WHERE_ONLY})
+        parts = [f"{k}={v}" for k, v in mine.items()
                  if k not in ("workload", "preset", "timeout_s", "options") and v != default[k]]
         parts += [f"{k}={v}" for k, v in self.options]
         return f"{self.workload}[{self.preset}]" + (" " + " ".join(parts) if parts else "")

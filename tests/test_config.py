@@ -94,6 +94,13 @@ def test_for_preset_and_label():
         RunConfig.for_preset("cnn", "medium")
 
 
+def test_a_label_leaves_out_where_a_cache_goes_but_names_every_setting_in_env():
+    cached = RunConfig(workload="retinanet", compile="default", env=(("TORCHINDUCTOR_CACHE_DIR", "/tmp/x/inductor"),))
+    assert "inductor" not in cached.label() and "env" not in cached.label() and "compile=default" in cached.label()
+    both = cached.replace(env={"TORCHINDUCTOR_CACHE_DIR": "/tmp/x/inductor", "MALLOC_CONF": "narenas:1"})
+    assert "MALLOC_CONF" in both.label() and "inductor" not in both.label()
+
+
 def test_a_config_stored_with_the_old_retinanet_variable_loads_with_options():
     old = RunConfig(workload="retinanet").to_dict()
     old.pop("options")  # stored before the field existed
