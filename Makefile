@@ -93,8 +93,8 @@ run: setup
 
 # The full case study (notebook 08 with the whole ladder climbed on RetinaNet at 80 and 601 classes,
 # each rung confirmed by the adaptive rule in 5 to 14 paired rounds (a rung decided at 5 stops there; an
-# undecided one goes on, so gains of 5-8% can be confirmed), the top against PyTorch's defaults in 10, and conv + frozen
-# BN + ReLU as compiled regions), into build/ beside `make
+# undecided one goes on, so gains of 5-8% can be confirmed), the top against PyTorch's defaults in 10,
+# and conv + frozen BN + ReLU as compiled regions), into build/ beside `make
 # run`'s results (`cpuopt ladder --workload retinanet` reads it).
 # PRESET=full: RetinaNet at 800 px with 264 classes (MLPerf's subset), PyTorch's defaults against the
 # standard ladder's top in 5 fixed paired rounds, the top under an allocator that keeps freed memory where the
