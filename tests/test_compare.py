@@ -10,15 +10,15 @@ from cpuopt_helpers import compare
 SIGMA_RUN = 0.10  # log-normal noise of one run's throughput; a paired log ratio has sigma 0.14
 
 
-def simulated_ab(ratio: float, rng: random.Random, drift: bool = True):
+def simulated_ab(ratio: float, rng: random.Random, drift: bool = True, sigma: float = SIGMA_RUN):
     """measure(arm, round) for a machine whose speed drifts between rounds (shared by both
-    arms of a round) and whose every run has log-normal noise."""
+    arms of a round) and whose every run has log-normal noise of ``sigma``."""
     level = {}
 
     def measure(arm: str, i: int) -> float:
         if i not in level:
             level[i] = rng.gauss(0, 0.3) if drift else 0.0
-        base = 40.0 * math.exp(level[i] + rng.gauss(0, SIGMA_RUN))
+        base = 40.0 * math.exp(level[i] + rng.gauss(0, sigma))
         return base * (ratio if arm == "b" else 1.0)
     return measure
 
@@ -326,10 +326,8 @@ def test_the_case_studys_adaptive_climb_confirms_a_small_gain_the_fixed_five_rou
 
     def share(ratio, mx, verdicts, runs=800):
         rng = random.Random(int(ratio * 1000) + mx)
-
-        def measure(arm, i):
-            return 40.0 * math.exp(rng.gauss(0, sd)) * (ratio if arm == "b" else 1.0)
-        found = [compare.run_adaptive(measure, min_rounds=5, max_rounds=mx, seed=k)["verdict"] for k in range(runs)]
+        found = [compare.run_adaptive(simulated_ab(ratio, rng, drift=False, sigma=sd), min_rounds=5, max_rounds=mx,
+                                      seed=k)["verdict"] for k in range(runs)]
         return sum(v in verdicts for v in found) / runs
 
     assert share(1.06, 14, ("faster",)) >= 0.65
