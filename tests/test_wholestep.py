@@ -371,3 +371,68 @@ def test_gemm_rows_give_the_theoretical_peak_beside_the_measured_ceiling():
     assert f"and {said.values['of_theoretical']:.0%} of the theoretical peak" in said.sentence
     unknown = next(f for f in wholestep.wholestep_findings(wholestep.whole_step(TRACE, CEIL)) if f.kind == "whole step gemm")
     assert unknown.values["of_theoretical"] is None and "the theoretical peak is unknown here" in unknown.sentence
+
+
+def compiled_step_events(scale: float = 1.0) -> list[dict]:
+    """One step compiled whole (--compile-scope step): Dynamo's forward region and AOTAutograd's
+    backward, each a convolution (an extern call of the generated code) amid Inductor's own kernels,
+    which the profiler does not see; the backward's graph span is a cpu_op here, as in some traces."""
+    conv = {"Input Dims": [[2, 3, 8, 8], [4, 3, 3, 3]] + [[]] * 7, "Input type": ["float"] * 2 + ["x"] * 7,
+            "Concrete Inputs": ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]}
+    back = {"Input Dims": [[2, 4, 8, 8], [2, 3, 8, 8], [4, 3, 3, 3]] + [[]] * 8,
+            "Input type": ["float"] * 3 + ["x"] * 8,
+            "Concrete Inputs": ["", "", "", "[4]", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1",
+                                "[True, True, False]"]}
+    spans = [("Torch-Compiled Region: 0/0", 0, 100, {}), ("CompiledFunction", 1, 98, {}),
+             ("aten::convolution", 10, 50, conv),
+             (f"{wholestep.BACKWARD_PREFIX}CompiledFunctionBackward", 200, 100, {}),
+             ("CompiledFunctionBackward", 201, 98, {}), ("## Call CompiledFxGraph abc ##", 202, 96, {}),
+             ("aten::convolution_backward", 210, 60, back)]
+    return [{"ph": "X", "cat": "cpu_op", "name": n, "ts": ts * scale, "dur": dur * scale, "tid": 1, "args": a}
+            for n, ts, dur, a in spans]
+
+
+@pytest.mark.parametrize("light", [False, True])
+def test_a_compiled_region_is_its_calls_and_its_own_code_not_one_gemm(light):
+    """Counted as one row, a compiled region's time would all be GEMM time and its gap 'compute';
+    split, its convolutions are rated on their own and Inductor's kernels keep their time as
+    unknown work, in the region's phase, with no time between the parts."""
+    scale = 0.5 if light else 1.0
+    rows = wholestep.operator_rows(compiled_step_events(), CEIL, compiled_step_events(scale) if light else None)
+    got = [(r.phase, r.op, r.time_us, r.bound) for r in rows.itertuples()]
+    assert got == [("forward", "aten::convolution", 50 * scale, "memory"),
+                   ("forward", wholestep.COMPILED_CODE, 50 * scale, "unknown"),
+                   ("backward", "aten::convolution_backward", 60 * scale, "memory"),
+                   ("backward", wholestep.COMPILED_CODE, 40 * scale, "unknown")]
+    assert rows.loc[2, "flops"] == 2 * CONV_FLOPS
+    result = wholestep.project(rows, 1, CEIL, 300 * scale)
+    assert result["between_ops_ms"] * 1e3 == 100 * scale  # the wait between the regions alone
+    assert result["between_ops_by_phase_ms"] == {"forward": 0.0, "backward": pytest.approx(0.1 * scale)}
+    assert result["coverage"] == pytest.approx(110 / 200)
+    assert result["projected_ms"] * 1e3 == pytest.approx(90 * scale + rows["ideal_us"].sum())
+    assert result["gap_ms"]["unknown"] == 0  # Inductor's kernels: no gap claimed for them
+
+
+def test_a_compiled_regions_parts_take_the_light_traces_times_scaled_where_their_calls_differ():
+    light = compiled_step_events(0.5)
+    light = [e for e in light if e["name"] != "aten::convolution"]  # its forward region records no call
+    rows = wholestep.operator_rows(compiled_step_events(), CEIL, light)
+    assert list(rows["time_us"]) == [25, 25, 30, 20]  # the shaped trace's parts, scaled to the light region
+    assert list(rows["ts_us"])[:2] == [5, 0]
+
+
+def test_operators_above_their_ceiling_are_said_by_bound():
+    """A convolution beating the measured GEMM ceiling is no cache effect; a finding stored before
+    the split (the share alone) reads as before."""
+    from cpuopt_helpers.decisions import Finding
+    from cpuopt_helpers.wording import render
+
+    def said(values):
+        return render(Finding("w", "profile", "whole step above ceiling", values))
+
+    gemm = said({"share": 0.16, "compute": 0.15, "memory": 0.01})
+    assert "15% in GEMM-like operators measured above the measured GEMM ceiling" in gemm and "DRAM" not in gemm
+    old = said({"share": 0.05})
+    assert "5% in operators measured above the DRAM copy rate" in old and "GEMM" not in old
+    both = said({"share": 0.3, "compute": 0.1, "memory": 0.2})
+    assert "10% in GEMM-like" in both and "and 20% in operators measured above the DRAM" in both

@@ -6,7 +6,7 @@ reads the torch.profiler trace that ``cpuopt bench --trace FILE`` records (input
 dtypes of every operator) and gives every operator of the timed steps its measured time, its
 work and the ceiling that applies, the roofline of notebook 00 (``roofline.measure``):
 
-| rows                 | **top-level operator spans** of the step's thread: ``aten::conv2d``, ``autograd::engine::evaluate_function: XBackward0``, the optimizer's ``aten::add_`` ... A span nested in another is never a row of its own: its time is inside its parent's, so nothing is counted twice. |
+| rows                 | **top-level operator spans** of the step's thread: ``aten::conv2d``, ``autograd::engine::evaluate_function: XBackward0``, the optimizer's ``aten::add_`` ... A span nested in another is never a row of its own: its time is inside its parent's, so nothing is counted twice. A compiled region (``torch.compile``: Dynamo's frame, AOTAutograd's forward or backward) is the exception: its rows are the calls its generated code makes (``aten::convolution``, ``aten::convolution_backward``, ...) and one ``compiled code`` row, the rest of its time (Inductor's own kernels, which the profiler does not see: work unknown) |
 | FLOPs                | at the outermost GEMM-like operator of a row's subtree (``convolution``, ``convolution_backward``, ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``mkldnn_rnn_layer`` (+ backward), CPU flash attention (+ backward)), with the formulas of ``cpuopt_helpers.flops`` (2 FLOPs a multiply-accumulate; torch's convention); nothing else counts FLOPs |
 | bytes moved          | a GEMM-like op: its tensor inputs + its outputs (shapes from the formula). Any other op: its tensor inputs + an output as large as its largest input (in-place ops: ``self`` written back; fills, copies and random fills: written once; reductions: the output left out); views, allocations and metadata ops: 0. An op with children takes the larger of its own estimate and its children's sum (``aten::dropout`` is its ``bernoulli_``, ``div_`` and ``mul``), never both. Ops with tensor lists (shapes not recorded) are unknown |
 | ceiling              | GEMM-like: ``max(FLOPs / GEMM GFLOP/s of the dtype that ran, bytes / copy GB/s)`` (fp32 or bf16 ceiling); others: ``bytes / copy GB/s``. Copy GB/s counts read + write, as bytes do |
@@ -65,6 +65,10 @@ REDUCTIONS = {
     "prod", "logsumexp", "count_nonzero", "dot", "vdot", "is_nonzero", "equal", "allclose", "_foreach_norm",
 }
 CAUSES = ["compute", "memory", "no work", "unknown", "between ops"]
+# the spans torch.compile's regions run in (Dynamo's frame, AOTAutograd's functions, the compiled graph)
+COMPILED_SPANS = {"CompiledFunction", "CompiledFunctionBackward"}
+COMPILED_PREFIXES = ("Torch-Compiled Region", "## Call CompiledFxGraph")
+COMPILED_CODE = "compiled code"  # a compiled region's own kernels: its time less the calls it makes
 PHASES = ["forward", "loss", "backward", "optimizer"]
 
 
@@ -330,8 +334,57 @@ def timed_spans(tops: list[Node], timing_events: list[dict] | None) -> list[Node
     return timed
 
 
+def compiled_parts(node: Node) -> list[Node] | None:
+    """A compiled region's parts: the calls its generated code makes (convolutions, GEMMs, other
+    ATen ops: the spans nested in its ``COMPILED_SPANS``) and one span for the rest of the region's
+    time, its own code (Inductor's kernels, which the profiler does not see: ``COMPILED_CODE``,
+    work unknown). None for a span that holds no compiled region."""
+    calls: list[Node] = []
+
+    def collect(region: Node) -> None:
+        for c in region.children:
+            collect(c) if _compiled(c) else calls.append(c)
+
+    def walk(n: Node) -> bool:
+        found = False
+        for c in n.children:
+            if _compiled(c):
+                collect(c)
+                found = True
+            else:
+                found = walk(c) or found
+        return found
+
+    if _compiled(node):
+        collect(node)
+    elif not walk(node):
+        return None
+    own = max(node.dur - sum(c.dur for c in calls), 0.0)
+    return calls + [Node(COMPILED_CODE, node.ts, own, {})]
+
+
+def _compiled(node: Node) -> bool:
+    return node.name in COMPILED_SPANS or node.name.startswith(COMPILED_PREFIXES)
+
+
+def row_spans(node: Node, timed: Node | None) -> list[tuple[Node, float, float]]:
+    """(span with shapes, start, duration) of each row a top-level span gives: itself, or a compiled
+    region's parts, their times from the light trace's same span where its parts match by name,
+    else scaled from the shaped trace's to the light trace's span."""
+    timed = timed or node
+    parts = compiled_parts(node)
+    if parts is None:
+        return [(node, timed.ts, timed.dur)]
+    light = compiled_parts(timed)
+    if light is not None and [p.name for p in light] == [p.name for p in parts]:
+        return [(p, q.ts, q.dur) for p, q in zip(parts, light)]
+    scale = timed.dur / node.dur if node.dur > 0 else 1.0
+    return [(p, timed.ts + (p.ts - node.ts) * scale, p.dur * scale) for p in parts]
+
+
 def operator_rows(events: list[dict], ceilings: Ceilings, timing_events: list[dict] | None = None) -> pd.DataFrame:
-    """One row per top-level operator span: measured time, work, ceiling time, bound and cause.
+    """One row per top-level operator span (a compiled region: one per part, ``compiled_parts``):
+    measured time, work, ceiling time, bound and cause.
 
     Work comes from ``events`` (a trace with shapes); times from ``timing_events`` (a light trace
     of the same steps) where its spans match one to one, else from ``events``.
@@ -339,34 +392,41 @@ def operator_rows(events: list[dict], ceilings: Ceilings, timing_events: list[di
     tops, notes = build_forest(events)
     timed = timed_spans(tops, timing_events)
     rows = []
-    for i, node in enumerate(tops):
-        w = node_work(node, ceilings)
-        ts, dur = (timed[i].ts, timed[i].dur) if timed else (node.ts, node.dur)
-        # the known and unknown parts of the span in the light trace's time, in the same proportion
-        share = min(max(w.unknown_us / node.dur, 0.0), 1.0) if node.dur > 0 else 1.0
-        w.unknown_us = 0.0 if share == 0 else dur if share == 1 else dur * share
-        known_us = dur - w.unknown_us
-        ideal_us = (w.compute_s + w.memory_s) * 1e6
-        if known_us <= 0:
-            bound = "unknown"
-        elif w.compute_s >= w.memory_s and w.compute_s > 0:
-            bound = "compute"
-        elif w.memory_s > 0:
-            bound = "memory"
-        else:
-            bound = "no work"
-        rows.append({
-            "op": node.name.removeprefix(BACKWARD_PREFIX), "phase": _phase(node, notes), "shapes": w.shapes,
-            "dtype": w.dtype, "ts_us": ts, "time_us": dur, "flops": w.flops, "bytes": w.bytes,
-            "bound": bound, "ideal_us": ideal_us, "unknown_us": w.unknown_us,
-            # at most the measured time: a row measured faster than its ceiling keeps its time
-            "projected_us": min(ideal_us, max(known_us, 0.0)) + w.unknown_us,
-            "above_ceiling": bool(known_us > 0 and ideal_us > known_us),
-        })
+    for i, top in enumerate(tops):
+        end = timed[i].end if timed else top.end
+        for node, ts, dur in row_spans(top, timed[i] if timed else None):
+            rows.append(operator_row(node, ts, dur, end, _phase(top, notes), ceilings))
     out = pd.DataFrame(rows)
     out.attrs["timing"] = "light trace" if timed else "shaped trace"
     out.attrs["shaped_wall_us"] = (max(n.end for n in tops) - min(n.ts for n in tops)) if tops else 0.0
     return out
+
+
+def operator_row(node: Node, ts: float, dur: float, end: float, phase: str, ceilings: Ceilings) -> dict:
+    """One row: a span's work (from the shaped trace) in the time measured for it (``ts``, ``dur``);
+    ``end``: where its top-level span ends (a compiled region's parts share their region's)."""
+    w = node_work(node, ceilings)
+    # the known and unknown parts of the span in the light trace's time, in the same proportion
+    share = min(max(w.unknown_us / node.dur, 0.0), 1.0) if node.dur > 0 else 1.0
+    w.unknown_us = 0.0 if share == 0 else dur if share == 1 else dur * share
+    known_us = dur - w.unknown_us
+    ideal_us = (w.compute_s + w.memory_s) * 1e6
+    if known_us <= 0:
+        bound = "unknown"
+    elif w.compute_s >= w.memory_s and w.compute_s > 0:
+        bound = "compute"
+    elif w.memory_s > 0:
+        bound = "memory"
+    else:
+        bound = "no work"
+    return {
+        "op": node.name.removeprefix(BACKWARD_PREFIX), "phase": phase, "shapes": w.shapes,
+        "dtype": w.dtype, "ts_us": ts, "time_us": dur, "end_us": end, "flops": w.flops, "bytes": w.bytes,
+        "bound": bound, "ideal_us": ideal_us, "unknown_us": w.unknown_us,
+        # at most the measured time: a row measured faster than its ceiling keeps its time
+        "projected_us": min(ideal_us, max(known_us, 0.0)) + w.unknown_us,
+        "above_ceiling": bool(known_us > 0 and ideal_us > known_us),
+    }
 
 
 def trace_steps(path: str | Path, events: list[dict]) -> int | None:
@@ -396,7 +456,7 @@ def project(rows: pd.DataFrame, steps: int, ceilings: Ceilings, wall_us: float,
     projected_ms = float(rows["projected_us"].sum()) / 1e3 / steps
     # each stretch between operators goes to the phase of the operator it leads to
     order = rows.sort_values("ts_us")
-    ends = (order["ts_us"] + order["time_us"]).cummax().shift()
+    ends = order["end_us"].cummax().shift()  # a compiled region's parts: no wait between them
     waits = (order["ts_us"] - ends).clip(lower=0).fillna(0.0).groupby(order["phase"]).sum()
     between_by_phase = {p: float(waits[p]) / 1e3 / steps for p in PHASES if p in waits.index}
     flops, moved = float(rows["flops"].sum()), float(rows["bytes"].sum())
@@ -415,6 +475,9 @@ def project(rows: pd.DataFrame, steps: int, ceilings: Ceilings, wall_us: float,
                      "threads": ceilings.threads, "source": ceilings.source},
         "top_level_per_step": len(rows) / steps,
         "above_ceiling_share": float(rows.loc[rows["above_ceiling"], "time_us"].sum() / op_us) if op_us else 0.0,
+        # the same split by bound: above the GEMM ceiling (a plain GEMM beaten), above the copy rate (data in cache)
+        "above_ceiling_by_bound": {b: float(rows.loc[rows["above_ceiling"] & (rows["bound"] == b), "time_us"].sum()
+                                            / op_us) if op_us else 0.0 for b in ("compute", "memory")},
         "operator_rows": None,
     }
 
@@ -442,7 +505,7 @@ def whole_step(trace: str | Path, ceilings: Ceilings, steps: int | None = None,
                           "with `cpuopt bench --trace FILE`")
     counted = steps or trace_steps(trace, events)
     steps = counted or 1  # unknown: the whole trace as one step, and the findings say so
-    wall_us = float((rows["ts_us"] + rows["time_us"]).max() - rows["ts_us"].min())
+    wall_us = float(rows["end_us"].max() - rows["ts_us"].min())
     out = project(rows, steps, ceilings, wall_us, plain_step_ms)
     out["timing"] = rows.attrs["timing"]
     out["steps_known"] = counted is not None
@@ -532,7 +595,8 @@ def wholestep_findings(result: dict, label: str = "") -> list[Finding]:
             "of_theoretical": float((theory * gemm["ms"]).sum() / gemm["ms"].sum()) if theory.notna().all() else None,
             "heaviest_of_theoretical": None if pd.isna(theory.iloc[0]) else float(theory.iloc[0])}))
     if result["above_ceiling_share"] > 0.01:
-        found.append(Finding(label, STAGE, "whole step above ceiling", {"share": float(result["above_ceiling_share"])}))
+        found.append(Finding(label, STAGE, "whole step above ceiling", {"share": float(result["above_ceiling_share"]),
+                                                                        **result.get("above_ceiling_by_bound", {})}))
     return found
 
 
