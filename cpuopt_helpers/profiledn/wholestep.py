@@ -343,7 +343,10 @@ def compiled_parts(node: Node) -> list[Node] | None:
 
     def collect(region: Node) -> None:
         for c in region.children:
-            collect(c) if _compiled(c) else calls.append(c)
+            if _compiled(c):
+                collect(c)
+            else:
+                calls.append(c)
 
     def walk(n: Node) -> bool:
         found = False
