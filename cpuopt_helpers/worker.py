@@ -187,6 +187,43 @@ def warm_compile_s(step: Callable[[], tuple]) -> float:
     return time.perf_counter() - t
 
 
+def dynamo_frames() -> int:
+    """How many frames Dynamo has been asked to compile so far in this process (0 where torch.compile never ran)."""
+    if "torch._dynamo" not in sys.modules:  # not imported for an eager run
+        return 0
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["total"]
+
+
+def recompiled(warm: int, timed: int) -> list[str]:
+    """A note where Dynamo compiled during the timed steps (``dynamo_frames`` before and after them)."""
+    if timed <= warm:
+        return []
+    return [f"torch.compile compiled again during the timed steps ({timed - warm} frames: a guard failed, "
+            "TORCH_LOGS=recompiles says which): those steps' times include compiling"]
+
+
+def compile_fallbacks(frames: dict) -> list[dict]:
+    """The compiled callables (name -> the code object torch.compile wrapped) for which Dynamo holds no
+    compiled graph after the steps: they ran eager, silently (TORCH_COMPILE_DISABLE, a graph break it
+    could not resume from, its recompile limit). A fallback each, as the package's kernels report theirs."""
+    if not frames:
+        return []
+    import torch._dynamo
+
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list as cache_entries
+    except ImportError:  # another torch: nothing to check with
+        return []
+    reason = ("torch.compile is disabled here (TORCH_COMPILE_DISABLE or torch._dynamo.config.disable)"
+              if torch._dynamo.config.disable else
+              "Dynamo holds no compiled graph for it after the steps (a graph break it could not resume "
+              "from, or its recompile limit; TORCH_LOGS=graph_breaks,recompiles says which)")
+    return [{"what": f"torch.compile ({name})", "fell_back_to": "eager", "reason": reason}
+            for name, code in frames.items() if not cache_entries(code)]
+
+
 def count_flops(step, *args) -> float | None:
     """FLOPs of one forward + backward + update (torch's FLOP counter, CPU formulas corrected)."""
     from cpuopt_helpers.flops import count_flops as counted
@@ -482,6 +519,8 @@ def prepare(config: RunConfig) -> Prepared:
                               rank if config.mode == "ddp" else 0)
     inputs, targets = next_batch()
     forward_loss = forward_with_loss(config, model, to_loss, autocast, optimizer)
+    if config.compile and config.compile_scope == "step":  # checked after the steps (compile_fallbacks)
+        seen["compiled_frames"] = {"the step's forward and loss": forward_loss._torchdynamo_orig_callable.__code__}
 
     def step():
         nonlocal inputs, targets
@@ -553,6 +592,8 @@ def optimised(config: RunConfig, workload, batch_size: int, channels_last: bool,
         model = torch.compile(model, backend="zentorch")
     elif config.compile and config.compile_scope == "model":  # scope "step": compiled_step, in prepare
         model = torch.compile(model, mode=compile_mode(config))
+    if config.compile and config.compile_scope == "model":  # checked after the steps (compile_fallbacks)
+        seen["compiled_frames"] = {"the model": type(model._orig_mod).forward.__code__}
     return model, optimizer
 
 
@@ -627,10 +668,12 @@ def train(config: RunConfig) -> dict:
     warmup_s, losses, settled = run_warmup(step, config.warmup, config.steps, agree)
     flops_per_step = (workload.flops_per_sample * batch_size if workload.flops_per_sample
                       else prepared.seen.get("flops_per_step") or cached_flops(lambda: count_flops(step)))
+    frames_warm = dynamo_frames()
     wait_for_peers()
     verbose_log, trace = log_path(config.onednn_verbose), log_path(config.trace)
     with onednn_verbose_to(verbose_log), profiler_trace_to(trace, config.steps, config.trace_shapes):
         timed = timed_steps(step, config.steps, losses, 0 if verbose_log else batch_size)  # stdout is the log then
+    frames_timed = dynamo_frames()
     compile_warm = None
     if config.compile:  # after every instance's timed steps, which it must not disturb
         wait_for_peers(config.timeout_s, stage="timed")
@@ -654,8 +697,9 @@ def train(config: RunConfig) -> dict:
         "losses": losses,  # every step's, warm-up first: the same seed and batch give comparable curves
         "flops_per_step": flops_per_step,
         "output_dtype": prepared.seen.get("output_dtype"),
-        "notes": [prepared.seen["ipex_note"]] if "ipex_note" in prepared.seen else [],
-        "fallbacks": kernel_fallbacks(),
+        "notes": ([prepared.seen["ipex_note"]] if "ipex_note" in prepared.seen else []) + recompiled(frames_warm,
+                                                                                                   frames_timed),
+        "fallbacks": kernel_fallbacks() + compile_fallbacks(prepared.seen.get("compiled_frames", {})),
         "onednn_log": verbose_log,
         "trace": trace,
         "first_step_wall": first_step_wall,

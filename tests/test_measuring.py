@@ -117,6 +117,37 @@ def test_fresh_inductor_cache_for_compiled_runs_only(monkeypatch):
         assert used == "yours: /somewhere/mine" and os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/mine"
 
 
+def test_a_compiled_function_that_ran_eager_is_a_fallback_and_one_that_compiled_is_not():
+    import torch
+    import torch._dynamo
+
+    def compiled_here(x):
+        return (x.sin() + 1).sum()
+
+    def never_called(x):
+        return x.cos()
+
+    def disabled(x):
+        return x.tan()
+
+    torch.compile(compiled_here)(torch.ones(3))
+    torch.compile(never_called)
+    with torch._dynamo.config.patch(disable=True):
+        torch.compile(disabled)(torch.ones(3))
+        said = worker.compile_fallbacks({"off": disabled.__code__})
+    fell = worker.compile_fallbacks({"ran": compiled_here.__code__, "not run": never_called.__code__})
+    assert [f["what"] for f in fell] == ["torch.compile (not run)"] and fell[0]["fell_back_to"] == "eager"
+    assert "recompile limit" in fell[0]["reason"] and "TORCH_LOGS" in fell[0]["reason"]
+    assert [f["what"] for f in said] == ["torch.compile (off)"] and "TORCH_COMPILE_DISABLE" in said[0]["reason"]
+    assert worker.compile_fallbacks({}) == []
+
+
+def test_a_compile_during_the_timed_steps_is_a_note():
+    assert worker.recompiled(3, 3) == []
+    note, = worker.recompiled(3, 5)
+    assert "2 frames" in note and "timed steps" in note
+
+
 # --- the multi-instance aggregate -------------------------------------------------------
 
 def instance(index, start, end, step_s, batch=8, **extra):
