@@ -17,6 +17,8 @@ What ``make_result`` adds to the instances' results:
 - ``warmup_steps`` (the most any instance ran) and ``warmup_settled`` (all settled).
 - ``compile_s`` (cold: first warm-up step with an empty Inductor cache) and
   ``compile_warm_s`` (the recompile after ``torch._dynamo.reset()`` with the cache filled).
+  A run whose cache held an earlier compile (``inductor_cache``: "yours, filled: PATH", as in the
+  climb's shared cache) compiled warm at its first step: that step is both.
 - ``slow_steps`` (timed steps over 1.5 x the median) and ``mean_over_median`` (mean step /
   median step): how far slow steps moved the throughput, which stays total samples over
   total time.

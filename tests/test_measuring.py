@@ -117,6 +117,29 @@ def test_fresh_inductor_cache_for_compiled_runs_only(monkeypatch):
         assert used == "yours: /somewhere/mine" and os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/mine"
 
 
+def test_a_users_inductor_cache_that_holds_a_compile_is_said_filled(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    with worker.fresh_inductor_cache(True) as used:
+        assert used == f"yours: {tmp_path}"  # empty: the first compile is cold
+    (tmp_path / "fxgraph").mkdir()
+    with worker.fresh_inductor_cache(True) as used:
+        assert used == f"yours, filled: {tmp_path}" and (tmp_path / "fxgraph").is_dir()  # kept, never removed
+
+
+@pytest.mark.slow
+def test_a_run_whose_cache_holds_its_compile_takes_its_first_step_as_the_warm_compile(tmp_path):
+    """Two real compiled runs sharing one Inductor cache, as the climb's do: the first compiles cold and
+    then again warm; the second's first compile is warm already, and it compiles no third time."""
+    config = RunConfig.for_preset("cnn", "quick", steps=2, warmup=1, compile="default",
+                                  env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    cold, warm = (launch.run_plan(planning.build_plan(config, planning.Machine.this())) for _ in range(2))
+    assert cold["status"] == warm["status"] == "ok", (cold["reason"], warm["reason"])
+    assert cold["instances"][0]["inductor_cache"] == f"yours: {tmp_path / 'inductor'}"
+    assert warm["instances"][0]["inductor_cache"] == f"yours, filled: {tmp_path / 'inductor'}"
+    assert warm["compile_warm_s"] == warm["compile_s"] == warm["instances"][0]["warmup_s"][0]
+    assert cold["compile_warm_s"] != cold["compile_s"]  # measured again after the timed steps
+
+
 def test_a_compiled_function_that_ran_eager_is_a_fallback_and_one_that_compiled_is_not():
     import torch
     import torch._dynamo
