@@ -34,6 +34,10 @@ compiles again, now hitting the cache the first compile filled (the in-process v
 second launch of the same job, without its start-up cost). Where the run's Inductor cache held
 an earlier run's compile already (the climb's shared cache), the first warm-up step was that warm
 compile: it is ``compile_warm_s`` too, and the run spends no time compiling again.
+
+The FLOP count (one more step, under torch's FLOP counter, where no earlier run left it) comes
+last, after the timed steps and the warm compile: a compiled step run once under the counter runs
+its Python eagerly from then on.
 """
 
 from __future__ import annotations
@@ -204,8 +208,9 @@ def recompiled(warm: int, timed: int) -> list[str]:
     """A note where Dynamo compiled during the timed steps (``dynamo_frames`` before and after them)."""
     if timed <= warm:
         return []
-    return [f"torch.compile compiled again during the timed steps ({timed - warm} frames: a guard failed, "
-            "TORCH_LOGS=recompiles says which): those steps' times include compiling"]
+    return [f"torch.compile was asked to compile {timed - warm} frames during the timed steps (a guard failed, "
+            "TORCH_LOGS=recompiles says which, or code ran outside its compiled graph): those steps' times "
+            "include compiling or eager code"]
 
 
 def compile_fallbacks(frames: dict) -> list[dict]:
@@ -671,18 +676,20 @@ def train(config: RunConfig, cache_filled: bool = False) -> dict:
     first_step_wall = time.time()
     agree = all_ranks_agree if config.mode == "ddp" else (lambda settled: settled)
     warmup_s, losses, settled = run_warmup(step, config.warmup, config.steps, agree)
-    flops_per_step = (workload.flops_per_sample * batch_size if workload.flops_per_sample
-                      else prepared.seen.get("flops_per_step") or cached_flops(lambda: count_flops(step)))
     frames_warm = dynamo_frames()
     wait_for_peers()
     verbose_log, trace = log_path(config.onednn_verbose), log_path(config.trace)
     with onednn_verbose_to(verbose_log), profiler_trace_to(trace, config.steps, config.trace_shapes):
         timed = timed_steps(step, config.steps, losses, 0 if verbose_log else batch_size)  # stdout is the log then
     frames_timed = dynamo_frames()
+    wait_for_peers(config.timeout_s, stage="timed")  # what follows must not disturb another instance's timed steps
     compile_warm = None
-    if config.compile:  # after every instance's timed steps, which it must not disturb
-        wait_for_peers(config.timeout_s, stage="timed")
+    if config.compile:
         compile_warm = warmup_s[0] if cache_filled and warmup_s else warm_compile_s(step)
+    # Last: a step under torch's FLOP counter (a dispatch mode) leaves a compiled step running its Python
+    # eagerly from then on (torch 2.13; in the timed steps that was 20-50% slower forwards, a compile among them)
+    flops_per_step = (workload.flops_per_sample * batch_size if workload.flops_per_sample
+                      else prepared.seen.get("flops_per_step") or cached_flops(lambda: count_flops(step)))
     if verbose_log:  # what the log covers, so `cpuopt profile LOG --project` needs no --steps
         with open(f"{verbose_log}.meta.json", "w") as f:
             json.dump({"steps": config.steps, "threads": torch.get_num_threads(),

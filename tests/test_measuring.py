@@ -165,10 +165,24 @@ def test_a_compiled_function_that_ran_eager_is_a_fallback_and_one_that_compiled_
     assert worker.compile_fallbacks({}) == []
 
 
+@pytest.mark.slow
+def test_the_flop_count_leaves_a_compiled_steps_timed_steps_compiled(tmp_path, monkeypatch):
+    """Counted before the timed steps (a fresh FLOP cache: every configuration's first run), the step under
+    torch's FLOP counter left the compiled step running eagerly: its timed steps compiled the loss's own
+    kernel and ran the forward's Python. Counted after them, Dynamo is asked for nothing while they run."""
+    monkeypatch.setenv("CPUOPT_BUILD", str(tmp_path))  # no FLOP count left by an earlier run
+    config = RunConfig.for_preset("retinanet", "quick", steps=2, warmup=1, compile="default", compile_scope="step",
+                                  options={"loss": "fused"})
+    r = launch.run_plan(planning.build_plan(config, planning.Machine.this()))
+    assert r["status"] == "ok", r["reason"]
+    assert r["flops_per_step"] and not [n for n in r["notes"] if "during the timed steps" in n], r["notes"]
+    assert r["fallbacks"] == []
+
+
 def test_a_compile_during_the_timed_steps_is_a_note():
     assert worker.recompiled(3, 3) == []
     note, = worker.recompiled(3, 5)
-    assert "2 frames" in note and "timed steps" in note
+    assert "2 frames" in note and "timed steps" in note and "eager" in note
 
 
 # --- the multi-instance aggregate -------------------------------------------------------
