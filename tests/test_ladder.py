@@ -176,12 +176,15 @@ def test_the_case_study_climb_hands_on_each_confirmed_rung_and_claims_only_the_e
     step = by_rung["runtime: the whole step compiled"]  # no faster here either: the model stays the compiled part
     assert not step["handed_on"] and step["finding"].values["against"] == "torch.compile (default mode)"
     end = result["end_to_end"]
-    assert len(fake.confirmed) == 10  # every rung with a candidate confirmed, whatever one screening said; the end
+    on_top = by_rung["case-study fixes: allocator"]  # glibc's kept below: jemalloc again on the top, no faster here
+    assert sorted(on_top["table"]["name"]) == ["baseline", "jemalloc"] and not on_top["handed_on"]
+    assert len(fake.confirmed) == 11  # every rung with a candidate confirmed, whatever one screening said; the end
     assert fake.confirmed[-1] == (base, top, 10) and end["ratio"] == pytest.approx(1.3 * 1.2 * 1.5 * 1.5 * 1.1 * 1.1)
     rows = ladder.rungs(session.store, "m", "retinanet", "quick", 2)
     assert [r.step for r in rows] == ["baseline", *climb.CLIMB_RUNGS]  # the stale rung replaced
     assert [r.change for r in rows][1:3] == ["kept", "omp_runtime=intel"] and rows[1].kept
-    assert rows[-1].kept and rows[-2].end_to_end.n == 10 and ladder.top_end_to_end(rows) is rows[-2].end_to_end
+    assert rows[-1].kept and rows[-2].kept and rows[-3].end_to_end.n == 10
+    assert ladder.top_end_to_end(rows) is rows[-3].end_to_end
     assert rows[-1].vs_baseline["ratio"] == pytest.approx(end["ratio"])
     found = climb.climb_findings(result)
     assert [f.kind for f in found] == ["climb rung"] * len(climb.CLIMB_RUNGS) + ["climb top"]
@@ -221,6 +224,22 @@ def test_the_ipex_rung_says_why_it_was_not_tried(monkeypatch):
     (arm,), why = climb.ipex(where)
     assert why == "" and (arm.config.runtime, arm.config.ipex, arm.config.dtype) == ("ipex", True, "bf16")
     assert climb.ipex(where.__class__(arm.config, base, make_facts(), True))[1].startswith("the ladder runs in another")
+
+
+def test_the_allocators_are_tried_again_on_the_top_only_where_the_ladder_kept_glibcs():
+    from cpuopt_helpers.stages import climb
+
+    base = RunConfig.for_preset("retinanet", "quick", optimizer="lamb", threads=2)
+    facts = make_facts(allocators={"jemalloc": "/x/libjemalloc.so.2", "tcmalloc": "/x/libtcmalloc.so.4"})
+    top = base.replace(dtype="bf16", compile="default")
+    arms, why = climb.allocators_on_top(climb.Climbing(top, base, facts, True))
+    assert why == "" and [(a.name, a.config) for a in arms] == [
+        ("jemalloc", top.replace(allocator="jemalloc")), ("tcmalloc", top.replace(allocator="tcmalloc"))]
+    carried = top.replace(allocator="tcmalloc")
+    assert climb.allocators_on_top(climb.Climbing(carried, base, facts, True)) == (
+        (), "the ladder carries tcmalloc already")
+    none = make_facts(allocators={"jemalloc": None, "tcmalloc": None})
+    assert climb.allocators_on_top(climb.Climbing(top, base, none, True))[1].startswith("neither jemalloc")
 
 
 def test_the_end_to_end_verdict_is_found_below_rungs_that_kept_the_configuration():
