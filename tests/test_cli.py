@@ -100,7 +100,8 @@ def test_a_kernel_that_fell_back_is_in_the_result_and_its_words():
 @pytest.mark.parametrize("scope, what", [("model", "the model"), ("step", "the step's forward and loss")])
 def test_a_compiled_run_that_ran_eager_says_so(scope, what):
     """Forced, not waited for: TORCH_COMPILE_DISABLE makes torch.compile a no-op, silently (a user's shell
-    may set it); the run's fallbacks say the compiled callable ran eager, and a compiled run says nothing."""
+    may set it); the run's fallbacks say the compiled callable ran eager. (Compiled runs that say nothing:
+    test_measuring's, one a scope.)"""
     args = ["bench", "--workload", "cnn", "--preset", "quick", "--compile", "default", "--compile-scope", scope,
             "--steps", "1", "--warmup", "1", "--json"]
     off = cpuopt(*args, "--env", "TORCH_COMPILE_DISABLE=1")
@@ -108,9 +109,6 @@ def test_a_compiled_run_that_ran_eager_says_so(scope, what):
     fell, = json.loads(off.stdout)["fallbacks"]
     assert fell["what"] == f"torch.compile ({what})" and fell["fell_back_to"] == "eager"
     assert "TORCH_COMPILE_DISABLE" in fell["reason"]
-    on = cpuopt(*args)
-    assert on.returncode == 0, on.stderr
-    assert json.loads(on.stdout)["fallbacks"] == []
 
 @pytest.mark.slow
 def test_a_run_that_times_out_says_the_throughput_it_reached():

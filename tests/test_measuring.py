@@ -138,6 +138,7 @@ def test_a_run_whose_cache_holds_its_compile_takes_its_first_step_as_the_warm_co
     assert warm["instances"][0]["inductor_cache"] == f"yours, filled: {tmp_path / 'inductor'}"
     assert warm["compile_warm_s"] == warm["compile_s"] == warm["instances"][0]["warmup_s"][0]
     assert cold["compile_warm_s"] != cold["compile_s"]  # measured again after the timed steps
+    assert cold["fallbacks"] == warm["fallbacks"] == []  # the compiled model ran compiled
 
 
 def test_a_compiled_function_that_ran_eager_is_a_fallback_and_one_that_compiled_is_not():
