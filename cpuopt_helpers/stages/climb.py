@@ -133,9 +133,9 @@ def fixes(c: Climbing) -> Candidates:
 
 def allocators_on_top(c: Climbing) -> Candidates:
     """The allocators again on the top, where the allocator rung below kept glibc's: it measured them on
-    PyTorch's defaults, and a bf16, compiled top with the fixes allocates and frees otherwise (the
-    full study found the top under jemalloc 1.16x faster on Zen 4, its page faults gone, where that rung
-    had found jemalloc no faster)."""
+    PyTorch's defaults, and a bf16, compiled top with the fixes allocates and frees otherwise (on
+    2026-12-05, Zen 4, the full study found the top under jemalloc 1.16x faster, its page faults gone,
+    where that rung had found jemalloc no faster)."""
     if c.current.allocator != "default":
         return (), f"the ladder carries {c.current.allocator} already"
     return allocators(c)
