@@ -269,39 +269,48 @@ def frozen_layers_figure(table):
 
 def waterfall(tables: dict, finals: dict | None = None):
     """Per workload: each rung's confirmed gain on the previous one (its interval as an error
-    bar), chained; then the ladder's end measured against its start in fresh paired rounds."""
+    bar), chained; then the ladder's end measured against its start in fresh paired rounds.
+    A rung that left the ladder where it was gets a grey tick at its level and no label (its
+    neighbours' labels would otherwise run into each other); panels widen with their rungs."""
     sns.set_theme(style="whitegrid", context="notebook")
     tables = {w: t for w, t in tables.items() if len(t)}
-    n = max(1, len(tables))
-    fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 3.8), squeeze=False)
+    widths = [max(4.6, 0.4 * (len(t) + 1)) for t in tables.values()] or [4.6]
+    fig, axes = plt.subplots(1, len(widths), figsize=(sum(widths), 3.8), squeeze=False,
+                             gridspec_kw={"width_ratios": widths})
     for ax, (name, t) in zip(axes[0], tables.items()):
         level, labels = 1.0, []
         for i, row in enumerate(t.itertuples()):
-            new = row.cumulative_speedup
+            new = top = row.cumulative_speedup  # top: where its label goes, above its error bar
             if i == 0:
                 ax.bar(i, new, color="#4C72B0")
+            elif new == level:  # kept the rung below: nothing to draw but where it stands
+                ax.hlines(new, i - 0.4, i + 0.4, color="#999999", lw=1.5)
             else:
                 ax.bar(i, new - level, bottom=level, color="#55A868" if new >= level else "#C44E52")
                 if getattr(row, "confirmed", True) and row.vs_previous_low is not None \
                         and row.vs_previous_low == row.vs_previous_low:  # an unconfirmed rung adds nothing
-                    ax.errorbar(i, new, yerr=[[new - level * row.vs_previous_low], [level * row.vs_previous_high - new]],
-                                color="black", capsize=3, lw=1)
+                    top = level * row.vs_previous_high
+                    ax.errorbar(i, new, yerr=[[new - level * row.vs_previous_low], [top - new]], color="black",
+                                capsize=3, lw=1)
+            if i == 0 or new != level:
+                ax.text(i, top, f"{new:.2f}x", ha="center", va="bottom", fontsize=8)
             level = new
-            ax.text(i, level, f"{level:.2f}x", ha="center", va="bottom", fontsize=8)
             labels.append(row.step)
         final = (finals or {}).get(name)
         if final and final.get("n"):
             i = len(t)
             ax.bar(i, final["ratio"], color="#8172B2")
+            top = final["ratio"]
             if final["ci_low"] == final["ci_low"]:
-                ax.errorbar(i, final["ratio"], yerr=[[final["ratio"] - final["ci_low"]], [final["ci_high"] - final["ratio"]]],
+                top = final["ci_high"]
+                ax.errorbar(i, final["ratio"], yerr=[[final["ratio"] - final["ci_low"]], [top - final["ratio"]]],
                             color="black", capsize=3, lw=1)
-            ax.text(i, final["ratio"], f"{final['ratio']:.2f}x", ha="center", va="bottom", fontsize=8)
+            ax.text(i, top, f"{final['ratio']:.2f}x", ha="center", va="bottom", fontsize=8)
             labels.append("end vs start\n(paired rounds)")
         ax.set_xticks(range(len(labels)), labels, rotation=35, ha="right", fontsize=8)
         ax.axhline(1.0, color="black", lw=0.8)
-        ax.set_ylabel("speedup over PyTorch's defaults")
         ax.set_title(name, fontsize=10)
+    axes[0][0].set_ylabel("speedup over PyTorch's defaults")
     fig.suptitle("The optimisation ladder")
     fig.tight_layout()
     return fig

@@ -281,3 +281,27 @@ def test_notebook_08_climbs_every_rung_by_default():
     assigned = {node.targets[0].id: node.value for node in ast.parse("".join(params["source"])).body
                 if isinstance(node, ast.Assign)}
     assert ast.literal_eval(assigned["CLIMB_RUNGS"]) == list(climb.CLIMB_RUNGS)
+
+
+def test_the_ladder_figure_labels_only_the_rungs_that_moved_the_ladder():
+    """A climb of many rungs, most of them kept the rung below: their levels would repeat the label
+    beside them (13 rungs ran labels into each other on 2026-12-05), so they get a tick and no label."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+
+    from cpuopt_helpers import plots
+
+    levels = [1.0, 1.0, 1.03, 1.17, 1.17, 1.17, 1.17, 1.17, 1.83, 1.83, 2.06, 2.06, 2.06]
+    ratios = [b / a for a, b in zip(levels, levels[1:])]
+    table = pd.DataFrame({"step": [f"rung {i}" for i in range(len(levels))], "cumulative_speedup": levels,
+                          "vs_previous_low": [None] + [r * 0.95 for r in ratios],
+                          "vs_previous_high": [None] + [r * 1.05 for r in ratios],
+                          "confirmed": [None] + [True] * len(ratios)})
+    final = {"ratio": 1.85, "ci_low": 1.77, "ci_high": 1.92, "n": 10}
+    fig = plots.waterfall({"retinanet": table, "cnn": table.head(3)}, {"retinanet": final})
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert texts == ["1.00x", "1.03x", "1.17x", "1.83x", "2.06x", "1.85x"]  # the start, four moves, the end
+    assert len(fig.axes[0].collections) >= len(levels) - 5  # a tick for each rung that kept the level
+    assert fig.axes[0].get_position().width > fig.axes[1].get_position().width  # more rungs, a wider panel
