@@ -20,10 +20,15 @@ caller's environment (or the config's ``env``) wins, with a warning.
 Placement (``assign_cores``, affinity compact): instances never straddle a NUMA node or a
 socket. Each takes one thread per physical core (SMT siblings only when the layout needs
 more threads than cores), inside one (socket, node) where it fits, several to a node; an
-instance larger than a node takes whole nodes of one socket, then whole sockets. A layout
-that does not fit that way is refused, saying which thread count fits; ``--affinity
-scatter`` (spread across sockets on purpose) or explicit ``--cores`` are the ways to ask
-for straddling. With no thread count given, each instance gets the most physical cores
+instance larger than a node takes whole nodes of one socket, then whole sockets. Where a
+node holds several L3 caches (AMD EPYC's core complexes: lscpu's L3 column), instances go
+one cache each (the emptiest first), or several to a cache, whenever the whole layout fits
+so: threads that share no L3 pass every shared cache line through the fabric. On 2026-12-05
+a Zen 4 VM's host placed its two vCPUs now in one core complex and now in two, and
+RetinaNet's steps ran slower while they were apart (data/vcpu_placement). A layout that
+does not fit inside the caches is placed by nodes, as before; one that does not fit that
+way is refused, saying which thread count fits; ``--affinity scatter`` (spread across
+sockets on purpose) or explicit ``--cores`` are the ways to ask for straddling. With no thread count given, each instance gets the most physical cores
 that keep it inside its node (``default_threads``).
 
 Pinning: ``numactl --physcpubind=CORES`` with the memory bound to the instance's node
@@ -119,22 +124,37 @@ class LaunchPlan:
         return "\n".join(lines)
 
 
+def _fit(units: list[list[int]], instances: int, threads: int, spread: bool = False) -> list[list[int]] | None:
+    """``instances`` groups of ``threads`` CPUs, each inside one unit (several to a unit): the first
+    unit with room, or with ``spread`` the one with the most room left (so that SMT siblings come
+    after every unit's cores, and instances share a unit only where they must); None when they do
+    not all fit."""
+    free = list(units)
+    groups = []
+    for _ in range(instances):
+        room = [i for i, cpus in enumerate(free) if len(cpus) >= threads]
+        if not room:
+            return None
+        i = max(room, key=lambda i: (len(free[i]), -i)) if spread else room[0]
+        groups.append(free[i][:threads])
+        free[i] = free[i][threads:]
+    return groups
+
+
 def _place(topology: system.Topology, instances: int, threads: int) -> list[list[int]] | None:
-    """Core sets that keep every instance inside one NUMA node, or on whole nodes of one
-    socket, or on whole sockets (see the module docstring); None when they do not fit so."""
+    """Core sets that keep every instance inside one L3 cache where they all fit so, else inside
+    one NUMA node, or on whole nodes of one socket, or on whole sockets (see the module
+    docstring); None when they do not fit so."""
     smt = instances * threads > topology.physical_cores
     first = set(topology.core_order()[:topology.physical_cores])  # one CPU per physical core
     nodes = [(socket, [c for c in cpus if smt or c in first]) for (socket, _), cpus in topology.domains().items()]
+    caches = [[c for c in cpus if smt or c in first] for cpus in topology.caches().values()]
+    if len(caches) > len(nodes):  # L3 caches smaller than a node (AMD's CCXs): inside one where all fit so
+        groups = _fit(caches, instances, threads, spread=True)
+        if groups is not None:
+            return groups
     if threads <= max(len(cpus) for _, cpus in nodes):  # inside a node: first fit, several to a node
-        free = [cpus for _, cpus in nodes]
-        groups = []
-        for _ in range(instances):
-            i = next((i for i, cpus in enumerate(free) if len(cpus) >= threads), None)
-            if i is None:
-                return None
-            groups.append(free[i][:threads])
-            free[i] = free[i][threads:]
-        return groups
+        return _fit([cpus for _, cpus in nodes], instances, threads)
     sockets: dict[int, list[int]] = {}
     for socket, cpus in nodes:
         sockets.setdefault(socket, []).extend(cpus)

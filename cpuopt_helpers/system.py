@@ -9,7 +9,8 @@ The CPUs a process uses (``topology()``), as the kernel lets it:
 
 | fact               | read from                                                  | effect on plans         |
 |--------------------|------------------------------------------------------------|-------------------------|
-| CPUs, cores, nodes | ``lscpu -p=CPU,CORE,SOCKET,NODE``                          | instances inside a node |
+| CPUs, cores, nodes | ``lscpu -p=CPU,CORE,SOCKET,NODE,CACHE``                    | instances inside a node |
+| L3 caches          | the same, its L3 column                                    | and inside one L3       |
 | affinity mask      | ``os.sched_getaffinity(0)`` (taskset, numactl)             | only these CPUs         |
 | cgroup cpuset      | v2 ``cpuset.cpus.effective``, v1 ``cpuset.effective_cpus`` | only these CPUs         |
 | cgroup CPU quota   | v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``, ``cfs_period_us`` | floor(quota) CPUs, >= 1 |
@@ -66,37 +67,67 @@ class Cpu:
     socket: int
     node: int
     kind: str = ""  # "performance" or "efficiency" on hybrid CPUs, else ""
+    l3: int | None = None  # the L3 cache it shares, by lscpu's id; None where lscpu does not say
 
 
-LSCPU_COLUMNS = ("cpu", "core", "socket", "node")
+LSCPU_COLUMNS = ("cpu", "core", "socket", "node", "l3")
+
+
+def lscpu_columns(header: str) -> list[tuple[int, int | None] | None] | None:
+    """Where each of LSCPU_COLUMNS is in lscpu -p's header line ("# CPU,Core,Socket,Node,,L1d,L1i,L2,L3";
+    with -p=...,CACHE some versions join the caches: "...,Node,L1d:L1i:L2:L3"): (column, part within
+    the column or None) each, None where absent; None for a comment that names no columns."""
+    names = [n.strip().lower() for n in header.lstrip("#").split(",")]
+    if "cpu" not in names or "core" not in names:
+        return None
+    found = []
+    for name in LSCPU_COLUMNS:
+        at = None
+        for i, n in enumerate(names):
+            parts = n.split(":")
+            if name in parts:
+                at = (i, None if len(parts) == 1 else parts.index(name))
+                break
+        found.append(at)
+    return found
 
 
 def parse_lscpu_parse(text: str) -> list[Cpu]:
-    """Parse ``lscpu -p=CPU,CORE,SOCKET,NODE`` or plain ``lscpu -p`` output.
+    """Parse ``lscpu -p=CPU,CORE,SOCKET,NODE,CACHE`` or plain ``lscpu -p`` output.
 
     Comment lines start with '#'; the one that names the columns ("# CPU,Core,Socket,Node,,
-    L1d,...") says where each is, else they are taken in that order. An empty node or socket
-    (a machine without NUMA) reads as 0, an empty core as the CPU itself; a line that is not
-    numbers is refused with its line number.
+    L1d,L1i,L2,L3") says where each is, else they are taken in that order (CPU, core,
+    socket, node). An empty node or socket (a machine without NUMA) reads as 0, an empty
+    core as the CPU itself, an absent L3 as unknown (None); a line that is not numbers is
+    refused with its line number.
     """
-    columns: list[int | None] = [0, 1, 2, 3]
+    columns: list[tuple[int, int | None] | None] = [(0, None), (1, None), (2, None), (3, None), None]
     cpus = []
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if line.startswith("#"):
-            names = [n.strip().lower() for n in line[1:].split(",")]
-            if "cpu" in names and "core" in names:
-                columns = [names.index(n) if n in names else None for n in LSCPU_COLUMNS]
+            columns = lscpu_columns(line) or columns
             continue
         if not line:
             continue
         fields = [f.strip() for f in line.split(",")]
-        values = [fields[i] if i is not None and i < len(fields) else "" for i in columns]
+        values = [_lscpu_field(fields, at) for at in columns]
         if not values[0].isdecimal() or not all(v.isdecimal() for v in values if v):
             raise CpuoptError(f"line {number} is not lscpu -p's CPU,Core,Socket,Node numbers: {line[:60]!r}")
-        cpu, core, socket, node = (int(v) if v else None for v in values)
-        cpus.append(Cpu(cpu, cpu if core is None else core, socket or 0, node or 0))
+        cpu, core, socket, node, l3 = (int(v) if v else None for v in values)
+        cpus.append(Cpu(cpu, cpu if core is None else core, socket or 0, node or 0, l3=l3))
     return sorted(cpus, key=lambda c: c.cpu)
+
+
+def _lscpu_field(fields: list[str], at: tuple[int, int | None] | None) -> str:
+    """The text at ``at`` (see ``lscpu_columns``) of one line's fields; "" where absent."""
+    if at is None or at[0] >= len(fields):
+        return ""
+    column, part = at
+    if part is None:
+        return fields[column]
+    parts = fields[column].split(":")
+    return parts[part] if part < len(parts) else ""
 
 
 def parse_cpu_list(text: str) -> list[int]:
@@ -232,6 +263,19 @@ class Topology:
             out.setdefault((by_cpu[cpu].socket, by_cpu[cpu].node), []).append(cpu)
         return dict(sorted(out.items()))
 
+    def caches(self) -> dict[tuple[int, int, int], list[int]]:
+        """(socket, NUMA node, L3) -> its CPUs in core order: the units an instance that fits in one
+        is kept inside, so that its threads share a last-level cache (an L3 that spans NUMA nodes,
+        as under sub-NUMA clustering, is cut at them). Empty where lscpu named no L3."""
+        by_cpu = {c.cpu: c for c in self.cpus}
+        if any(c.l3 is None for c in self.cpus):
+            return {}
+        out: dict[tuple[int, int, int], list[int]] = {}
+        for cpu in self.core_order():
+            c = by_cpu[cpu]
+            out.setdefault((c.socket, c.node, c.l3), []).append(cpu)
+        return dict(sorted(out.items()))
+
     def summary(self) -> str:
         nodes = len(self.numa_nodes)
         return (f"{self.sockets} socket(s), {nodes} NUMA node(s), {self.physical_cores} physical / "
@@ -239,7 +283,7 @@ class Topology:
 
     def to_dict(self) -> dict:
         """The JSON form `cpuopt doctor --json` saves, which ``from_dict`` (and --topology) reads back."""
-        return {"machine": [[c.cpu, c.core, c.socket, c.node, c.kind] for c in self.machine or self.cpus],
+        return {"machine": [[c.cpu, c.core, c.socket, c.node, c.kind, c.l3] for c in self.machine or self.cpus],
                 "affinity": None if self.affinity is None else list(self.affinity),
                 "cpuset": None if self.cpuset is None else list(self.cpuset),
                 "quota": self.quota, "usable": [c.cpu for c in self.cpus]}
@@ -247,7 +291,8 @@ class Topology:
     @classmethod
     def from_dict(cls, d: dict) -> "Topology":
         try:
-            cpus = [Cpu(int(r[0]), int(r[1]), int(r[2]), int(r[3]), str(r[4]) if len(r) > 4 else "")
+            cpus = [Cpu(int(r[0]), int(r[1]), int(r[2]), int(r[3]), str(r[4]) if len(r) > 4 else "",
+                        int(r[5]) if len(r) > 5 and r[5] is not None else None)  # no L3: saved before cpuopt read it
                     for r in d["machine"]]
             return restrict(cpus, d.get("affinity"), d.get("cpuset"), d.get("quota"))
         except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -260,7 +305,7 @@ def restrict(cpus: list[Cpu], affinity=None, cpuset=None, quota: float | None = 
     """The CPUs a process uses: lscpu's CPUs inside its affinity mask and its cgroup's cpuset,
     then at most floor(quota) of them (one per physical core first, from socket 0), with
     hybrid kinds applied. Pure: tests and --topology feed other machines."""
-    machine = tuple(Cpu(c.cpu, c.core, c.socket, c.node, (kinds or {}).get(c.cpu, c.kind)) for c in cpus)
+    machine = tuple(dataclasses.replace(c, kind=(kinds or {}).get(c.cpu, c.kind)) for c in cpus)
     allowed = tuple(c for c in machine
                     if (affinity is None or c.cpu in affinity) and (cpuset is None or c.cpu in cpuset))
     if not allowed:
@@ -396,16 +441,7 @@ def topology_notes(topo: Topology) -> list[dict]:
              f"more than {cap} busy thread(s) get throttled: threads default to {cap} (floor of the quota, at "
              f"least 1), pinned to {cap} of the {len(allowed)} allowed CPUs" if cap < len(allowed) else
              f"the quota is no smaller than the {len(allowed)} allowed CPUs: no cap")
-    core_of = {c.cpu: (c.socket, c.core) for c in topo.cpus}
-    cores = {key: len({core_of[c] for c in cpus}) for key, cpus in topo.domains().items()}
-    smallest = min(cores.values())
-    snc = len(topo.numa_nodes) > topo.sockets
-    note("numa", f"{topo.sockets} socket(s), {len(topo.numa_nodes)} NUMA node(s)"
-         + (" (sub-NUMA clustering: several nodes a socket)" if snc else "")
-         + ": " + ", ".join(f"node {n} on socket {s}: {k} cores" for (s, n), k in cores.items()),
-         "one node: no placement to respect" if len(cores) == 1 else
-         f"an instance or rank of up to {smallest} threads stays inside one node, its memory bound there; larger "
-         "ones take whole nodes of one socket, then whole sockets")
+    notes += placement_notes(topo)
     smt = topo.smt
     note("smt", f"{smt} hardware thread(s) per core: {physical} physical, {len(usable)} logical",
          f"threads default to one per physical core ({physical}); SMT siblings are used only when a layout needs "
@@ -418,6 +454,34 @@ def topology_notes(topo: Topology) -> list[dict]:
              "OpenMP splits work evenly, so a team that mixes them waits for its efficiency cores: cores are handed "
              f"out performance first; compare --threads {perf} (performance cores only) with {physical}")
     note("threads", f"default {default}", "the physical cores among the usable CPUs, never os.cpu_count()")
+    return notes
+
+
+def placement_notes(topo: Topology) -> list[dict]:
+    """``topology_notes``' notes on the units instances are kept inside: NUMA nodes, and L3 caches
+    where a node holds several."""
+    notes = []
+
+    def note(fact: str, value: str, threads: str) -> None:  # topology_notes' form
+        notes.append({"fact": fact, "value": value, "threads": threads})
+
+    core_of = {c.cpu: (c.socket, c.core) for c in topo.cpus}
+    cores = {key: len({core_of[c] for c in cpus}) for key, cpus in topo.domains().items()}
+    smallest = min(cores.values())
+    snc = len(topo.numa_nodes) > topo.sockets
+    note("numa", f"{topo.sockets} socket(s), {len(topo.numa_nodes)} NUMA node(s)"
+         + (" (sub-NUMA clustering: several nodes a socket)" if snc else "")
+         + ": " + ", ".join(f"node {n} on socket {s}: {k} cores" for (s, n), k in cores.items()),
+         "one node: no placement to respect" if len(cores) == 1 else
+         f"an instance or rank of up to {smallest} threads stays inside one node, its memory bound there; larger "
+         "ones take whole nodes of one socket, then whole sockets")
+    caches = {key: len({core_of[c] for c in cpus}) for key, cpus in topo.caches().items()}
+    if len(caches) > len(cores):
+        note("l3", f"{len(caches)} L3 caches (core complexes) in {len(cores)} NUMA node(s): "
+             + ", ".join(f"L3 {l3} on node {n}: {k} cores" for (_, n, l3), k in caches.items()),
+             f"an instance or rank of up to {min(caches.values())} threads is kept inside one L3 where the whole "
+             "layout fits so (threads that share no L3 exchange data through the fabric); on a VM the host's "
+             "placement of the vCPUs may differ from what the guest is told")
     return notes
 
 
@@ -531,7 +595,7 @@ def numactl_status() -> dict:
 def topology() -> Topology:
     """This machine as this process sees it: lscpu's CPUs inside the affinity mask and the
     cgroup's cpuset, capped by its CPU quota, with hybrid core kinds (see ``restrict``)."""
-    proc = _run(["lscpu", "-p=CPU,CORE,SOCKET,NODE"])
+    proc = _run(["lscpu", "-p=CPU,CORE,SOCKET,NODE,CACHE"])
     affinity = os.sched_getaffinity(0)
     try:
         cpus = parse_lscpu_parse(proc.stdout) if proc is not None and proc.returncode == 0 else []

@@ -66,3 +66,26 @@ def test_notebook_07_configs_use_the_machines_topology():
     ddp = {(c.threads, c.instances) for c in configs if c.mode == "ddp"}
     assert ddp == {(t, n) for t, n in TABLE2 if n > 1}
     assert all(c.cores is None for c in configs)  # the launcher places them, inside nodes
+
+
+def test_ranks_stay_inside_one_l3_cache_where_the_whole_layout_fits_so():
+    epyc = read("lscpu_p_epyc_32c_4ccx.txt")  # one socket, one node, 4 core complexes (L3) of 8 cores, SMT 2
+    assert [len(cpus) for cpus in epyc.caches().values()] == [16, 16, 16, 16]
+    assert 8 in {t for t, _ in multi_instance.layouts(epyc)}  # a rank a core complex
+    assert multi_instance.rank_threads(32, 1, 32) == [1, 2, 4, 8, 16, 32]  # the node's halvings hold 8 already
+    assert multi_instance.rank_threads(96, 1, 96, cache_cores=8) == [3, 6, 8, 12, 24, 48, 96]  # a 96-core node's do not
+
+    def cores(instances, threads):
+        return " | ".join(system.format_cpu_list(g) for g in planning.assign_cores(epyc, instances, threads))
+
+    assert cores(4, 6) == "0-5 | 8-13 | 16-21 | 24-29"  # by node alone: 0-5 | 6-11 | 12-17 | 18-23
+    assert cores(2, 4) == "0-3 | 8-11" and cores(4, 8) == "0-7 | 8-15 | 16-23 | 24-31"  # the emptiest cache first
+    assert cores(8, 4) == "0-3 | 8-11 | 16-19 | 24-27 | 4-7 | 12-15 | 20-23 | 28-31"  # two to a cache
+    assert cores(6, 5) == "0-4 | 5-9 | 10-14 | 15-19 | 20-24 | 25-29"  # 5 a cache leave 3: by node, as before
+    assert cores(2, 12) == "0-11 | 12-23"
+    assert cores(5, 8) == "0-7 | 8-15 | 16-23 | 24-31 | 32-39"  # every core before a sibling
+    assert cores(4, 16) == "0-7,32-39 | 8-15,40-47 | 16-23,48-55 | 24-31,56-63"  # a cache with its siblings
+    assert planning.default_threads(epyc, 4) == 8
+    snc = read("lscpu_p_xeon_2s_snc2.txt")  # one L3 a socket, across its two nodes: the nodes rule, as before
+    assert len(snc.caches()) == 4 and " | ".join(
+        system.format_cpu_list(g) for g in planning.assign_cores(snc, 4, 20)) == "0-19 | 20-39 | 40-59 | 60-79"

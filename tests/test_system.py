@@ -298,3 +298,19 @@ def test_a_bad_topology_file_is_one_clear_line(tmp_path, content, needle):
     with pytest.raises(CpuoptError, match=needle) as err:
         system.read_topology_file(str(path))
     assert "\n" not in str(err.value) and "doctor --json" in str(err.value)
+
+
+def test_the_l3_caches_come_from_lscpu_and_survive_a_saved_doctor_file():
+    epyc = topo("lscpu_p_epyc_32c_4ccx.txt")
+    assert [c.l3 for c in epyc.cpus[:9]] == [0] * 8 + [1] and epyc.cpus[32].l3 == 0  # a sibling shares its core's
+    assert list(epyc.caches()) == [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3)]
+    said = notes(epyc)["l3"]
+    assert said["value"].startswith("4 L3 caches (core complexes) in 1 NUMA node(s): L3 0 on node 0: 8 cores")
+    assert "up to 8 threads is kept inside one L3" in said["threads"]
+    assert "l3" not in notes(topo("lscpu_p_xeon_2s_snc2.txt"))  # one L3 a socket: the nodes say it all
+    joined = "# CPU,Core,Socket,Node,L1d:L1i:L2:L3\n0,0,0,0,0:0:0:0\n1,1,0,0,1:1:1:1\n"  # lscpu -p=...,CACHE, newer
+    assert [c.l3 for c in system.parse_lscpu_parse(joined)] == [0, 1]
+    assert [c.l3 for c in system.parse_lscpu_parse("0,0,0,0\n1,1,0,0\n")] == [None, None]
+    assert system.Topology.from_dict(epyc.to_dict()).caches() == epyc.caches()
+    old = {"machine": [r[:5] for r in epyc.to_dict()["machine"]]}  # saved before cpuopt read the L3
+    assert system.Topology.from_dict(old).caches() == {} and "l3" not in notes(system.Topology.from_dict(old))

@@ -16,11 +16,13 @@ from cpuopt_helpers.stages.choosing import MEMORY_WARNING, paired
 from cpuopt_helpers.system import Facts
 
 
-def rank_threads(node_cores: int, nodes: int, physical: int) -> list[int]:
+def rank_threads(node_cores: int, nodes: int, physical: int, cache_cores: int | None = None) -> list[int]:
     """Threads per rank that tile the machine: a NUMA node's physical cores halved while the
     result is whole (28, 14, 7 on a 2x28-core Xeon), whole nodes (x2, x4, ...) and all the
-    cores; 1 as well where a node's count is odd, so that such machines still get several ranks."""
-    counts = {physical, node_cores}
+    cores; 1 as well where a node's count is odd, so that such machines still get several ranks;
+    and an L3 cache's cores where a node holds several (``cache_cores``: 8 on a Zen 4 EPYC,
+    a rank a core complex)."""
+    counts = {physical, node_cores} | ({cache_cores} if cache_cores else set())
     t = node_cores
     while t % 2 == 0:
         t //= 2
@@ -41,20 +43,23 @@ def layouts(machine: int | system.Topology | str | Path) -> list[tuple[int, int]
 
     A plain count is taken as one NUMA node of that many physical cores. A Topology (this
     machine's, ``system.topology()``), or the path of another machine's saved `cpuopt doctor
-    --json` or `lscpu -p`, gives the node size, and keeps only the layouts whose ranks each
-    stay inside a node or on whole nodes: the ones ``planning.assign_cores`` places.
+    --json` or `lscpu -p`, gives the node size (and an L3 cache's, where a node holds several),
+    and keeps only the layouts whose ranks each stay inside a node or on whole nodes: the ones
+    ``planning.assign_cores`` places.
     """
     if isinstance(machine, (str, Path)):
         machine = system.read_topology_file(str(machine))[0]
     if isinstance(machine, int):
-        topo, physical, node_cores, nodes = None, machine, machine, 1
+        topo, physical, node_cores, nodes, cache_cores = None, machine, machine, 1, None
     else:
         topo, physical = machine, machine.physical_cores
         cores = {c.cpu: (c.socket, c.core) for c in machine.cpus}
         per_node = [len({cores[c] for c in cpus}) for cpus in machine.domains().values()]
+        per_cache = [len({cores[c] for c in cpus}) for cpus in machine.caches().values()]
         node_cores, nodes = min(per_node), len(per_node)
+        cache_cores = min(per_cache) if len(per_cache) > nodes else None
     out = []
-    for threads in rank_threads(node_cores, nodes, physical):
+    for threads in rank_threads(node_cores, nodes, physical, cache_cores):
         most = physical // threads
         for ranks in sorted({2**i for i in range(most.bit_length())} | {most}):
             if topo is None or planning.fits(topo, ranks, threads):
