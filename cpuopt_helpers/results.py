@@ -269,10 +269,30 @@ def warn_loaded(results: list[dict], what: str | None) -> None:
                     "run explains); their ratios are noisier", what or "sweep", loaded, len(results))
 
 
+APART = 1.75  # a run's cores count as moved apart at this many times the shortest round trip of the runs
+
+
+def apart_sentence(states: list[dict]) -> str:
+    """'' or the sentence that says a VM's host moved the runs' cores apart: some runs' round trips
+    (``machine_state.round_trip_ns``, the worker's probe) at APART x the shortest or more."""
+    trips = [s["round_trip_ns"] for s in states if s.get("round_trip_ns")]
+    if not trips:
+        return ""
+    shortest = min(min(t) for t in trips)
+    apart = sum(max(t) >= APART * shortest for t in trips)
+    if not apart:
+        return ""
+    return (f" In {apart} of {len(trips)} runs the round trip between its first two cores (the worker's probe, "
+            f"before and after its timed steps) was {APART:g}x the shortest ({shortest:.0f} ns) or more, up to "
+            f"{max(max(t) for t in trips):.0f} ns: on a VM, the host had put its CPUs apart (other core complexes "
+            "or sockets). Steps run slower while they are, so those runs are slower and paired ratios noisier.")
+
+
 def loaded_sentence(results: list[dict]) -> str | None:
     """What the machine was doing during these runs, in one sentence for a run's end and its page:
-    how many ran on a loaded machine (``provenance.is_loaded``; a tenth or fewer: "mostly quiet")
-    and the hypervisor's steal time. None when no run recorded its machine state."""
+    how many ran on a loaded machine (``provenance.is_loaded``; a tenth or fewer: "mostly quiet"),
+    the hypervisor's steal time, and where a VM's host moved the runs' cores apart (``apart_sentence``).
+    None when no run recorded its machine state."""
     from statistics import median
 
     from cpuopt_helpers.provenance import STEAL_LOADED_PCT
@@ -285,13 +305,13 @@ def loaded_sentence(results: list[dict]) -> str | None:
     took = f"a median {median(steals):.1f}% of a run's CPU time, at most {max(steals):.1f}%" if steals else ""
     if not loaded:
         return (f"The machine was quiet: none of the {len(states)} runs measured on a loaded machine"
-                + (f"; the hypervisor took {took}." if took else "."))
+                + (f"; the hypervisor took {took}." if took else ".") + apart_sentence(states))
     state = "mostly quiet" if loaded <= 0.1 * len(states) else "busy with other work"
     return (f"The machine was {state}: {loaded} of {len(states)} runs measured on a loaded machine "
             f"(a load average above the run's own, other processes busy during its timed steps, or more than "
             f"{STEAL_LOADED_PCT:.0f}% of its CPU time taken by the hypervisor{': it took ' + took if took else ''}). "
             "Such runs are slower and their ratios noisier: on a "
-            "quiet machine the same run takes less time, and its intervals are narrower.")
+            "quiet machine the same run takes less time, and its intervals are narrower." + apart_sentence(states))
 
 
 def round_line(i: int, order: tuple[str, str], speeds: tuple, rounds: list[tuple]) -> str:

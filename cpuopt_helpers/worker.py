@@ -35,6 +35,11 @@ second launch of the same job, without its start-up cost). Where the run's Induc
 an earlier run's compile already (the climb's shared cache), the first warm-up step was that warm
 compile: it is ``compile_warm_s`` too, and the run spends no time compiling again.
 
+Around the timed steps (after the warm-up, after the last instance's timed steps) the worker
+times the round trip of a byte between its first two CPUs (``round_trip_ns``, before and
+after): on a VM whose host moves the vCPUs between core complexes it moves with them, and so
+do the step times (data/vcpu_placement).
+
 The FLOP count (one more step, under torch's FLOP counter, where no earlier run left it) comes
 last, after the timed steps and the warm compile: a compiled step run once under the counter runs
 its Python eagerly from then on.
@@ -90,6 +95,66 @@ def pin_to_cores() -> tuple[list[int], str]:
         return sorted(cores), os.environ.get("CPUOPT_PINNING", "launcher")
     os.sched_setaffinity(0, cores)
     return sorted(cores), "sched_setaffinity"
+
+
+# The far end of the probe: a fresh interpreter (no fork of a process with torch's threads), pinned to
+# one CPU, answering each 1 written into the shared page with a 0; it gives up when no 1 comes.
+PONG = """
+import mmap, os, sys
+fd, cpu, trips = map(int, sys.argv[1:])
+os.sched_setaffinity(0, {cpu})
+page = mmap.mmap(fd, 64)
+page[1] = 1
+for _ in range(trips):
+    spins = 0
+    while page[0] != 1:
+        spins += 1
+        if spins > 20000000:
+            sys.exit(1)
+    page[0] = 0
+"""
+
+
+def round_trip_ns(cpus: list[int], trips: int = 2000) -> float | None:
+    """The median round trip (ns) of one byte of a shared page between this process, pinned for the
+    probe to the first of ``cpus``, and a process on the second: two cores of one L3 answer sooner than
+    two of different core complexes or sockets (on a VM, where the host put its vCPUs at that moment).
+    Python on both ends, so it reads several times a C ping-pong's, one way alike. None with fewer than
+    two CPUs, or where the far end did not answer."""
+    if len(cpus) < 2 or not hasattr(os, "memfd_create"):
+        return None
+    import mmap
+    import subprocess
+
+    fd = os.memfd_create("cpuopt-probe")
+    os.ftruncate(fd, 64)
+    page = mmap.mmap(fd, 64)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    far = subprocess.Popen([sys.executable, "-S", "-c", PONG, str(fd), str(cpus[1]), str(trips)],
+                           pass_fds=(fd,), env=env)
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpus[0]})
+    try:
+        deadline = time.monotonic() + 10
+        while page[1] != 1 and far.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        times = []
+        for _ in range(trips if page[1] == 1 else 0):
+            t, spins = time.perf_counter_ns(), 0
+            page[0] = 1
+            while page[0] != 0 and spins < 20000000:
+                spins += 1
+            if spins >= 20000000:
+                break
+            times.append(time.perf_counter_ns() - t)
+    finally:
+        os.sched_setaffinity(0, mask)
+        if far.poll() is None:
+            far.kill()
+        far.wait()
+        page.close()
+        os.close(fd)
+    return float(statistics.median(times)) if len(times) == trips else None
 
 
 def wait_for_peers(timeout_s: float = 300.0, stage: str = "ready") -> None:
@@ -677,12 +742,15 @@ def train(config: RunConfig, cache_filled: bool = False) -> dict:
     agree = all_ranks_agree if config.mode == "ddp" else (lambda settled: settled)
     warmup_s, losses, settled = run_warmup(step, config.warmup, config.steps, agree)
     frames_warm = dynamo_frames()
+    cpus = sorted(os.sched_getaffinity(0))
+    trip_before = round_trip_ns(cpus)  # where its cores sit now: around the timed steps, not in them
     wait_for_peers()
     verbose_log, trace = log_path(config.onednn_verbose), log_path(config.trace)
     with onednn_verbose_to(verbose_log), profiler_trace_to(trace, config.steps, config.trace_shapes):
         timed = timed_steps(step, config.steps, losses, 0 if verbose_log else batch_size)  # stdout is the log then
     frames_timed = dynamo_frames()
     wait_for_peers(config.timeout_s, stage="timed")  # what follows must not disturb another instance's timed steps
+    trips = [trip_before, round_trip_ns(cpus)]
     compile_warm = None
     if config.compile:
         compile_warm = warmup_s[0] if cache_filled and warmup_s else warm_compile_s(step)
@@ -694,15 +762,12 @@ def train(config: RunConfig, cache_filled: bool = False) -> dict:
         with open(f"{verbose_log}.meta.json", "w") as f:
             json.dump({"steps": config.steps, "threads": torch.get_num_threads(),
                        "cores": sorted(os.sched_getaffinity(0)), "workload": config.workload}, f)
-    versions = {"python": sys.version.split()[0], "torch": torch.__version__,
-                "onednn": onednn_version(torch.__config__.show())}
-    if "ipex" in prepared.seen:
-        versions["ipex"] = prepared.seen["ipex"]
     result = {
         "batch_size": batch_size, **timed,
         "warmup_s": warmup_s,
         "warmup_steps": len(warmup_s),
         "warmup_settled": settled,
+        "round_trip_ns": None if None in trips else trips,
         "compile_warm_s": compile_warm,
         "loss_first": losses[0],
         "loss_last": losses[-1],
@@ -717,13 +782,24 @@ def train(config: RunConfig, cache_filled: bool = False) -> dict:
         "first_step_wall": first_step_wall,
         "torch_threads": torch.get_num_threads(),
         "python_executable": sys.executable,
-        "versions": versions,
+        "versions": run_versions(prepared.seen),
     }
     if config.mode == "ddp":
         result.update(ddp_sync_report(prepared.model), backend=prepared.seen["backend"])
         del prepared, step  # the DDP reducer goes before its process group: the other order can hang
         end_ddp()
     return result
+
+
+def run_versions(seen: dict) -> dict:
+    """The versions a result records: Python, torch, its oneDNN, and IPEX where the run used it."""
+    import torch
+
+    versions = {"python": sys.version.split()[0], "torch": torch.__version__,
+                "onednn": onednn_version(torch.__config__.show())}
+    if "ipex" in seen:
+        versions["ipex"] = seen["ipex"]
+    return versions
 
 
 def timed_steps(step: Callable[[], tuple], steps: int, losses: list[float], batch_size: int = 0) -> dict:

@@ -290,7 +290,13 @@ def test_loaded_rule(load1, usable, steal, previous, loaded):
 def test_machine_state_from_proc_stat_fixtures():
     state = provenance.machine_state(1.2, 2, 2, provenance.steal_pct(STAT_BEFORE, STAT_AFTER, [0]))
     assert state == {"load1": 1.2, "usable_cpus": 2, "threads": 2, "previous_threads": 0, "steal_pct": 10.0,
-                     "others_pct": None, "loaded": True}
+                     "others_pct": None, "round_trip_ns": None, "loaded": True}
+
+
+def test_a_runs_round_trip_is_its_farthest_instances_before_and_after():
+    assert launch.round_trips([{"round_trip_ns": [250.0, 480.0]}, {"round_trip_ns": [300.0, 260.0]}]) == [300.0, 480.0]
+    assert launch.round_trips([{"round_trip_ns": [250.0, 480.0]}, {"round_trip_ns": None}]) is None  # one CPU
+    assert launch.round_trips([None, {}]) is None and launch.round_trips([]) is None  # failed, or an older worker
 
 
 def test_other_work_is_the_machines_busy_time_less_the_runs_own():
@@ -399,12 +405,25 @@ def test_quick_worker_reports_steady_state_window_machine_and_code():
     assert r["compile_s"] is None and r["compile_warm_s"] is None and inst["inductor_cache"] is None
     assert isinstance(r["slow_steps"], int) and r["mean_over_median"] >= 0.5
     state = r["machine_state"]
-    assert set(state) == {"load1", "usable_cpus", "threads", "previous_threads", "steal_pct", "others_pct", "loaded"}
+    assert set(state) == {"load1", "usable_cpus", "threads", "previous_threads", "steal_pct", "others_pct",
+                          "round_trip_ns", "loaded"}
+    if len(os.sched_getaffinity(0)) > 1:  # the probe between its first two cores, before and after its timed steps
+        assert len(state["round_trip_ns"]) == 2 and all(10 < t < 1e6 for t in state["round_trip_ns"])
     assert 0 <= state["others_pct"] <= 100  # one process, no DataLoader: the timed window's own reading
     assert state["load1"] >= 0 and state["usable_cpus"] == len(os.sched_getaffinity(0))
     assert state["threads"] == inst["torch_threads"] and isinstance(state["loaded"], bool)
     assert state["steal_pct"] is None or 0 <= state["steal_pct"] <= 100
     assert r["code_version"] == provenance.code_version()
+
+
+def test_the_round_trip_probe_times_two_cores_and_gives_up_without_a_far_end():
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:
+        trip = worker.round_trip_ns(cpus[:2], trips=200)
+        assert 10 < trip < 1e6  # ns: a Python ping-pong through one shared page
+    assert os.sched_getaffinity(0) == set(cpus)  # pinned for the probe only
+    assert worker.round_trip_ns(cpus[:1]) is None  # one CPU: nothing to time
+    assert worker.round_trip_ns([cpus[0], 100000]) is None  # the far end cannot run there: it exits, no answer
 
 
 @pytest.mark.slow

@@ -50,6 +50,22 @@ def test_the_machine_state_of_a_run_is_said_in_one_sentence():
     assert "took" not in loaded_sentence([run(True, None)])  # no steal column: no steal figure
 
 
+def test_runs_whose_cores_the_host_moved_apart_are_said():
+    from cpuopt_helpers.results import loaded_sentence
+
+    def run(trips, loaded=False):
+        return {"machine_state": {"loaded": loaded, "steal_pct": 0.0, "round_trip_ns": trips}}
+
+    steady = loaded_sentence([run([220.0, 340.0]), run([260.0, 250.0]), run(None)])  # one core complex, noisy
+    assert steady.endswith("the hypervisor took a median 0.0% of a run's CPU time, at most 0.0%.")
+    moved = loaded_sentence([run([230.0, 250.0]), run([240.0, 470.0]), run([500.0, 520.0]), run(None)])
+    assert "In 2 of 3 runs the round trip between its first two cores" in moved
+    assert "was 1.75x the shortest (230 ns) or more, up to 520 ns: on a VM, the host had put its CPUs apart" in moved
+    busy = loaded_sentence([run([230.0, 250.0], True), run([600.0, 610.0], True)])
+    assert busy.startswith("The machine was busy") and busy.endswith("so those runs are slower and paired ratios "
+                                                                     "noisier.")
+
+
 def test_facts_replace_older_values(tmp_path):
     store = ResultStore(tmp_path / "r.sqlite")
     assert store.get_fact("m", "roofline/quick") is None
