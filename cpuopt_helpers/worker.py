@@ -731,9 +731,10 @@ def kernel_fallbacks() -> list[dict]:
     return out
 
 
-def train(config: RunConfig, cache_filled: bool = False) -> dict:
+def train(config: RunConfig, cache_filled: bool = False, cores: list[int] | None = None) -> dict:
     """Run warm-up and timed steps of one workload; return this instance's result. ``cache_filled``:
-    Inductor's cache held an earlier compile, so the first warm-up step compiled warm."""
+    Inductor's cache held an earlier compile, so the first warm-up step compiled warm. ``cores``: the
+    instance's (``pin_to_cores``; Intel OpenMP's affinity pins the main thread to one of them)."""
     import torch
 
     prepared = prepare(config)
@@ -742,7 +743,7 @@ def train(config: RunConfig, cache_filled: bool = False) -> dict:
     agree = all_ranks_agree if config.mode == "ddp" else (lambda settled: settled)
     warmup_s, losses, settled = run_warmup(step, config.warmup, config.steps, agree)
     frames_warm = dynamo_frames()
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = cores or sorted(os.sched_getaffinity(0))
     trip_before = round_trip_ns(cpus)  # where its cores sit now: around the timed steps, not in them
     wait_for_peers()
     verbose_log, trace = log_path(config.onednn_verbose), log_path(config.trace)
@@ -885,7 +886,7 @@ def main(argv: list[str] | None = None) -> int:
     cores, pinned_by = pin_to_cores()
     try:
         with fresh_inductor_cache(bool(config.compile)) as inductor_cache:  # before torch is imported
-            result = train(config, (inductor_cache or "").startswith("yours, filled: "))
+            result = train(config, (inductor_cache or "").startswith("yours, filled: "), cores)
     except BaseException as exc:
         note_failure()
         if isinstance(exc, CpuoptError):  # e.g. an IPEX that does not match this torch: say so, exit 2

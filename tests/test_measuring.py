@@ -427,6 +427,16 @@ def test_the_round_trip_probe_times_two_cores_and_gives_up_without_a_far_end():
 
 
 @pytest.mark.slow
+def test_the_probe_times_the_instances_cores_where_intel_openmp_pinned_the_main_thread_to_one():
+    machine = planning.Machine.this()
+    if len(os.sched_getaffinity(0)) < 2 or not machine.libraries.get("iomp"):
+        pytest.skip("needs two CPUs and Intel OpenMP (make setup installs it)")
+    r = launch.run_plan(planning.build_plan(RunConfig.for_preset("cnn", "quick", steps=2, omp_runtime="intel"), machine))
+    assert r["status"] == "ok", r["reason"]
+    assert len(r["machine_state"]["round_trip_ns"]) == 2  # None where it probed the main thread's one CPU
+
+
+@pytest.mark.slow
 def test_busy_processes_beside_a_run_load_it_though_the_load_average_lags():
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
     try:  # one busy process a CPU, started together with the run: the 1-minute load average has not seen them yet
