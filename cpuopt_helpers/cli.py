@@ -473,6 +473,8 @@ def report_comparison(result: dict, title: str, as_json: bool) -> int:
         print(f"  rounds: {result['n']} with a result, order {' '.join(result['order'])}, stopped: {result['stopped']}")
         for reason in result["failures"][:3]:
             print(f"  failed run: {' | '.join(reason.splitlines()[:2]) if reason else ''}")
+        if result.get("machine_sentence"):
+            print(f"  machine: {result['machine_sentence']}")
     return 0 if result["n"] else 1
 
 

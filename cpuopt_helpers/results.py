@@ -378,4 +378,4 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
     bar.close()
     warn_loaded(runs, tag)
     return dict(out, sweep=sweep, tag=tag, a=a.to_dict(), b=b.to_dict(),
-                failures=[r["reason"] for r in runs if r["status"] != "ok"])
+                failures=[r["reason"] for r in runs if r["status"] != "ok"], machine_sentence=loaded_sentence(runs))

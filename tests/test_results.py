@@ -195,7 +195,8 @@ def test_a_corrupt_store_is_moved_aside_with_a_message_and_a_fresh_one_started(t
     assert ResultStore(path).get_fact("m", "x") == 1 and ResultStore(path).moved_aside is None
 
 
-def test_comparison_stores_rounds_and_resumes_them(tmp_path):
+def test_comparison_stores_rounds_and_resumes_them(tmp_path, capsys):
+    from cpuopt_helpers.cli import report_comparison
     from cpuopt_helpers.results import run_comparison
 
     store = ResultStore(tmp_path / "r.sqlite")
@@ -204,10 +205,15 @@ def test_comparison_stores_rounds_and_resumes_them(tmp_path):
 
     def runner(config):
         calls.append(config)
-        return fake_result(config, sps=120.0 + len(calls) % 2 if config.channels_last else 100.0)
+        far = config.channels_last and len(calls) > 6  # the host put b's last two runs' cores apart
+        return dict(fake_result(config, sps=120.0 + len(calls) % 2 if config.channels_last else 100.0),
+                    machine_state={"loaded": False, "steal_pct": 0.0, "round_trip_ns": [480.0 if far else 250.0] * 2})
 
     out = run_comparison(a, b, store, runner, tag="c", machine="m1", progress=False)
     assert out["verdict"] == "faster" and out["n"] == 5 and len(calls) == 10
+    assert "In 2 of 10 runs the round trip between its first two cores" in out["machine_sentence"]
+    report_comparison(out, "b over a", False)
+    assert "\n  machine: The machine was quiet: none of the 10 runs" in capsys.readouterr().out
     assert len({r["sweep"] for r in store.results(tag="c")}) == 1
     orders = out["order"]
     assert set(orders) == {"AB", "BA"}
