@@ -43,6 +43,7 @@ from cpuopt_helpers.config import RunConfig, bench_line, setting_hash, setting_l
 from cpuopt_helpers.decisions import RECIPE, Comparison, Finding
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.profiledn import account, wholestep
+from cpuopt_helpers.results import loaded_sentence
 from cpuopt_helpers.stages import case_study, climb
 from cpuopt_helpers.stages.choosing import with_options
 
@@ -150,7 +151,9 @@ def compare_arms(session, arms: dict[str, RunConfig], rounds: int, tag: str, res
     n = len(result["rounds"])
     arm_runs = {name: [r for r in runs if r["config_hash"] == c.config_hash()] for name, c in arms.items()}
     mine = {name: r[max(len(r) - n, 0):] for name, r in arm_runs.items()}  # [-0:] would keep them all
-    return result, {name: arm_figures(r, session.facts.physical_cores) for name, r in mine.items()}
+    said = loaded_sentence([r for runs_of in mine.values() for r in runs_of])
+    return dict(result, machine_sentence=said), {name: arm_figures(r, session.facts.physical_cores)
+                                                  for name, r in mine.items()}
 
 
 def allocator_arm(top: RunConfig, kernel_share: float | None, facts) -> RunConfig | None:
@@ -557,7 +560,9 @@ def allocator_rows(kept: dict | None) -> list[records.Row]:
 def write_page(study: dict, folder: Path, facts) -> Path:
     """FOLDER/DAY-CPU-ISA-retinanet-full.md: the figures, each arm's phases, the findings in words."""
     found = study_findings(study)
+    said = study["comparison"].get("machine_sentence")
     notes = [f"PyTorch's defaults: {study['base'].label()}. The top: {study['source']}: {study['top'].label()}.",
+             *([f"During the comparison's runs: {said}"] if said else []),
              "\n".join(phase_lines(study["profiles"])),
              *tried_lines(study.get("tried"), study["ceilings"]),
              *[f.sentence for f in found]]

@@ -79,6 +79,10 @@ def test_the_page_holds_the_verdict_rates_phases_and_ends_with_the_next_fix(tmp_
     assert "In fp32: this CPU has no bf16 fast path (no bf16 in the ISA)" in text
     notes = text.split("\n\n")
     assert "the next fix the profile points at" in notes[-2]  # the last note before the page's footer
+    assert "During the comparison's runs" not in text  # a study that kept no machine state says nothing of it
+    study["comparison"]["machine_sentence"] = "The machine was quiet: none of the 10 runs measured on a loaded machine."
+    said = fullstudy.write_page(study, tmp_path, facts()).read_text()
+    assert "\n\nDuring the comparison's runs: The machine was quiet: none of the 10 runs" in said
 
 
 def test_the_page_bounds_the_ratio_by_the_fastests_step_at_every_ceiling(tmp_path, facts):
@@ -283,7 +287,9 @@ def test_the_study_profiles_real_workers_at_the_quick_preset(tmp_path, this_fact
                                    "created_at": "2026-12-02T00:00:00", "phase_ms": {
                                        "forward": 1.0, "backward": 2.0, "optimizer": 0.5},
                                    "system_share": 0.5 if config.allocator == "default" else 0.01,
-                                   "page_faults_per_step": 1e5}, sweep=tag, arm=arm, round=i)
+                                   "page_faults_per_step": 1e5,
+                                   "machine_state": {"loaded": False, "steal_pct": 0.0, "round_trip_ns": None}},
+                                  sweep=tag, arm=arm, round=i)
         return {"sweep": tag, "rounds": [[1.0, 2.0]] * 5, "n": 5, "ratio": 2.0, "ci_low": 1.9, "ci_high": 2.1,
                 "verdict": "faster", "label": "95% CI"}
 
@@ -302,6 +308,7 @@ def test_the_study_profiles_real_workers_at_the_quick_preset(tmp_path, this_fact
     page = next((tmp_path / "results").glob("*-retinanet-quick.md")).read_text()
     assert "python -m cpuopt_helpers.fullstudy --page docs/results --preset quick" in page
     assert "| forward | defaults |" in page
+    assert "\n\nDuring the comparison's runs: The machine was quiet: none of the 10 runs" in page  # its runs' state
     assert set(study["profiles"]) == {"defaults", study["fastest"]}  # the top is traced only where it stays fastest
     assert ("| forward | top |" in page) == (not kept)
     if kept:  # the trial's arm ran with the allocator preloaded, traced in the top's place
