@@ -23,8 +23,8 @@ What ``make_result`` adds to the instances' results:
   median step): how far slow steps moved the throughput, which stays total samples over
   total time.
 - ``machine_state`` (``load1``, ``usable_cpus``, ``threads``, ``previous_threads``,
-  ``steal_pct``, ``others_pct``, ``round_trip_ns``, ``loaded``; see ``is_loaded``) and
-  ``code_version`` (package version and a hash of the measuring code).
+  ``steal_pct``, ``others_pct``, ``round_trip_ns``, ``round_trip_cpus``, ``loaded``; see
+  ``is_loaded``) and ``code_version`` (package version and a hash of the measuring code).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def run_plan(plan: LaunchPlan, facts: Facts | None = None) -> dict:
     results = [_parse_instance(text) for text in texts]
     state = machine_state(load1, usable_cpus(len(os.sched_getaffinity(0)), _read_text("/sys/fs/cgroup/cpu.max")),
                           threads, steal_pct(stat_before, stat_after, cpus) if stat_before and stat_after else None,
-                          previous.get("threads", 0), other_work(config, results), round_trips(results))
+                          previous.get("threads", 0), other_work(config, results), *round_trips(results))
     status, reason = watch.outcome(status, reason, results, errs)
     launcher_log = ""
     if plan.pinning == "run_cpu":  # what run_cpu decided, from its own log lines
@@ -197,13 +197,15 @@ def run_plan(plan: LaunchPlan, facts: Facts | None = None) -> dict:
     return result
 
 
-def round_trips(results: list[dict | None]) -> list[float] | None:
-    """The run's farthest cores before and after its timed steps: the instances' longest round trips
-    (``worker.round_trip_ns``); None where an instance has none (one CPU, or an older worker)."""
+def round_trips(results: list[dict | None]) -> tuple[list[float] | None, list[list[int]] | None]:
+    """The run's probe (``worker.round_trip_ns``): the longest of its instances' round trips before and
+    after its timed steps, and the pairs of CPUs they timed; (None, None) where an instance has none
+    (one CPU, or an older worker)."""
     trips = [r.get("round_trip_ns") for r in results if r]
     if not trips or None in trips:
-        return None
-    return [max(t[0] for t in trips), max(t[1] for t in trips)]
+        return None, None
+    pairs = sorted(r.get("round_trip_cpus") or [] for r in results if r)
+    return [max(t[0] for t in trips), max(t[1] for t in trips)], pairs
 
 
 def other_work(config: RunConfig, results: list[dict | None]) -> float | None:

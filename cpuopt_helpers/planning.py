@@ -25,10 +25,12 @@ node holds several L3 caches (AMD EPYC's core complexes: lscpu's L3 column), ins
 one cache each (the emptiest first), or several to a cache, whenever the whole layout fits
 so: threads that share no L3 pass every shared cache line through the fabric. On 2026-12-05
 a Zen 4 VM's host placed its two vCPUs now in one core complex and now in two, and
-RetinaNet's steps ran slower while they were apart (data/vcpu_placement). A layout that
-does not fit inside the caches is placed by nodes, as before; one that does not fit that
-way is refused, saying which thread count fits; ``--affinity scatter`` (spread across
-sockets on purpose) or explicit ``--cores`` are the ways to ask for straddling. With no thread count given, each instance gets the most physical cores
+RetinaNet's steps ran slower while they were apart (data/vcpu_placement; that guest is told
+one L3, so the placement itself is not measured there). A layout that does not fit inside the
+caches, or would leave physical cores idle for SMT siblings there, is placed by nodes, as
+before; one that does not fit that way is refused, saying which thread count fits;
+``--affinity scatter`` (spread across sockets on purpose) or explicit ``--cores`` are the ways
+to ask for straddling. With no thread count given, each instance gets the most physical cores
 that keep it inside its node (``default_threads``).
 
 Pinning: ``numactl --physcpubind=CORES`` with the memory bound to the instance's node
@@ -126,9 +128,8 @@ class LaunchPlan:
 
 def _fit(units: list[list[int]], instances: int, threads: int, spread: bool = False) -> list[list[int]] | None:
     """``instances`` groups of ``threads`` CPUs, each inside one unit (several to a unit): the first
-    unit with room, or with ``spread`` the one with the most room left (so that SMT siblings come
-    after every unit's cores, and instances share a unit only where they must); None when they do
-    not all fit."""
+    unit with room, or with ``spread`` the one with the most room left (instances share a unit only
+    where they must); None when they do not all fit."""
     free = list(units)
     groups = []
     for _ in range(instances):
@@ -149,9 +150,11 @@ def _place(topology: system.Topology, instances: int, threads: int) -> list[list
     first = set(topology.core_order()[:topology.physical_cores])  # one CPU per physical core
     nodes = [(socket, [c for c in cpus if smt or c in first]) for (socket, _), cpus in topology.domains().items()]
     caches = [[c for c in cpus if smt or c in first] for cpus in topology.caches().values()]
-    if len(caches) > len(nodes):  # L3 caches smaller than a node (AMD's CCXs): inside one where all fit so
-        groups = _fit(caches, instances, threads, spread=True)
-        if groups is not None:
+    if len(caches) > len(nodes):  # L3 caches smaller than a node (AMD's CCXs): inside one where all fit so,
+        groups = _fit(caches, instances, threads, spread=True)  # and on as many physical cores as by node
+        core = {c.cpu: (c.socket, c.core) for c in topology.cpus}
+        if groups is not None and len({core[c] for g in groups for c in g}) >= min(topology.physical_cores,
+                                                                                    instances * threads):
             return groups
     if threads <= max(len(cpus) for _, cpus in nodes):  # inside a node: first fit, several to a node
         return _fit([cpus for _, cpus in nodes], instances, threads)

@@ -122,14 +122,15 @@ def run_threads(config: RunConfig) -> int:
 
 def machine_state(load1: float | None, usable: int, threads: int, steal: float | None,
                   previous_threads: int = 0, others: float | None = None,
-                  round_trip_ns: list[float] | None = None) -> dict:
+                  round_trip_ns: list[float] | None = None, round_trip_cpus: list[list[int]] | None = None) -> dict:
     """The RunResult's ``machine_state``: what the machine was doing around the run, and the verdict;
-    ``round_trip_ns``: the farthest of its instances' cores before and after its timed steps (the
-    worker's probe), which says where a VM's host had put them."""
+    ``round_trip_ns``: the longest of its instances' round trips between two of their CPUs before and
+    after its timed steps (the worker's probe: where a VM's host had put them), ``round_trip_cpus``
+    the pairs timed."""
     return {"load1": load1, "usable_cpus": usable, "threads": threads, "previous_threads": previous_threads,
             "steal_pct": None if steal is None else round(steal, 3),
             "others_pct": None if others is None else round(others, 3),
-            "round_trip_ns": round_trip_ns,
+            "round_trip_ns": round_trip_ns, "round_trip_cpus": round_trip_cpus,
             "loaded": is_loaded(load1, usable, steal, previous_threads, others)}
 
 

@@ -269,23 +269,27 @@ def warn_loaded(results: list[dict], what: str | None) -> None:
                     "run explains); their ratios are noisier", what or "sweep", loaded, len(results))
 
 
-APART = 1.75  # a run's cores count as moved apart at this many times the shortest round trip of the runs
+APART = 1.75  # a run's probe counts as apart at this many times the shortest round trip of its pair of CPUs
 
 
 def apart_sentence(states: list[dict]) -> str:
-    """'' or the sentence that says a VM's host moved the runs' cores apart: some runs' round trips
-    (``machine_state.round_trip_ns``, the worker's probe) at APART x the shortest or more."""
-    trips = [s["round_trip_ns"] for s in states if s.get("round_trip_ns")]
-    if not trips:
-        return ""
-    shortest = min(min(t) for t in trips)
-    apart = sum(max(t) >= APART * shortest for t in trips)
+    """'' or the sentence that says some runs' cores were apart: their round trips
+    (``machine_state.round_trip_ns``, the worker's probe) at APART x the shortest of runs that timed
+    the same pair of CPUs, or more. Loaded runs are left out: a busy CPU also lengthens a round trip."""
+    by_pair: dict[str, list[list[float]]] = {}
+    for s in states:
+        if s.get("round_trip_ns") and not s.get("loaded"):
+            by_pair.setdefault(json.dumps(s.get("round_trip_cpus")), []).append(s["round_trip_ns"])
+    shortest = {pair: min(min(t) for t in trips) for pair, trips in by_pair.items()}
+    apart = [max(t) for pair, trips in by_pair.items() for t in trips if max(t) >= APART * shortest[pair]]
     if not apart:
         return ""
-    return (f" In {apart} of {len(trips)} runs the round trip between its first two cores (the worker's probe, "
-            f"before and after its timed steps) was {APART:g}x the shortest ({shortest:.0f} ns) or more, up to "
-            f"{max(max(t) for t in trips):.0f} ns: on a VM, the host had put its CPUs apart (other core complexes "
-            "or sockets). Steps run slower while they are, so those runs are slower and paired ratios noisier.")
+    probed = sum(len(trips) for trips in by_pair.values())
+    return (f" In {len(apart)} of {probed} runs the round trip between two of its CPUs (the worker's probe, "
+            f"before and after its timed steps) was {APART:g}x the same pair's shortest or more (shortest "
+            f"{min(shortest.values()):.0f} ns, up to {max(apart):.0f} ns): on a VM, most likely its "
+            "host had put those CPUs apart (other core complexes or sockets), where steps can run slower "
+            "(data/vcpu_placement), so such runs are slower and paired ratios noisier.")
 
 
 def loaded_sentence(results: list[dict]) -> str | None:

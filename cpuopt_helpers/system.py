@@ -479,9 +479,9 @@ def placement_notes(topo: Topology) -> list[dict]:
     if len(caches) > len(cores):
         note("l3", f"{len(caches)} L3 caches (core complexes) in {len(cores)} NUMA node(s): "
              + ", ".join(f"L3 {l3} on node {n}: {k} cores" for (_, n, l3), k in caches.items()),
-             f"an instance or rank of up to {min(caches.values())} threads is kept inside one L3 where the whole "
-             "layout fits so (threads that share no L3 exchange data through the fabric); on a VM the host's "
-             "placement of the vCPUs may differ from what the guest is told")
+             f"an instance or rank of up to {min(caches.values())} threads (one a core) is kept inside one L3 where "
+             "the whole layout fits so (threads that share no L3 exchange data through the fabric); on a VM the "
+             "host's placement of the vCPUs may differ from what the guest is told")
     return notes
 
 

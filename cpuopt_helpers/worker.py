@@ -119,41 +119,67 @@ def round_trip_ns(cpus: list[int], trips: int = 2000) -> float | None:
     """The median round trip (ns) of one byte of a shared page between this process, pinned for the
     probe to the first of ``cpus``, and a process on the second: two cores of one L3 answer sooner than
     two of different core complexes or sockets (on a VM, where the host put its vCPUs at that moment).
-    Python on both ends, so it reads several times a C ping-pong's, one way alike. None with fewer than
-    two CPUs, or where the far end did not answer."""
+    Python on both ends adds a fixed cost to each trip, so compare it only with itself. It first waits
+    out the OpenMP threads' spinning (``openmp_idle_s``), which would share the far end's CPU. None with
+    fewer than two CPUs, where the far end did not answer, or where the OS refused any part of it: a
+    probe never fails a run."""
     if len(cpus) < 2 or not hasattr(os, "memfd_create"):
         return None
+    time.sleep(openmp_idle_s())
+    try:
+        return _ping_pong(cpus[0], cpus[1], trips)
+    except OSError:
+        return None
+
+
+def openmp_idle_s(env=os.environ) -> float:
+    """How long OpenMP's threads may spin after their last parallel region, and 10 ms: Intel's
+    KMP_BLOCKTIME (ms; "infinite" and anything above a second count as a second), 200 ms where Intel
+    OpenMP is preloaded without it (its default), none for GNU OpenMP (it spins well under a ms)."""
+    blocktime = env.get("KMP_BLOCKTIME")
+    if blocktime is not None:
+        ms = int(blocktime) if blocktime.isdigit() else 1000
+    else:
+        ms = 200 if "iomp" in env.get("LD_PRELOAD", "") else 0
+    return min(ms, 1000) / 1000 + 0.01
+
+
+def _reap(process) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+
+
+def _ping_pong(near: int, far_cpu: int, trips: int, limit_s: float = 2.0) -> float | None:
+    """``round_trip_ns``'s measurement: at most ``limit_s`` of round trips, else None."""
     import mmap
     import subprocess
 
-    fd = os.memfd_create("cpuopt-probe")
-    os.ftruncate(fd, 64)
-    page = mmap.mmap(fd, 64)
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    far = subprocess.Popen([sys.executable, "-S", "-c", PONG, str(fd), str(cpus[1]), str(trips)],
-                           pass_fds=(fd,), env=env)
-    mask = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpus[0]})
-    try:
+    with contextlib.ExitStack() as undo:  # undone in reverse: the mask, the far end, the page, the fd
+        fd = os.memfd_create("cpuopt-probe")
+        undo.callback(os.close, fd)
+        os.ftruncate(fd, 64)
+        page = mmap.mmap(fd, 64)
+        undo.callback(page.close)
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        far = subprocess.Popen([sys.executable, "-S", "-c", PONG, str(fd), str(far_cpu), str(trips)],
+                               pass_fds=(fd,), env=env, stderr=subprocess.DEVNULL)
+        undo.callback(_reap, far)
+        mask = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {near})
+        undo.callback(os.sched_setaffinity, 0, mask)
         deadline = time.monotonic() + 10
         while page[1] != 1 and far.poll() is None and time.monotonic() < deadline:
             time.sleep(0.001)
-        times = []
+        times, stop = [], time.monotonic() + limit_s
         for _ in range(trips if page[1] == 1 else 0):
             t, spins = time.perf_counter_ns(), 0
             page[0] = 1
             while page[0] != 0 and spins < 20000000:
                 spins += 1
-            if spins >= 20000000:
-                break
             times.append(time.perf_counter_ns() - t)
-    finally:
-        os.sched_setaffinity(0, mask)
-        if far.poll() is None:
-            far.kill()
-        far.wait()
-        page.close()
-        os.close(fd)
+            if spins >= 20000000 or time.monotonic() > stop:
+                return None
     return float(statistics.median(times)) if len(times) == trips else None
 
 
@@ -768,7 +794,7 @@ def train(config: RunConfig, cache_filled: bool = False, cores: list[int] | None
         "warmup_s": warmup_s,
         "warmup_steps": len(warmup_s),
         "warmup_settled": settled,
-        "round_trip_ns": None if None in trips else trips,
+        "round_trip_ns": None if None in trips else trips, "round_trip_cpus": cpus[:2],
         "compile_warm_s": compile_warm,
         "loss_first": losses[0],
         "loss_last": losses[-1],

@@ -85,6 +85,8 @@ def test_ranks_stay_inside_one_l3_cache_where_the_whole_layout_fits_so():
     assert cores(2, 12) == "0-11 | 12-23"
     assert cores(5, 8) == "0-7 | 8-15 | 16-23 | 24-31 | 32-39"  # every core before a sibling
     assert cores(4, 16) == "0-7,32-39 | 8-15,40-47 | 16-23,48-55 | 24-31,56-63"  # a cache with its siblings
+    assert cores(3, 12) == "0-11 | 12-23 | 24-35"  # in the caches: 8 cores idle for siblings; by node instead
+    assert cores(5, 7) == "0-6 | 7-13 | 14-20 | 21-27 | 28-34"  # 28-31 and the siblings 32-34
     assert planning.default_threads(epyc, 4) == 8
     snc = read("lscpu_p_xeon_2s_snc2.txt")  # one L3 a socket, across its two nodes: the nodes rule, as before
     assert len(snc.caches()) == 4 and " | ".join(

@@ -290,13 +290,15 @@ def test_loaded_rule(load1, usable, steal, previous, loaded):
 def test_machine_state_from_proc_stat_fixtures():
     state = provenance.machine_state(1.2, 2, 2, provenance.steal_pct(STAT_BEFORE, STAT_AFTER, [0]))
     assert state == {"load1": 1.2, "usable_cpus": 2, "threads": 2, "previous_threads": 0, "steal_pct": 10.0,
-                     "others_pct": None, "round_trip_ns": None, "loaded": True}
+                     "others_pct": None, "round_trip_ns": None, "round_trip_cpus": None, "loaded": True}
 
 
 def test_a_runs_round_trip_is_its_farthest_instances_before_and_after():
-    assert launch.round_trips([{"round_trip_ns": [250.0, 480.0]}, {"round_trip_ns": [300.0, 260.0]}]) == [300.0, 480.0]
-    assert launch.round_trips([{"round_trip_ns": [250.0, 480.0]}, {"round_trip_ns": None}]) is None  # one CPU
-    assert launch.round_trips([None, {}]) is None and launch.round_trips([]) is None  # failed, or an older worker
+    two = [{"round_trip_ns": [250.0, 480.0], "round_trip_cpus": [2, 3]},
+           {"round_trip_ns": [300.0, 260.0], "round_trip_cpus": [0, 1]}]
+    assert launch.round_trips(two) == ([300.0, 480.0], [[0, 1], [2, 3]])
+    assert launch.round_trips([two[0], {"round_trip_ns": None}]) == (None, None)  # an instance of one CPU
+    assert launch.round_trips([None, {}]) == (None, None) and launch.round_trips([]) == (None, None)  # failed; older
 
 
 def test_other_work_is_the_machines_busy_time_less_the_runs_own():
@@ -406,9 +408,10 @@ def test_quick_worker_reports_steady_state_window_machine_and_code():
     assert isinstance(r["slow_steps"], int) and r["mean_over_median"] >= 0.5
     state = r["machine_state"]
     assert set(state) == {"load1", "usable_cpus", "threads", "previous_threads", "steal_pct", "others_pct",
-                          "round_trip_ns", "loaded"}
+                          "round_trip_ns", "round_trip_cpus", "loaded"}
     if len(os.sched_getaffinity(0)) > 1:  # the probe between its first two cores, before and after its timed steps
         assert len(state["round_trip_ns"]) == 2 and all(10 < t < 1e6 for t in state["round_trip_ns"])
+        assert state["round_trip_cpus"] == [inst["cores"][:2]]
     assert 0 <= state["others_pct"] <= 100  # one process, no DataLoader: the timed window's own reading
     assert state["load1"] >= 0 and state["usable_cpus"] == len(os.sched_getaffinity(0))
     assert state["threads"] == inst["torch_threads"] and isinstance(state["loaded"], bool)
@@ -416,7 +419,7 @@ def test_quick_worker_reports_steady_state_window_machine_and_code():
     assert r["code_version"] == provenance.code_version()
 
 
-def test_the_round_trip_probe_times_two_cores_and_gives_up_without_a_far_end():
+def test_the_round_trip_probe_times_two_cores_and_gives_up_without_a_far_end(monkeypatch):
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) > 1:
         trip = worker.round_trip_ns(cpus[:2], trips=200)
@@ -424,6 +427,21 @@ def test_the_round_trip_probe_times_two_cores_and_gives_up_without_a_far_end():
     assert os.sched_getaffinity(0) == set(cpus)  # pinned for the probe only
     assert worker.round_trip_ns(cpus[:1]) is None  # one CPU: nothing to time
     assert worker.round_trip_ns([cpus[0], 100000]) is None  # the far end cannot run there: it exits, no answer
+    fds = len(os.listdir("/proc/self/fd"))
+
+    def refused(*_):
+        raise OSError(1, "Operation not permitted")  # a seccomp profile without memfd_create
+
+    monkeypatch.setattr(os, "memfd_create", refused)
+    assert worker.round_trip_ns([0, 1]) is None and len(os.listdir("/proc/self/fd")) == fds  # no run fails for it
+
+
+def test_the_probe_waits_out_openmps_spinning_threads():
+    assert worker.openmp_idle_s({"KMP_BLOCKTIME": "1"}) == pytest.approx(0.011)  # what the plan sets for Intel's
+    assert worker.openmp_idle_s({"KMP_BLOCKTIME": "200"}) == pytest.approx(0.21)
+    assert worker.openmp_idle_s({"KMP_BLOCKTIME": "infinite"}) == pytest.approx(1.01)  # capped at a second
+    assert worker.openmp_idle_s({"LD_PRELOAD": "/x/libiomp5.so"}) == pytest.approx(0.21)  # Intel's default
+    assert worker.openmp_idle_s({}) == pytest.approx(0.01)  # GNU OpenMP
 
 
 @pytest.mark.slow

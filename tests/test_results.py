@@ -53,17 +53,21 @@ def test_the_machine_state_of_a_run_is_said_in_one_sentence():
 def test_runs_whose_cores_the_host_moved_apart_are_said():
     from cpuopt_helpers.results import loaded_sentence
 
-    def run(trips, loaded=False):
-        return {"machine_state": {"loaded": loaded, "steal_pct": 0.0, "round_trip_ns": trips}}
+    def run(trips, loaded=False, cpus=((0, 1),)):
+        return {"machine_state": {"loaded": loaded, "steal_pct": 0.0, "round_trip_ns": trips,
+                                  "round_trip_cpus": [list(p) for p in cpus]}}
 
     steady = loaded_sentence([run([220.0, 340.0]), run([260.0, 250.0]), run(None)])  # one core complex, noisy
     assert steady.endswith("the hypervisor took a median 0.0% of a run's CPU time, at most 0.0%.")
     moved = loaded_sentence([run([230.0, 250.0]), run([240.0, 470.0]), run([500.0, 520.0]), run(None)])
-    assert "In 2 of 3 runs the round trip between its first two cores" in moved
-    assert "was 1.75x the shortest (230 ns) or more, up to 520 ns: on a VM, the host had put its CPUs apart" in moved
-    busy = loaded_sentence([run([230.0, 250.0], True), run([600.0, 610.0], True)])
-    assert busy.startswith("The machine was busy") and busy.endswith("so those runs are slower and paired ratios "
-                                                                     "noisier.")
+    assert "In 2 of 3 runs the round trip between two of its CPUs" in moved
+    assert "was 1.75x the same pair's shortest or more (shortest 230 ns, up to 520 ns): on a VM, most likely" in moved
+    assert moved.endswith("so such runs are slower and paired ratios noisier.")
+    # bare metal: an unpinned arm times CPUs 0 and 1 on two sockets, a pinned one two cores of one: no claim
+    pairs = loaded_sentence([run([250.0, 260.0], cpus=((0, 2),)), run([600.0, 610.0], cpus=((0, 1),))])
+    assert "round trip" not in pairs
+    busy = loaded_sentence([run([230.0, 250.0], True), run([600.0, 610.0], True)])  # a busy CPU lengthens it too
+    assert busy.startswith("The machine was busy") and "round trip" not in busy
 
 
 def test_facts_replace_older_values(tmp_path):
@@ -211,7 +215,7 @@ def test_comparison_stores_rounds_and_resumes_them(tmp_path, capsys):
 
     out = run_comparison(a, b, store, runner, tag="c", machine="m1", progress=False)
     assert out["verdict"] == "faster" and out["n"] == 5 and len(calls) == 10
-    assert "In 2 of 10 runs the round trip between its first two cores" in out["machine_sentence"]
+    assert "In 2 of 10 runs the round trip between two of its CPUs" in out["machine_sentence"]
     report_comparison(out, "b over a", False)
     assert "\n  machine: The machine was quiet: none of the 10 runs" in capsys.readouterr().out
     assert len({r["sweep"] for r in store.results(tag="c")}) == 1

@@ -306,7 +306,7 @@ def test_the_l3_caches_come_from_lscpu_and_survive_a_saved_doctor_file():
     assert list(epyc.caches()) == [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3)]
     said = notes(epyc)["l3"]
     assert said["value"].startswith("4 L3 caches (core complexes) in 1 NUMA node(s): L3 0 on node 0: 8 cores")
-    assert "up to 8 threads is kept inside one L3" in said["threads"]
+    assert "up to 8 threads (one a core) is kept inside one L3" in said["threads"]
     assert "l3" not in notes(topo("lscpu_p_xeon_2s_snc2.txt"))  # one L3 a socket: the nodes say it all
     joined = "# CPU,Core,Socket,Node,L1d:L1i:L2:L3\n0,0,0,0,0:0:0:0\n1,1,0,0,1:1:1:1\n"  # lscpu -p=...,CACHE, newer
     assert [c.l3 for c in system.parse_lscpu_parse(joined)] == [0, 1]
