@@ -269,7 +269,8 @@ def warn_loaded(results: list[dict], what: str | None) -> None:
                     "run explains); their ratios are noisier", what or "sweep", loaded, len(results))
 
 
-APART = 1.75  # a run's probe counts as apart at this many times the shortest round trip of its pair of CPUs
+APART = 1.6  # a run's probe counts as apart at this many times the shortest round trip of its pair of CPUs
+# (data/vcpu_placement/*-probes.txt: on the Zen 4 VM one core complex read up to about 1.5x the shortest, two 1.7x on)
 
 
 def apart_sentence(states: list[dict]) -> str:
