@@ -788,7 +788,7 @@ def train(config: RunConfig, cache_filled: bool = False, cores: list[int] | None
     if verbose_log:  # what the log covers, so `cpuopt profile LOG --project` needs no --steps
         with open(f"{verbose_log}.meta.json", "w") as f:
             json.dump({"steps": config.steps, "threads": torch.get_num_threads(),
-                       "cores": sorted(os.sched_getaffinity(0)), "workload": config.workload}, f)
+                       "cores": cpus, "workload": config.workload}, f)  # the instance's, not the main thread's
     result = {
         "batch_size": batch_size, **timed,
         "warmup_s": warmup_s,

@@ -1,10 +1,12 @@
 """Measuring core: steady-state warm-up, the multi-instance aggregate, machine state, code version."""
 
+import json
 import os
 import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -445,13 +447,18 @@ def test_the_probe_waits_out_openmps_spinning_threads():
 
 
 @pytest.mark.slow
-def test_the_probe_times_the_instances_cores_where_intel_openmp_pinned_the_main_thread_to_one():
+def test_the_probe_and_the_logs_cores_are_the_instances_where_intel_openmp_pinned_the_main_thread(tmp_path):
     machine = planning.Machine.this()
     if len(os.sched_getaffinity(0)) < 2 or not machine.libraries.get("iomp"):
         pytest.skip("needs two CPUs and Intel OpenMP (make setup installs it)")
-    r = launch.run_plan(planning.build_plan(RunConfig.for_preset("cnn", "quick", steps=2, omp_runtime="intel"), machine))
+    log = tmp_path / "cnn.log"
+    config = RunConfig.for_preset("cnn", "quick", steps=2, omp_runtime="intel", onednn_verbose=str(log))
+    r = launch.run_plan(planning.build_plan(config, machine))
     assert r["status"] == "ok", r["reason"]
     assert len(r["machine_state"]["round_trip_ns"]) == 2  # None where it probed the main thread's one CPU
+    cores = r["instances"][0]["cores"]
+    assert len(cores) > 1 and json.loads(Path(f"{log}.meta.json").read_text())["cores"] == cores  # what --project
+    # replays on: the main thread's one CPU would run the log's threads on one core
 
 
 @pytest.mark.slow
