@@ -290,7 +290,7 @@ def apart_sentence(states: list[dict]) -> str:
             f"before and after its timed steps) was {APART:g}x the same pair's shortest or more (shortest "
             f"{min(shortest.values()):.0f} ns, up to {max(apart):.0f} ns): on a VM, most likely its "
             "host had put those CPUs apart (other core complexes or sockets), where steps can run slower "
-            "(data/vcpu_placement), so such runs are slower and paired ratios noisier.")
+            "(data/vcpu_placement) and paired ratios come out noisier.")
 
 
 def loaded_sentence(results: list[dict]) -> str | None:

@@ -62,7 +62,7 @@ def test_runs_whose_cores_the_host_moved_apart_are_said():
     moved = loaded_sentence([run([230.0, 250.0]), run([240.0, 470.0]), run([500.0, 520.0]), run(None)])
     assert "In 2 of 3 runs the round trip between two of its CPUs" in moved
     assert "was 1.6x the same pair's shortest or more (shortest 230 ns, up to 520 ns): on a VM, most likely" in moved
-    assert moved.endswith("so such runs are slower and paired ratios noisier.")
+    assert moved.endswith("steps can run slower (data/vcpu_placement) and paired ratios come out noisier.")
     # bare metal: an unpinned arm times CPUs 0 and 1 on two sockets, a pinned one two cores of one: no claim
     pairs = loaded_sentence([run([250.0, 260.0], cpus=((0, 2),)), run([600.0, 610.0], cpus=((0, 1),))])
     assert "round trip" not in pairs
