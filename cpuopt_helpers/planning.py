@@ -26,9 +26,9 @@ one cache each (the emptiest first), or several to a cache, whenever the whole l
 so: threads that share no L3 pass every shared cache line through the fabric. On 2026-12-05
 a Zen 4 VM's host placed its two vCPUs now in one core complex and now in two, and
 RetinaNet's steps ran slower while they were apart (data/vcpu_placement: an observation, not a
-paired comparison; that guest is told one L3, so the placement itself is not measured there). A layout that does not fit inside the
-caches, or would leave physical cores idle for SMT siblings there, is placed by nodes, as
-before; one that does not fit that way is refused, saying which thread count fits;
+paired comparison; that guest is told one L3, so the placement itself is not measured there).
+A layout that does not fit inside the caches, or would leave physical cores idle for SMT
+siblings there, is placed by nodes, as before; one that does not fit that way is refused, saying which thread count fits;
 ``--affinity scatter`` (spread across sockets on purpose) or explicit ``--cores`` are the ways
 to ask for straddling. With no thread count given, each instance gets the most physical cores
 that keep it inside its node (``default_threads``).
