@@ -28,10 +28,10 @@ a Zen 4 VM's host placed its two vCPUs now in one core complex and now in two, a
 RetinaNet's steps ran slower while they were apart (data/vcpu_placement: an observation, not a
 paired comparison; that guest is told one L3, so the placement itself is not measured there).
 A layout that does not fit inside the caches, or would leave physical cores idle for SMT
-siblings there, is placed by nodes, as before; one that does not fit that way is refused, saying which thread count fits;
-``--affinity scatter`` (spread across sockets on purpose) or explicit ``--cores`` are the ways
-to ask for straddling. With no thread count given, each instance gets the most physical cores
-that keep it inside its node (``default_threads``).
+siblings there, is placed by nodes, as before; one that does not fit that way is refused,
+saying which thread count fits; ``--affinity scatter`` (spread across sockets on purpose) or
+explicit ``--cores`` are the ways to ask for straddling. With no thread count given, each
+instance gets the most physical cores that keep it inside its node (``default_threads``).
 
 Pinning: ``numactl --physcpubind=CORES`` with the memory bound to the instance's node
 (``--membind=NODE``; an instance spanning several nodes gets ``--localalloc``, since
