@@ -257,23 +257,22 @@ class Topology:
 
     def domains(self) -> dict[tuple[int, int], list[int]]:
         """(socket, NUMA node) -> its CPUs in core order: the units an instance should not straddle."""
-        by_cpu = {c.cpu: c for c in self.cpus}
-        out: dict[tuple[int, int], list[int]] = {}
-        for cpu in self.core_order():
-            out.setdefault((by_cpu[cpu].socket, by_cpu[cpu].node), []).append(cpu)
-        return dict(sorted(out.items()))
+        return self._grouped(lambda c: (c.socket, c.node))
 
     def caches(self) -> dict[tuple[int, int, int], list[int]]:
         """(socket, NUMA node, L3) -> its CPUs in core order: the units an instance that fits in one
         is kept inside, so that its threads share a last-level cache (an L3 that spans NUMA nodes,
         as under sub-NUMA clustering, is cut at them). Empty where lscpu named no L3."""
-        by_cpu = {c.cpu: c for c in self.cpus}
         if any(c.l3 is None for c in self.cpus):
             return {}
-        out: dict[tuple[int, int, int], list[int]] = {}
+        return self._grouped(lambda c: (c.socket, c.node, c.l3))
+
+    def _grouped(self, key) -> dict:
+        """key(Cpu) -> the CPUs with that key in core order, keys sorted."""
+        by_cpu = {c.cpu: c for c in self.cpus}
+        out: dict = {}
         for cpu in self.core_order():
-            c = by_cpu[cpu]
-            out.setdefault((c.socket, c.node, c.l3), []).append(cpu)
+            out.setdefault(key(by_cpu[cpu]), []).append(cpu)
         return dict(sorted(out.items()))
 
     def summary(self) -> str:
