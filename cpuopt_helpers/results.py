@@ -273,24 +273,50 @@ APART = 1.6  # a run's probe counts as apart at this many times the shortest rou
 # (data/vcpu_placement/*-probes.txt: on the Zen 4 VM one core complex read up to about 1.5x the shortest, two 1.7x on)
 
 
-def apart_sentence(states: list[dict]) -> str:
-    """'' or the sentence that says some runs' cores were apart: their round trips
+def apart(states: list[dict]) -> list[bool | None]:
+    """Per machine state: whether its run's cores were apart, its round trip
     (``machine_state.round_trip_ns``, the worker's probe) at APART x the shortest of runs that timed
-    the same pair of CPUs, or more. Loaded runs are left out: a busy CPU also lengthens a round trip."""
-    by_pair: dict[str, list[list[float]]] = {}
-    for s in states:
-        if s.get("round_trip_ns") and not s.get("loaded"):
-            by_pair.setdefault(json.dumps(s.get("round_trip_cpus")), []).append(s["round_trip_ns"])
-    shortest = {pair: min(min(t) for t in trips) for pair, trips in by_pair.items()}
-    apart = [max(t) for pair, trips in by_pair.items() for t in trips if max(t) >= APART * shortest[pair]]
-    if not apart:
+    the same pair of CPUs, or more; None where it has no probe or ran loaded (a busy CPU also
+    lengthens a round trip)."""
+    probed = [bool(s.get("round_trip_ns")) and not s.get("loaded") for s in states]
+    shortest: dict[str, float] = {}
+    for s, p in zip(states, probed):
+        if p:
+            pair = json.dumps(s.get("round_trip_cpus"))
+            shortest[pair] = min(shortest.get(pair, float("inf")), min(s["round_trip_ns"]))
+    return [max(s["round_trip_ns"]) >= APART * shortest[json.dumps(s.get("round_trip_cpus"))] if p else None
+            for s, p in zip(states, probed)]
+
+
+def mixed_rounds(runs: list[dict]) -> tuple[int, int]:
+    """(mixed, compared): the rounds (runs of one sweep with the same round number: the runs whose
+    ratios are paired) with two or more probed runs, and those of them in which one run's cores were
+    apart and another's not (``apart``). Such a round's ratios carry the placement's difference as
+    well as the arms'; the alternating order of the arms spreads it over all of them."""
+    by_round: dict[tuple, list[bool]] = {}
+    for r, flag in zip(runs, apart([r.get("machine_state") or {} for r in runs])):
+        if r.get("round") is not None and flag is not None:
+            by_round.setdefault((r.get("sweep"), r["round"]), []).append(flag)
+    compared = [set(flags) for flags in by_round.values() if len(flags) >= 2]
+    return sum(len(f) == 2 for f in compared), len(compared)
+
+
+def apart_sentence(states: list[dict], runs: list[dict] = ()) -> str:
+    """'' or the sentence that says some runs' cores were apart (``apart``), and, where ``runs`` hold
+    paired rounds, in how many of them one run's were and the other's not (``mixed_rounds``)."""
+    flags = apart(states)
+    trips = [max(s["round_trip_ns"]) for s, flag in zip(states, flags) if flag]
+    if not trips:
         return ""
-    probed = sum(len(trips) for trips in by_pair.values())
-    return (f" In {len(apart)} of {probed} runs the round trip between two of its CPUs (the worker's probe, "
-            f"before and after its timed steps) was {APART:g}x the same pair's shortest or more (shortest "
-            f"{min(shortest.values()):.0f} ns, up to {max(apart):.0f} ns): on a VM, most likely its "
-            "host had put those CPUs apart (other core complexes or sockets), where steps can run slower "
-            "(data/vcpu_placement) and paired ratios come out noisier.")
+    shortest = min(min(s["round_trip_ns"]) for s, flag in zip(states, flags) if flag is not None)
+    mixed, paired = mixed_rounds(list(runs))
+    return (f" In {len(trips)} of {sum(f is not None for f in flags)} runs the round trip between two of its "
+            f"CPUs (the worker's probe, before and after its timed steps) was {APART:g}x the same pair's "
+            f"shortest or more (shortest {shortest:.0f} ns, up to {max(trips):.0f} ns): on a VM, most likely "
+            "its host had put those CPUs apart (other core complexes or sockets), where steps can run slower "
+            "(data/vcpu_placement) and paired ratios come out noisier"
+            + (f"; in {mixed} of {paired} paired rounds one run's CPUs were apart and another's not"
+               if paired else "") + ".")
 
 
 def loaded_sentence(results: list[dict]) -> str | None:
@@ -305,18 +331,19 @@ def loaded_sentence(results: list[dict]) -> str | None:
     states = [r["machine_state"] for r in results if r.get("machine_state")]
     if not states:
         return None
+    said_apart = apart_sentence(states, results)
     loaded = sum(bool(s.get("loaded")) for s in states)
     steals = [s["steal_pct"] for s in states if s.get("steal_pct") is not None]
     took = f"a median {median(steals):.1f}% of a run's CPU time, at most {max(steals):.1f}%" if steals else ""
     if not loaded:
         return (f"The machine was quiet: none of the {len(states)} runs measured on a loaded machine"
-                + (f"; the hypervisor took {took}." if took else ".") + apart_sentence(states))
+                + (f"; the hypervisor took {took}." if took else ".") + said_apart)
     state = "mostly quiet" if loaded <= 0.1 * len(states) else "busy with other work"
     return (f"The machine was {state}: {loaded} of {len(states)} runs measured on a loaded machine "
             f"(a load average above the run's own, other processes busy during its timed steps, or more than "
             f"{STEAL_LOADED_PCT:.0f}% of its CPU time taken by the hypervisor{': it took ' + took if took else ''}). "
             "Such runs are slower and their ratios noisier: on a "
-            "quiet machine the same run takes less time, and its intervals are narrower." + apart_sentence(states))
+            "quiet machine the same run takes less time, and its intervals are narrower." + said_apart)
 
 
 def round_line(i: int, order: tuple[str, str], speeds: tuple, rounds: list[tuple]) -> str:

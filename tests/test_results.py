@@ -70,6 +70,30 @@ def test_runs_whose_cores_the_host_moved_apart_are_said():
     assert busy.startswith("The machine was busy") and "round trip" not in busy
 
 
+def test_paired_rounds_whose_two_runs_sat_apart_and_together_are_counted():
+    from cpuopt_helpers.results import apart, loaded_sentence, mixed_rounds
+
+    def run(sweep, round_, arm, trips):
+        return {"sweep": sweep, "round": round_, "arm": arm,
+                "machine_state": {"loaded": False, "steal_pct": 0.0, "round_trip_ns": trips, "round_trip_cpus": [0, 1]}}
+
+    near, far = [230.0, 250.0], [240.0, 470.0]
+    runs = [run("s", 0, 0, near), run("s", 0, 1, far),  # mixed
+            run("s", 1, 0, far), run("s", 1, 1, far),  # both apart
+            run("s", 2, 0, near), run("s", 2, 1, near),  # both together
+            run("s", 3, 0, far), run("s", 3, 1, None),  # one arm unprobed: no pair to count
+            run("t", 0, 1, near)]  # another sweep's lone arm: no round
+    assert apart([r["machine_state"] for r in runs[:4]]) == [False, True, True, True]
+    assert apart([{"round_trip_ns": far, "loaded": True, "round_trip_cpus": [0, 1]}]) == [None]
+    assert mixed_rounds(runs) == (1, 3)
+    said = loaded_sentence(runs)
+    assert said.endswith("paired ratios come out noisier; in 1 of 3 paired rounds one run's CPUs were apart "
+                         "and another's not.")
+    three_arms = [run("u", 0, 0, near), run("u", 0, 1, near), run("u", 0, 2, far)]  # a sweep of three arms
+    assert mixed_rounds(three_arms) == (1, 1) and mixed_rounds(three_arms[:2]) == (0, 1)
+    assert "paired rounds" not in loaded_sentence([dict(r, round=None) for r in runs])  # single runs: no rounds
+
+
 def test_facts_replace_older_values(tmp_path):
     store = ResultStore(tmp_path / "r.sqlite")
     assert store.get_fact("m", "roofline/quick") is None
