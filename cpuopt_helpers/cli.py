@@ -357,14 +357,12 @@ def _bench(args) -> int:
     if args.dry_run:
         print_plan(plan, machine)
         return 0
+    store = ResultStore() if args.save else None  # a store it cannot write is said before anything runs
     facts = system.collect_facts()
     result = launch.run_plan(plan, facts)
-    if args.save:
-        ResultStore().save_result(result, sweep="cli", tag="cli")
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(format_result(result))
+    print(json.dumps(result, indent=2) if args.json else format_result(result), flush=True)  # said before saved
+    if store:
+        store.save_result(result, sweep="cli", tag="cli")
     return 0 if result["status"] == "ok" else 1
 
 
@@ -759,9 +757,14 @@ def _tune(args) -> int:
         return 0
     if args.metric or args.metric_lower:
         raise CpuoptError("--metric reads a --script's output; a workload reports its own samples/s")
+    from cpuopt_helpers import launch
+
     facts = system.collect_facts()
-    ladder = ResultStore().get_fact(facts.fingerprint, f"ladder/{args.workload}/{args.preset}", [])
-    result = tune.tune(args.workload, args.budget_min, args.preset, facts, ladder, progress=not args.json)
+    store = ResultStore()
+    ladder = store.get_fact(facts.fingerprint, f"ladder/{args.workload}/{args.preset}", [])
+    runner = scripts.storing(lambda config: launch.run(config, facts), store, f"cli-tune-{args.workload}",
+                             "cli-tune")
+    result = tune.tune(args.workload, args.budget_min, args.preset, facts, ladder, runner=runner, progress=not args.json)
     print(json.dumps(result, indent=2) if args.json else tune.format_tune(result))
     return 0
 
@@ -809,8 +812,22 @@ def _glue_option_strings(argv: list[str]) -> list[str]:
     return out
 
 
+def _stop_on_termination() -> None:
+    """SIGTERM and SIGHUP (``timeout``, ``kill``, a CI job cancelled, a terminal closed) stop a command
+    as Ctrl-C does: its workers, in sessions of their own, are stopped, and what it stored is kept."""
+    import signal
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="cpuopt: %(levelname)s: %(message)s")
+    if argv is None:  # the command line (a caller in Python keeps its own signal handlers)
+        _stop_on_termination()
     if os.getcwd() not in sys.path:  # the `cpuopt` script, unlike `python -m`, does not look in the
         sys.path.append(os.getcwd())  # current folder, where a user's package.module:function sits
     try:
@@ -824,7 +841,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head`
         return 0
     except KeyboardInterrupt:
-        print("cpuopt: interrupted; results already saved are kept", file=sys.stderr)
+        print("cpuopt: interrupted; its workers are stopped, and the runs it stored are kept", file=sys.stderr)
         return 130
     except OSError as exc:  # a folder or file the command was pointed at, or one it writes into
         where = f" {exc.filename}" if exc.filename else ""

@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from cpuopt_helpers.errors import CpuoptError
@@ -203,8 +204,10 @@ def check_workload_spec(spec: str) -> None:
                           "run from the folder that holds it or add it to PYTHONPATH")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # the user's module failed while importing
-        raise CpuoptError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+    except (Exception, SystemExit) as exc:  # the user's module failed (or exited) while importing
+        raise CpuoptError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}; a workload's module "
+                          "should only define things when imported (run its script part under "
+                          "if __name__ == '__main__')") from None
     if not callable(getattr(module, func, None)):
         raise CpuoptError(f"{module_name!r} has no function {func!r}; a workload is "
                           "package.module:function with function(preset) -> Workload")
@@ -307,7 +310,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("loader_workers", "--loader-workers", "feed batches through a DataLoader with N workers", int, minimum=0,
          invalid="DataLoader workers cannot be negative, got {value}", placement=True),
     Knob("launcher", "--launcher", "cpuopt | run_cpu (PyTorch's torch.backends.xeon.run_cpu with its defaults)",
-         choices=("cpuopt", "run_cpu"), placement=True),
+         choices=("cpuopt", "run_cpu"), placement=True, requires=lambda c: run_cpu_decides(c)),
     Knob("dtype", "--dtype", "fp32 | bf16 (autocast; loss in fp32)", choices=("fp32", "bf16"), in_script=True),
     Knob("bf16_loss", "--bf16-loss", "with --dtype bf16: the loss in bf16 too (not advised)", bool,
          requires=lambda c: "--bf16-loss only applies with --dtype bf16" if c.bf16_loss and c.dtype != "bf16" else ""),
@@ -333,9 +336,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("optimizer_impl", "--optimizer-impl", "default | foreach | fused", choices=("default", "foreach", "fused"),
          name="optimizer implementation", in_script=True),
     Knob("onednn_verbose", "--onednn-verbose", "write the oneDNN verbose log of the timed steps (not the warm-up) "
-         "to FILE", metavar="FILE", placement=True),
+         "to FILE", metavar="FILE", placement=True,
+         requires=lambda c: unwritable(c.onednn_verbose, "--onednn-verbose")),
     Knob("trace", "--trace", "record the timed steps with torch.profiler: Chrome trace to FILE, operators to "
-         "FILE.ops.json", metavar="FILE", placement=True),
+         "FILE.ops.json", metavar="FILE", placement=True, requires=lambda c: unwritable(c.trace, "--trace")),
     Knob("trace_shapes", "--no-trace-shapes", "with --trace: a light trace without the operators' input shapes "
          "(times only: recording shapes slows every call)", bool, placement=True),
     Knob("timeout_s", "--timeout", "seconds before the run is stopped", float, minimum=1e-9,
@@ -361,6 +365,39 @@ def knob_env(config: RunConfig, knobs: tuple[Knob, ...] = KNOBS) -> tuple[dict, 
     return env, preload
 
 
+def run_cpu_decides(config: RunConfig) -> str:
+    """'' or the settings a run under run_cpu would carry in its label but not apply: run_cpu
+    chooses the library, OpenMP, pinning and the one instance itself."""
+    if config.launcher != "run_cpu":
+        return ""
+    default = RunConfig()
+    set_here = [f for f in ("instances", "affinity", "allocator", "omp_runtime", "kmp_blocktime")
+                if getattr(config, f) != getattr(default, f)]
+    return (f"--launcher run_cpu decides {', '.join(set_here)} itself (its defaults): drop "
+            + " ".join(f"--{f.replace('_', '-')}" for f in set_here) + ", or measure them with --launcher cpuopt"
+            if set_here else "")
+
+
+def unwritable(path: str | None, flag: str) -> str:
+    """'' or why a run could not write its log or trace at ``path``: said before it measures,
+    since the worker writes them after its timed steps. Tried by opening it for appending (a file
+    that was not there is removed again)."""
+    if not path:
+        return ""
+    target = Path(path).expanduser().absolute()
+    if target.is_dir():
+        return f"{flag} {path} is a folder: name a file in it, e.g. {flag} {target / 'run.log'}"
+    existed = target.exists()
+    try:
+        with open(target, "a"):
+            pass
+    except OSError as exc:
+        return f"{flag} {path}: cannot write it ({exc.strerror}): name a file in a folder you can write"
+    if not existed:
+        target.unlink()
+    return ""
+
+
 def check_knobs(config: RunConfig, knobs: tuple[Knob, ...] = KNOBS) -> None:
     """Every knob's value against its row: choices, minimum, what it requires."""
     for knob in knobs:
@@ -369,7 +406,7 @@ def check_knobs(config: RunConfig, knobs: tuple[Knob, ...] = KNOBS) -> None:
             continue
         if knob.choices and value not in knob.choices:
             raise CpuoptError(f"unknown {knob.name or knob.field} {value!r}; use one of {', '.join(knob.choices)}")
-        if knob.minimum is not None and value < knob.minimum:
+        if knob.minimum is not None and not value >= knob.minimum:  # not-above: a NaN is refused too
             raise CpuoptError(knob.invalid.format(value=value))
     for knob in knobs:
         why = knob.requires(config) if knob.requires else ""

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from cpuopt_helpers import compare
+from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.provenance import code_version, measuring_env
 
 log = logging.getLogger(__name__)
@@ -78,11 +79,18 @@ class ResultStore:
 
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = Path(path) if path else default_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.moved_aside = self._move_aside_older_schema()
-        with closing(self._connect()) as db, db:
-            db.executescript(SCHEMA)
-            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        if self.path.exists() and not self.path.is_file():
+            raise CpuoptError(f"the results store {self.path} is not a file (a folder?): name a file, e.g. "
+                              f"CPUOPT_RESULTS={self.path / 'results.sqlite'}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.moved_aside = self._move_aside_older_schema()
+            with closing(self._connect()) as db, db:
+                db.executescript(SCHEMA)
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except (sqlite3.Error, OSError) as exc:
+            raise CpuoptError(f"cannot open the results store {self.path} ({exc}): point CPUOPT_RESULTS (or "
+                              "CPUOPT_BUILD) at a file in a folder this user can write") from exc
 
     def _move_aside_older_schema(self) -> Path | None:
         """A store of an older schema is renamed, never mixed with new rows (its rows were
@@ -93,10 +101,16 @@ class ResultStore:
             with closing(sqlite3.connect(self.path, timeout=60)) as db:
                 version = db.execute("PRAGMA user_version").fetchone()[0]
                 has_rows = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'results'").fetchone()
+                columns = {row[1] for row in db.execute("PRAGMA table_info(results)")}
         except sqlite3.DatabaseError as exc:  # not a database (a truncated or overwritten file): kept, not read
             target = self._move_aside("corrupt")
             log.warning("%s is not a readable results store (%s); moved aside to %s, starting a new store",
                         self.path, exc, target)
+            return target
+        if has_rows and version >= SCHEMA_VERSION and not {"sweep", "result"} <= columns:
+            target = self._move_aside("foreign")  # another program's database that has a results table
+            log.warning("%s is not a cpuopt results store (its results table has no sweep or result column); "
+                        "moved aside to %s, starting a new store", self.path, target)
             return target
         if version >= SCHEMA_VERSION or not has_rows:
             return None

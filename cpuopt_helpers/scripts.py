@@ -173,16 +173,23 @@ def run_script(config: RunConfig, command: list[str], reading: Reading, facts: F
 def stored_runner(command: list[str], reading: Reading, facts: Facts, store, tag: str = "cli-tune-script"):
     """``run_script`` for the tuner, each run also written to the results store (the report's
     table shows it), in one sweep per search."""
-    sweep = f"{tag}-{command_hash(command)}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
+    return storing(lambda config: run_script(config, command, reading, facts), store,
+                   f"{tag}-{command_hash(command)}", tag)
+
+
+def storing(run, store, sweep_prefix: str, tag: str):
+    """``run`` (a RunConfig to its result) with each result written to ``store`` as it comes, in
+    one sweep per search (``sweep_prefix`` and the time): an interrupted search keeps its runs."""
+    sweep = f"{sweep_prefix}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
     count = [0]
 
-    def run(config: RunConfig) -> dict:
-        result = run_script(config, command, reading, facts)
+    def stored(config: RunConfig) -> dict:
+        result = run(config)
         store.save_result(result, sweep=sweep, arm=0, round=count[0], tag=tag)
         count[0] += 1
         return result
 
-    return run
+    return stored
 
 
 def search_space(default: RunConfig, facts: Facts, instances: bool = False) -> list[RunConfig]:

@@ -57,6 +57,10 @@ BAD = [  # (arguments, with {tmp} for the test's folder; words of the one line e
     (["bench", "--compile", "nosuch"], "unknown compile mode 'nosuch'"),
     (["bench", "--dtype", "fp8"], "unknown dtype 'fp8'"),
     (["bench", "--cores", "0-1"], "unrecognized arguments: --cores"),
+    (["bench", "--trace", "{tmp}/theirs"], "--trace {tmp}/theirs is a folder: name a file in it"),
+    (["bench", "--trace", "{tmp}/nosuch/t.json"], "--trace {tmp}/nosuch/t.json: cannot write it (No such file"),
+    (["bench", "--onednn-verbose", "/proc/x.log"], "--onednn-verbose /proc/x.log: cannot write it ("),
+    (["bench", "--timeout", "nan"], "timeout must be positive, got nan"),
 ]
 
 
@@ -78,7 +82,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_store_as_it_was(args, needl
         code = cli.main([a.format(tmp=tmp_path) for a in args])
     lines = err.getvalue().strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("cpuopt: error:"), err.getvalue()
-    assert needle in lines[0] and "Traceback" not in err.getvalue()
+    assert needle.format(tmp=tmp_path) in lines[0] and "Traceback" not in err.getvalue()
     assert dump(store) == before
     assert (tmp_path / "theirs" / "report" / "notes.md").read_text() == "the user's own"
 
@@ -88,3 +92,29 @@ def test_a_bug_prints_its_traceback_and_asks_for_a_report(monkeypatch, capsys):
     assert cli.main(["doctor"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "KeyError" in err and "this is a bug in cpuopt" in err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("where", ["folder", "/proc/nope/results.sqlite"])
+def test_a_results_store_that_cannot_be_opened_is_one_line_and_nothing_is_moved(where, tmp_path, monkeypatch,
+                                                                                capsys):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.md").write_text("the user's own")
+    monkeypatch.setenv("CPUOPT_RESULTS", str(folder) if where == "folder" else where)
+    assert cli.main(["bench", "--steps", "1", "--warmup", "0", "--save"]) == 2  # refused before anything runs
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cpuopt: error:") and "CPUOPT_RESULTS" in lines[0], lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"] and (folder / "notes.md").read_text() == "the user's own"
+
+
+def test_another_programs_database_is_moved_aside_not_read(tmp_path, caplog):
+    path = tmp_path / "results.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE results (id INTEGER, score REAL)")
+        db.execute("INSERT INTO results VALUES (1, 0.5)")
+        db.execute("PRAGMA user_version = 99")
+    store = ResultStore(path)
+    assert store.moved_aside.name.startswith("results.foreign-") and store.results() == []
+    with sqlite3.connect(store.moved_aside) as db:
+        assert db.execute("SELECT * FROM results").fetchall() == [(1, 0.5)]  # kept as it was
+    assert "is not a cpuopt results store" in caplog.text

@@ -37,6 +37,8 @@ def test_threads_default_to_physical_cores_per_instance():
     (RunConfig(compile="default", warmup=0), "at least one warm-up step"),
     (RunConfig(ipex=True, runtime="ipex", compile="default"), "one at a time"),
     (RunConfig(mode="ddp", launcher="run_cpu"), "drop --launcher run_cpu"),
+    (RunConfig(launcher="run_cpu", allocator="jemalloc", instances=2),
+     "--launcher run_cpu decides instances, allocator itself .its defaults.: drop --instances --allocator"),
     (RunConfig(instances=2, batch_size=9, batch_policy="global"), "split evenly"),
     (RunConfig(preset="huge"), "unknown preset"),
     (RunConfig(workload="nosuch"), "unknown workload 'nosuch'"),
@@ -57,6 +59,9 @@ def test_user_workload_that_fails_on_import(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(CpuoptError, match="importing 'broken_model' failed: ImportError"):
         check(RunConfig(workload="broken_model:build"))
+    (tmp_path / "script_model.py").write_text("import sys\nsys.exit(3)\n")  # a training script, not a module
+    with pytest.raises(CpuoptError, match="importing 'script_model' failed: SystemExit: 3; .* if __name__"):
+        check(RunConfig(workload="script_model:build"))
 
 
 def test_user_workload_spec_accepted():

@@ -125,3 +125,34 @@ def test_make_tests_low_priority_half_runs_in_a_session_at_nice_19_and_keeps_its
     group, nice, sid = proc.stdout.splitlines()
     assert proc.returncode == 3 and group.endswith("nice 19") and nice == "19", proc.stdout
     assert int(sid) != os.getsid(0)  # a session of its own: its group's nice leaves this session's alone
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_termination_stops_the_instances_as_ctrl_c_does(sig, tmp_path):
+    """`timeout`, `kill`, a cancelled CI job: the instances run in sessions of their own, so only
+    cpuopt can stop them, and it does."""
+    import signal
+    import time
+
+    marker = tmp_path / "alive"
+    script = f"import pathlib, time\npathlib.Path({str(marker)!r}).write_text('x')\ntime.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-m", "cpuopt_helpers", "launch", "--log-dir", str(tmp_path), "--",
+                             sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marker.exists(), "the instance never started"
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "interrupted; its workers are stopped" in err, err
+    time.sleep(0.5)
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(marker).encode() in _cmdline(p)]
+    assert not left, "an instance outlived cpuopt"
+
+
+def _cmdline(proc_dir: Path) -> bytes:
+    try:
+        return (proc_dir / "cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -139,7 +139,7 @@ def test_oversubscription_only_when_asked():
 
 
 def test_run_cpu_plan_leaves_every_choice_to_run_cpu():
-    p = plan(RunConfig(launcher="run_cpu", allocator="jemalloc"))
+    p = plan(RunConfig(launcher="run_cpu"))
     (inst,) = p.instances
     assert p.pinning == "run_cpu" and inst.argv[1:3] == ("-m", "torch.backends.xeon.run_cpu")
     assert inst.argv[3].endswith("worker.py")
