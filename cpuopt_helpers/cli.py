@@ -125,10 +125,23 @@ def script_launch_config(name: str, options: str, command: list[str], physical_c
     return scripts.script_config(command, physical_cores, **changes)
 
 
+def minutes(text: str) -> float:
+    """--budget-min's type: a positive, finite number of minutes."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of minutes, got {text!r}")
+    return value
+
+
 def build_parser(knobs: tuple = ()) -> argparse.ArgumentParser:
     """The `cpuopt` command line; ``knobs`` (default ``config.KNOBS``) make the options of bench and launch."""
     parser = _Parser(prog="cpuopt", description="Measure what makes deep-learning training fast on this CPU.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     doctor = sub.add_parser("doctor", help="machine and software facts, and what is missing")
     doctor.add_argument("--json", action="store_true", help="print the facts as JSON")
     add_bench_parser(sub, knobs)
@@ -194,7 +207,7 @@ def add_compare_parser(sub) -> None:
     cmp.add_argument("--b", required=True, help="bench options of arm b, e.g. '--allocator tcmalloc'")
     cmp.add_argument("--min-rounds", type=int, default=5, help="rounds before a verdict (default 5)")
     cmp.add_argument("--max-rounds", type=int, default=14, help="rounds at most (default 14)")
-    cmp.add_argument("--budget-min", type=float, help="minutes at most (default: no limit)")
+    cmp.add_argument("--budget-min", type=minutes, help="minutes at most (default: no limit)")
     cmp.add_argument("--json", action="store_true", help="print the comparison with every round's throughputs")
     add_script_options(cmp, "--a/--b are then launch options, e.g. '--allocator tcmalloc', '--threads 1'")
 
@@ -203,7 +216,7 @@ def add_tune_parser(sub) -> None:
     tune = sub.add_parser("tune", help="search the best configuration for a workload within a time budget")
     tune.add_argument("--workload", default="cnn", help="cnn, transformer, rnn, retinanet, or package.module:function")
     tune.add_argument("--preset", default="quick", help="quick | standard | full")
-    tune.add_argument("--budget-min", type=float, default=10, help="minutes the search may take (default 10)")
+    tune.add_argument("--budget-min", type=minutes, default=10, help="minutes the search may take (default 10)")
     tune.add_argument("--json", action="store_true", help="print the recommendation as JSON")
     tune.add_argument("--dry-run", action="store_true",
                       help="print the candidates the search would measure, with their cores, and exit")
@@ -250,7 +263,7 @@ def add_profile_parser(sub) -> None:
 
 def add_workbook_parser(sub) -> None:
     wb = sub.add_parser("workbook", help="execute the notebooks with papermill")
-    wb_sub = wb.add_subparsers(dest="wb_command", required=True, parser_class=_Parser)
+    wb_sub = wb.add_subparsers(dest="wb_command", required=True, parser_class=_Parser, metavar="ACTION")
     wb_run = wb_sub.add_parser("run", help="run the notebooks in order")
     wb_run.add_argument("--preset", default="standard", help="quick | standard | full")
     wb_run.add_argument("--only", action="append",
@@ -396,7 +409,7 @@ def _compare(args) -> int:
     from cpuopt_helpers import launch, planning, system
     from cpuopt_helpers.results import ResultStore, run_comparison
 
-    if args.script:
+    if args.script is not None:  # `--script ''` is refused there, not compared as the workload
         return _compare_script(args)
     if args.metric or args.metric_lower:
         raise CpuoptError("--metric reads a --script's output; a workload reports its own samples/s")
@@ -504,6 +517,8 @@ def parse_pairs(items: list[str], flag: str = "--env") -> tuple[tuple[str, str],
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise CpuoptError(f"{flag} {item!r} is not KEY=VALUE")
+        if any(k == key for k, _ in pairs):
+            raise CpuoptError(f"{flag} {key}= is given twice ({dict(pairs)[key]!r} and {value!r}): give it once")
         pairs.append((key, value))
     return tuple(sorted(pairs))
 
@@ -534,8 +549,15 @@ def format_result(r: dict) -> str:
 
 
 def _profile(args) -> int:
+    import math
+
     if args.steps is not None and args.steps <= 0:
         raise CpuoptError(f"--steps must be a positive integer, got {args.steps}")
+    if args.step_ms is not None and not (math.isfinite(args.step_ms) and args.step_ms > 0):
+        raise CpuoptError(f"--step-ms must be a positive number of milliseconds (the measured step), "
+                          f"got {args.step_ms}")
+    if args.threads is not None and not 1 <= args.threads <= (os.cpu_count() or 1):
+        raise CpuoptError(f"--threads must be 1 to {os.cpu_count()} (this machine's logical CPUs), got {args.threads}")
     if args.whole_step:
         return _whole_step(args)
     if args.workload:
@@ -651,8 +673,9 @@ def _whole_step(args) -> int:
     if args.workload and (args.log or args.trace):
         raise CpuoptError("--whole-step takes a trace (TRACE or LOG --trace TRACE) or --workload W to capture one, "
                           "not both")
-    if args.compare or args.project:
-        raise CpuoptError("--whole-step does not combine with --compare or --project; run them apart")
+    if args.compare or args.project or args.csv or args.benchdnn:
+        raise CpuoptError("--whole-step does not combine with --compare, --project, --csv or --benchdnn (a oneDNN "
+                          "log's breakdown); run them apart")
     log_file, trace_file = (args.log, args.trace) if args.trace else (None, args.log)
     plain_ms, out = None, {}
     if args.workload:
@@ -738,6 +761,8 @@ def _tune(args) -> int:
     from cpuopt_helpers import scripts, system, tune
     from cpuopt_helpers.results import ResultStore
 
+    if args.script is not None:  # `--script ''` is a mistake, not the workload
+        scripts.parse_command(args.script)
     if args.allow_instances and not args.script:
         raise CpuoptError("--allow-instances is for --script (a workload's search always includes several ranks)")
     command = scripts.parse_command(args.script) if args.script else None
@@ -785,7 +810,9 @@ def _workbook(args) -> int:
     if args.wb_command == "report":
         print(f"report: {build_report(out, system.collect_facts())}")
         return 0
-    only = [n for part in args.only for n in part.split(",") if n] if args.only else None
+    only = [n for part in args.only for n in part.split(",") if n] if args.only is not None else None
+    if only == []:  # `--only ''`: not every notebook
+        raise CpuoptError("--only names no notebook; give numbers or names, e.g. --only 01,03")
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     report = workbook.run_workbook(preset=args.preset, only=only, out=args.out,
                                    parameters=workbook.cli_parameters(args.workloads, args.parameter))

@@ -219,6 +219,9 @@ def _library(machine: Machine, kind: str) -> str:
     return path
 
 
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # thread counts (OpenMP's nested form: 4,2)
+
+
 def plan_env(config: RunConfig, machine: Machine, base_env: dict,
              knobs: tuple[Knob, ...] = KNOBS) -> tuple[dict, list[str]]:
     """The variables a launch sets (the knobs' rows, see the table above), and warnings where
@@ -229,6 +232,10 @@ def plan_env(config: RunConfig, machine: Machine, base_env: dict,
     warnings = []
     wins = tuple(v for k in knobs for v, _, _ in k.env if v != "LD_PRELOAD")
     for key in wins:
+        if key in THREAD_VARS and key in base_env and key in env and not all(
+                n.strip().isdigit() and int(n) > 0 for n in base_env[key].split(",")):
+            raise CpuoptError(f"{key}={base_env[key]!r} in your environment is not a thread count: unset it "
+                              "(cpuopt sets the threads; --threads N chooses them)")
         if key in base_env and key in env and base_env[key] != env[key]:
             warnings.append(f"{key}={base_env[key]} from your environment overrides the planned "
                             f"{env[key]}; unset it to let cpuopt choose")
@@ -394,13 +401,20 @@ def build_torchrun_plan(config: RunConfig, machine: Machine, command: list[str],
     return LaunchPlan(config, (InstancePlan(0, cores, tuple(argv), env),), "torchrun+" + pinning, tuple(warnings))
 
 
+MAX_CPUS = 65536  # CPU numbers a core list may name (Linux's own limit is lower)
+
+
 def parse_core_list(text: str) -> list[int]:
     """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]."""
     cores = []
     try:
         for part in text.split(","):
             lo, _, hi = part.strip().partition("-")
-            cores += list(range(int(lo), int(hi or lo) + 1))
+            first, last = int(lo), int(hi or lo)
+            if not 0 <= first <= last < MAX_CPUS:
+                raise CpuoptError(f"core range {part.strip()!r} in {text!r} is not FIRST-LAST with 0 <= FIRST <= LAST "
+                                  f"< {MAX_CPUS}; write the list like 0-3,8,10-11")
+            cores += list(range(first, last + 1))
     except ValueError:
         raise CpuoptError(f"cannot read core list {text!r}; write it like 0-3,8,10-11") from None
     if len(set(cores)) != len(cores):

@@ -20,6 +20,9 @@ def files(tmp):
     (tmp / "theirs" / "report").mkdir(parents=True)
     (tmp / "theirs" / "report" / "notes.md").write_text("the user's own")
     (tmp / "trace.json").write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 1}]}))
+    (tmp / "meta.log").write_text("garbage\n")
+    (tmp / "meta.log.meta.json").write_text(json.dumps({"steps": -4}))
+    (tmp / "zero.json").write_text(json.dumps({"gemm_gflops_best": 0, "copy_gbs_best": 10}))
 
 
 CMD = ["--", "python3", "-c", "pass"]
@@ -32,6 +35,10 @@ BAD = [  # (arguments, with {tmp} for the test's folder; words of the one line e
     (["launch", "--"], "no command given"),
     (["launch", "--allocator", "hoard", *CMD], "unknown allocator 'hoard'"),
     (["launch", "--affinity", "sideways", *CMD], "unknown affinity 'sideways'"),
+    (["launch", "--cores", "0-99999999", "--dry-run", *CMD], "core range '0-99999999' in '0-99999999' is not"),
+    (["launch", "--cores", "1-0", "--dry-run", *CMD], "0 <= FIRST <= LAST"),
+    (["bench", "--workload", "retinanet", "--option", "focal=reference", "--option", "focal=fast", "--dry-run"],
+     "--option focal= is given twice ('reference' and 'fast'): give it once"),
     (["workbook", "report", "--out", "{tmp}/afile"], "Not a directory"),
     (["workbook", "report", "--out", "{tmp}/theirs"], "was not written by cpuopt"),
     (["workbook", "readme", "--write", "{tmp}/missing.md"], "run `make run` first"),
@@ -41,6 +48,10 @@ BAD = [  # (arguments, with {tmp} for the test's folder; words of the one line e
     (["profile", "{tmp}/notalog.log"], "is not a verbose log"),
     (["profile", "{tmp}/bad.log"], "none of its 2 lines is an executed primitive"),
     (["profile", "--whole-step", "--workload", "cnn", "{tmp}/trace.json"], "not both"),
+    (["profile", "{tmp}/meta.log"], "meta.log.meta.json is not what `cpuopt bench --onednn-verbose` writes"),
+    (["profile", "{tmp}/bad.log", "--project", "--steps", "1", "--step-ms", "-5"], "--step-ms must be a positive"),
+    (["profile", "{tmp}/bad.log", "--project", "--steps", "1", "--threads", "0"], "--threads must be 1 to"),
+    (["profile", "--whole-step", "{tmp}/trace.json", "--roofline", "{tmp}/zero.json"], "positive rates"),
     (["compare", "--min-rounds", "1"], "the following arguments are required: --a, --b"),
     (["compare", "--a", "--workload cnn", "--b", ""], "give --workload and --preset once"),
     (["compare", "--a", "--threads 0", "--b", ""], "threads must be at least 1"),
@@ -48,9 +59,15 @@ BAD = [  # (arguments, with {tmp} for the test's folder; words of the one line e
     (["compare", "--a", "", "--b", "", "--min-rounds", "9", "--max-rounds", "5"], "need 2 <= --min-rounds"),
     (["compare", "--script", "python3 x.py", "--metric", "(", "--a", "", "--b", "--allocator tcmalloc"],
      "is not a regular expression"),
+    (["compare", "--script", "", "--a", "", "--b", "--allocator tcmalloc"], "--script needs a command"),
+    (["tune", "--script", "", "--dry-run"], "--script needs a command"),
+    (["workbook", "run", "--only", ","], "--only names no notebook"),
+    (["profile", "--whole-step", "{tmp}/trace.json", "--csv", "{tmp}/x.csv"], "does not combine with --compare"),
     (["ladder", "--workload", "nosuch"], "no ladder for nosuch"),
     (["tune", "--workload", "nosuch"], "unknown workload 'nosuch'"),
-    (["tune", "--budget-min", "-1"], "--budget-min must be positive"),
+    (["tune", "--budget-min", "-1"], "argument --budget-min: must be a positive number of minutes, got '-1'"),
+    (["tune", "--budget-min", "nan", "--dry-run"], "must be a positive number of minutes, got 'nan'"),
+    (["compare", "--a", "", "--b", "", "--budget-min", "0"], "must be a positive number of minutes, got '0'"),
     (["bench", "--option", "novalue"], "is not KEY=VALUE"),
     (["bench", "--env", "=x"], "is not KEY=VALUE"),
     (["bench", "--preset", "huge"], "unknown preset 'huge'"),

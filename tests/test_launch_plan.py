@@ -172,6 +172,13 @@ def test_a_users_inductor_cache_wins_with_a_warning_for_compiled_runs():
     assert any("TORCHINDUCTOR_CACHE_DIR=/mine" in w for w in p.warnings)
 
 
+def test_a_thread_count_in_the_environment_that_is_no_count_is_refused():
+    assert plan(env={"OMP_NUM_THREADS": "4,2"}).instances[0].env["OMP_NUM_THREADS"] == "4,2"  # OpenMP's nested form
+    for junk in ("abc", "0", "", "2,x"):
+        with pytest.raises(CpuoptError, match=f"MKL_NUM_THREADS='{junk}' in your environment is not a thread count"):
+            plan(env={"MKL_NUM_THREADS": junk})
+
+
 def test_run_json_module_fixes_threads_and_cores_and_keeps_the_users_value(monkeypatch, caplog):
     from cpuopt_helpers.runtimes import run_json_module
 

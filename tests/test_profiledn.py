@@ -548,3 +548,13 @@ def profiledn_findings() -> list:
             + account.findings(account.phase_table(whole, CEIL), whole, "fixture")
             + profiledn.compare_findings(log, log.assign(time_ms=0.0), ("A", "B"), (2, 2))
             + profiling.slow_kernels(log) + profiling.slow_kernels(log.iloc[:0]))
+
+
+def test_a_time_of_nan_or_inf_is_a_malformed_line_not_a_time():
+    line = ("dnnl_verbose,exec,cpu,convolution,jit:avx512_core,forward_training,src_f32::blocked:aBcd16b:f0 "
+            "wei_f32::blocked:ABcd16b16a:f0 bia_f32::blocked:a:f0 dst_f32::blocked:aBcd16b:f0,,"
+            "alg:convolution_direct,mb2_ic16oc16_ih7oh7kh5sh1dh0ph2_iw7ow7kw5sw1dw0pw2,")
+    # the first line of a kind is parsed whole, a repeat takes the fast path: both refuse the time
+    p = profiledn.parse_log([line + t for t in ("nan", "0.5", "inf", "nan", "-inf", "0.25")])
+    assert p.counts["exec"] == 2 and p.counts["malformed"] == 4
+    assert p.exec.time_ms.sum() == pytest.approx(0.75)

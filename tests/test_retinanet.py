@@ -62,7 +62,7 @@ def test_601_classes_widen_the_classification_head(monkeypatch):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"classes": "0"}, "positive integer"), ({"classes": "x"}, "classes='x' is not a int"),
+    ({"classes": "0"}, "positive integer"), ({"classes": "x"}, "classes='x' is not an integer"),
     ({"trainable_layers": "6"}, "0-5"), ({"frozen_bn": "merged"}, "separate or fused or folded"),
     ({"frozen_backward": "always"}, "frozen_backward must be skip or compute"),
     ({"speed": "11"}, "has no option 'speed'; its options .*classes=80, trainable_layers=3")])
@@ -89,7 +89,7 @@ def test_cli_bad_option_is_exit_2_and_an_option_changes_the_hash(capsys, monkeyp
     from cpuopt_helpers.config import RunConfig
 
     assert cli.main(["bench", "--workload", "retinanet", "--option", "classes=x", "--dry-run"]) == 2
-    assert "option classes='x' is not a int" in capsys.readouterr().err
+    assert "option classes='x' is not an integer" in capsys.readouterr().err
     assert cli.main(["bench", "--workload", "retinanet", "--option", "classes", "--dry-run"]) == 2
     assert "--option 'classes' is not KEY=VALUE" in capsys.readouterr().err
     args = cli.build_parser().parse_args(["bench", "--workload", "retinanet", "--option", "frozen_bn=fused"])

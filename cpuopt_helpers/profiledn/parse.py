@@ -22,6 +22,7 @@ a truncated last line and malformed lines are counted and reported.
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -136,9 +137,9 @@ def parse_dims(problem: str) -> list[list[int]]:
 
 
 def _is_number(text: str) -> bool:
+    """A finite number: a time of nan or inf is a malformed line, not a time."""
     try:
-        float(text)
-        return True
+        return math.isfinite(float(text))
     except ValueError:
         return False
 
@@ -197,7 +198,7 @@ class _Parser:
                 time = float(tail)
             except ValueError:
                 time = -1.0
-            if time >= 0:
+            if 0 <= time < math.inf:  # a NaN fails both
                 self.counts["exec"] += 1
                 self.uids.append(uid)
                 self.numbers.append(number)

@@ -39,6 +39,7 @@ import tempfile
 import pandas as pd
 
 from cpuopt_helpers.decisions import Finding
+from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.profiledn.breakdown import PRIMITIVE_KEY, STAGE, distinct_primitives
 from cpuopt_helpers.profiledn.parse import parse_conv, parse_dims, parse_log
 from cpuopt_helpers.stats import time_calls
@@ -212,12 +213,25 @@ def projection(prims: pd.DataFrame, replays: list[dict], steps: int, step_ms: fl
 
 
 def log_meta(log: str) -> dict:
-    """What `cpuopt bench --onednn-verbose` recorded beside the log: steps, threads, cores."""
+    """What `cpuopt bench --onednn-verbose` recorded beside the log: steps, threads, cores ({} where
+    there is no such file). A file that holds something else is said in one line, never guessed at."""
     try:
         with open(f"{log}.meta.json") as f:
-            return json.load(f)
-    except (OSError, ValueError):
+            meta = json.load(f)
+    except OSError:
         return {}
+    except ValueError:
+        meta = None
+
+    def count(key):
+        return isinstance(meta.get(key), int) and not isinstance(meta.get(key), bool) and meta[key] > 0
+    cores = meta.get("cores") if isinstance(meta, dict) else None
+    if not (isinstance(meta, dict) and all(count(k) for k in ("steps", "threads") if k in meta)
+            and (cores is None or isinstance(cores, list) and all(isinstance(c, int) and c >= 0 for c in cores))):
+        raise CpuoptError(f"{log}.meta.json is not what `cpuopt bench --onednn-verbose` writes beside a log (steps and "
+                          "threads positive integers, cores a list of CPU numbers): remove it, or capture the log "
+                          "again, and give --steps (and --threads) yourself")
+    return meta
 
 
 def replay_log(log: str, threads: int, cores: list[int] | None = None, repeats: int = 10,

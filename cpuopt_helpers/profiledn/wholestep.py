@@ -94,11 +94,13 @@ class Ceilings:
         try:
             gemm = {"fp32": float(roofline["gemm_gflops_best"])}
             copy = float(roofline["copy_gbs_best"])
+            if roofline.get("gemm_gflops_bf16_best"):
+                gemm["bf16"] = float(roofline["gemm_gflops_bf16_best"])
         except (KeyError, TypeError, ValueError):
-            raise CpuoptError("a roofline needs gemm_gflops_best and copy_gbs_best (as `python -m "
-                              "cpuopt_helpers.roofline` prints them)") from None
-        if roofline.get("gemm_gflops_bf16_best"):
-            gemm["bf16"] = float(roofline["gemm_gflops_bf16_best"])
+            gemm, copy = {}, math.nan
+        if not gemm or not all(math.isfinite(v) and v > 0 for v in (*gemm.values(), copy)):
+            raise CpuoptError("a roofline needs gemm_gflops_best and copy_gbs_best, positive rates (as `python -m "
+                              "cpuopt_helpers.roofline` prints them)")
         return cls(gemm, copy, roofline.get("threads"), source, dict(theoretical or {}))
 
     def gemm_for(self, dtype: str) -> float | None:

@@ -85,7 +85,9 @@ def check_options(spec: str, options: dict[str, str]) -> dict[str, Any]:
             else:
                 typed[name] = type(default)(text) if default is not None else text
         except (TypeError, ValueError):
-            raise CpuoptError(f"workload {spec!r}: option {name}={text!r} is not a {type(default).__name__} "
+            kind = {"int": "an integer", "float": "a number"}.get(type(default).__name__,
+                                                                  f"a {type(default).__name__}")
+            raise CpuoptError(f"workload {spec!r}: option {name}={text!r} is not {kind} "
                               f"(default {default!r})") from None
     validate = getattr(importlib.import_module(build_function(spec).__module__), "validate_options", None)
     if callable(validate):
