@@ -307,6 +307,20 @@ def launch_config(args):
                      **knob_values(args, "launch"))
 
 
+def check_nodes(nnodes: str | None, node_rank: str | None) -> None:
+    """torchrun's --nnodes (N or MIN:MAX) and --node-rank (0 to N-1), checked before torchrun waits for
+    machines that cannot come."""
+    import re
+
+    match = re.fullmatch(r"(\d+)(?::(\d+))?", nnodes or "1")
+    low, high = (int(match.group(1)), int(match.group(2) or match.group(1))) if match else (0, 0)
+    if not 1 <= low <= high:
+        raise CpuoptError(f"--nnodes {nnodes!r} is not a machine count: give N, or MIN:MAX as torchrun takes it")
+    if node_rank is not None and not (node_rank.isdigit() and int(node_rank) < high):
+        raise CpuoptError(f"--node-rank {node_rank!r} is not a rank of {high} machine(s): give 0 to {high - 1}, "
+                          "each machine its own")
+
+
 def _launch(args) -> int:
     from cpuopt_helpers import launch, planning
 
@@ -320,6 +334,7 @@ def _launch(args) -> int:
             raise CpuoptError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
         if args.ninstances != 1:
             raise CpuoptError("--nproc-per-node and --ninstances are two ways to say the same; give one")
+        check_nodes(args.nnodes, args.node_rank)
         torchrun_args = [f"{flag}={getattr(args, flag[2:].replace('-', '_'))}" for flag, _ in TORCHRUN_FLAGS
                          if getattr(args, flag[2:].replace("-", "_")) is not None]
         plan = planning.build_torchrun_plan(config, machine, command, args.nproc_per_node, torchrun_args)
