@@ -316,7 +316,7 @@ def check_nodes(nnodes: str | None, node_rank: str | None) -> None:
     low, high = (int(match.group(1)), int(match.group(2) or match.group(1))) if match else (0, 0)
     if not 1 <= low <= high:
         raise CpuoptError(f"--nnodes {nnodes!r} is not a machine count: give N, or MIN:MAX as torchrun takes it")
-    if node_rank is not None and not (node_rank.isdigit() and int(node_rank) < high):
+    if node_rank is not None and not (node_rank.isdecimal() and int(node_rank) < high):
         raise CpuoptError(f"--node-rank {node_rank!r} is not a rank of {high} machine(s): give 0 to {high - 1}, "
                           "each machine its own")
 
@@ -377,6 +377,7 @@ def _doctor(args) -> int:
 
 def _bench(args) -> int:
     from cpuopt_helpers import launch, planning, system
+    from cpuopt_helpers.config import check_outputs
     from cpuopt_helpers.results import ResultStore
 
     config = bench_config(args)
@@ -385,12 +386,15 @@ def _bench(args) -> int:
     if args.dry_run:
         print_plan(plan, machine)
         return 0
-    store = ResultStore() if args.save else None  # a store it cannot write is said before anything runs
+    check_outputs(config)  # a log or trace it could not write, and a store it could not open, are said
+    store = ResultStore() if args.save else None  # before anything runs
     facts = system.collect_facts()
     result = launch.run_plan(plan, facts)
-    print(json.dumps(result, indent=2) if args.json else format_result(result), flush=True)  # said before saved
-    if store:
-        store.save_result(result, sweep="cli", tag="cli")
+    try:  # said before it is saved, and saved even where the output's reader has gone (| head)
+        print(json.dumps(result, indent=2) if args.json else format_result(result), flush=True)
+    finally:
+        if store:
+            store.save_result(result, sweep="cli", tag="cli")
     return 0 if result["status"] == "ok" else 1
 
 
@@ -422,6 +426,7 @@ def _compare(args) -> int:
     import shlex
 
     from cpuopt_helpers import launch, planning, system
+    from cpuopt_helpers.config import check_outputs
     from cpuopt_helpers.results import ResultStore, run_comparison
 
     if args.script is not None:  # `--script ''` is refused there, not compared as the workload
@@ -450,6 +455,7 @@ def _compare(args) -> int:
         raise CpuoptError(f"need 2 <= --min-rounds ({args.min_rounds}) <= --max-rounds ({args.max_rounds})")
     for config in configs:
         planning.build_plan(config, planning.Machine.this())  # a bad option fails before anything is measured
+        check_outputs(config)
     facts = system.collect_facts()
     result = run_comparison(configs[0], configs[1], ResultStore(), lambda c: launch.run(c, facts), tag="cli-compare",
                             machine=facts.fingerprint, min_rounds=args.min_rounds, max_rounds=args.max_rounds,
@@ -581,7 +587,8 @@ def _profile(args) -> int:
         raise CpuoptError("name a oneDNN verbose log (`cpuopt bench --onednn-verbose FILE`), or use --whole-step")
     from cpuopt_helpers.profiledn import replay
 
-    meta = replay.log_meta(args.log)
+    meta = replay.log_meta(args.log, needed=(() if args.steps else ("steps",))
+                           + (("threads", "cores") if args.project and not args.threads else ()))
     args.steps = args.steps or meta.get("steps")
     if args.project and not args.steps:
         raise CpuoptError("--project needs --steps N (how many training steps the log covers); logs captured by "
@@ -776,11 +783,9 @@ def _tune(args) -> int:
     from cpuopt_helpers import scripts, system, tune
     from cpuopt_helpers.results import ResultStore
 
-    if args.script is not None:  # `--script ''` is a mistake, not the workload
-        scripts.parse_command(args.script)
     if args.allow_instances and not args.script:
         raise CpuoptError("--allow-instances is for --script (a workload's search always includes several ranks)")
-    command = scripts.parse_command(args.script) if args.script else None
+    command = scripts.parse_command(args.script) if args.script is not None else None  # `--script ''` refused
     if args.dry_run or args.topology:
         machine = machine_for(args)  # --topology without --dry-run is refused here
         facts = tune.machine_facts(machine) if machine.source else system.collect_facts()
@@ -854,15 +859,29 @@ def _glue_option_strings(argv: list[str]) -> list[str]:
     return out
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where Ctrl-C raises KeyboardInterrupt; ``signum`` makes the exit code."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def _stop_on_termination() -> None:
     """SIGTERM and SIGHUP (``timeout``, ``kill``, a CI job cancelled, a terminal closed) stop a command
-    as Ctrl-C does: its workers, in sessions of their own, are stopped, and what it stored is kept."""
+    as Ctrl-C does: its workers, in sessions of their own, are stopped, and what it stored is kept.
+    Once: a second signal (bash passes a closed terminal's SIGHUP on) does not cut the clean-up short.
+    A signal the caller ignores stays ignored (``nohup`` keeps a run going after its terminal closes)."""
     import signal
 
-    def stop(signum, frame):
-        raise KeyboardInterrupt
+    watched = [sig for sig in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) == signal.SIG_DFL]
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    def stop(signum, frame):
+        for sig in watched:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Terminated(signum)
+
+    for sig in watched:
         signal.signal(sig, stop)
 
 
@@ -882,9 +901,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # output piped into `head`
         return 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or Terminated: 128 + the signal, as a shell reports it
         print("cpuopt: interrupted; its workers are stopped, and the runs it stored are kept", file=sys.stderr)
-        return 130
+        return 128 + getattr(exc, "signum", 2)
     except OSError as exc:  # a folder or file the command was pointed at, or one it writes into
         where = f" {exc.filename}" if exc.filename else ""
         print(f"cpuopt: error: cannot use{where}: {exc.strerror or exc}; give a path this user can read and "

@@ -310,7 +310,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("loader_workers", "--loader-workers", "feed batches through a DataLoader with N workers", int, minimum=0,
          invalid="DataLoader workers cannot be negative, got {value}", placement=True),
     Knob("launcher", "--launcher", "cpuopt | run_cpu (PyTorch's torch.backends.xeon.run_cpu with its defaults)",
-         choices=("cpuopt", "run_cpu"), placement=True, requires=lambda c: run_cpu_decides(c)),
+         choices=("cpuopt", "run_cpu"), placement=True, requires=lambda c: run_cpu_decides(c)),  # defined below
     Knob("dtype", "--dtype", "fp32 | bf16 (autocast; loss in fp32)", choices=("fp32", "bf16"), in_script=True),
     Knob("bf16_loss", "--bf16-loss", "with --dtype bf16: the loss in bf16 too (not advised)", bool,
          requires=lambda c: "--bf16-loss only applies with --dtype bf16" if c.bf16_loss and c.dtype != "bf16" else ""),
@@ -336,10 +336,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("optimizer_impl", "--optimizer-impl", "default | foreach | fused", choices=("default", "foreach", "fused"),
          name="optimizer implementation", in_script=True),
     Knob("onednn_verbose", "--onednn-verbose", "write the oneDNN verbose log of the timed steps (not the warm-up) "
-         "to FILE", metavar="FILE", placement=True,
-         requires=lambda c: unwritable(c.onednn_verbose, "--onednn-verbose")),
+         "to FILE", metavar="FILE", placement=True),
     Knob("trace", "--trace", "record the timed steps with torch.profiler: Chrome trace to FILE, operators to "
-         "FILE.ops.json", metavar="FILE", placement=True, requires=lambda c: unwritable(c.trace, "--trace")),
+         "FILE.ops.json", metavar="FILE", placement=True),
     Knob("trace_shapes", "--no-trace-shapes", "with --trace: a light trace without the operators' input shapes "
          "(times only: recording shapes slows every call)", bool, placement=True),
     Knob("timeout_s", "--timeout", "seconds before the run is stopped", float, minimum=1e-9,
@@ -367,35 +366,34 @@ def knob_env(config: RunConfig, knobs: tuple[Knob, ...] = KNOBS) -> tuple[dict, 
 
 def run_cpu_decides(config: RunConfig) -> str:
     """'' or the settings a run under run_cpu would carry in its label but not apply: run_cpu
-    chooses the library, OpenMP, pinning and the one instance itself."""
+    chooses the library, OpenMP, pinning, the cores and the one instance itself, in its own environment."""
     if config.launcher != "run_cpu":
         return ""
     default = RunConfig()
-    set_here = [f for f in ("instances", "affinity", "allocator", "omp_runtime", "kmp_blocktime")
-                if getattr(config, f) != getattr(default, f)]
+    set_here = [f for f in ("instances", "cores", "oversubscribe", "affinity", "allocator", "omp_runtime",
+                            "kmp_blocktime") if getattr(config, f) != getattr(default, f)]
+    set_here += ["env"] if any(k not in WHERE_ONLY for k, _ in config.env) else []
     return (f"--launcher run_cpu decides {', '.join(set_here)} itself (its defaults): drop "
             + " ".join(f"--{f.replace('_', '-')}" for f in set_here) + ", or measure them with --launcher cpuopt"
             if set_here else "")
 
 
-def unwritable(path: str | None, flag: str) -> str:
-    """'' or why a run could not write its log or trace at ``path``: said before it measures,
-    since the worker writes them after its timed steps. Tried by opening it for appending (a file
-    that was not there is removed again)."""
-    if not path:
-        return ""
-    target = Path(path).expanduser().absolute()
-    if target.is_dir():
-        return f"{flag} {path} is a folder: name a file in it, e.g. {flag} {target / 'run.log'}"
-    existed = target.exists()
-    try:
-        with open(target, "a"):
-            pass
-    except OSError as exc:
-        return f"{flag} {path}: cannot write it ({exc.strerror}): name a file in a folder you can write"
-    if not existed:
-        target.unlink()
-    return ""
+def check_outputs(config: RunConfig) -> None:
+    """Refuse a run that could not write its oneDNN log or trace, before it measures (the worker
+    writes them after its timed steps): the files the worker writes (``worker.log_path``: FILE, or
+    FILE.N for instance N; beside them FILE.meta.json, FILE.ops.json), checked without creating any."""
+    for path, flag in ((config.onednn_verbose, "--onednn-verbose"), (config.trace, "--trace")):
+        for name in ([path] if config.instances == 1 else [f"{path}.{i}" for i in range(config.instances)]) \
+                if path else []:
+            target = Path(os.path.abspath(name))
+            if target.is_dir():
+                raise CpuoptError(f"{flag} {path}: {target} is a folder: name a file, e.g. "
+                                  f"{flag} {target / 'run.log'}")
+            writable = (os.access(target, os.W_OK) if target.exists()
+                        else target.parent.is_dir() and os.access(target.parent, os.W_OK | os.X_OK))
+            if not writable:
+                raise CpuoptError(f"{flag} {path}: cannot write {target} (its folder is missing or not writable): "
+                                  "name a file in a folder you can write")
 
 
 def check_knobs(config: RunConfig, knobs: tuple[Knob, ...] = KNOBS) -> None:

@@ -231,11 +231,12 @@ def plan_env(config: RunConfig, machine: Machine, base_env: dict,
     env.update(dict(config.env))
     warnings = []
     wins = tuple(v for k in knobs for v, _, _ in k.env if v != "LD_PRELOAD")
+    for where, given in (("your environment", base_env), ("--env", dict(config.env))):
+        for key in THREAD_VARS:
+            if key in given and not all(n.strip().isdecimal() and int(n) > 0 for n in given[key].split(",")):
+                raise CpuoptError(f"{key}={given[key]!r} in {where} is not a thread count: unset it "
+                                  "(cpuopt sets the threads; --threads N chooses them)")
     for key in wins:
-        if key in THREAD_VARS and key in base_env and key in env and not all(
-                n.strip().isdigit() and int(n) > 0 for n in base_env[key].split(",")):
-            raise CpuoptError(f"{key}={base_env[key]!r} in your environment is not a thread count: unset it "
-                              "(cpuopt sets the threads; --threads N chooses them)")
         if key in base_env and key in env and base_env[key] != env[key]:
             warnings.append(f"{key}={base_env[key]} from your environment overrides the planned "
                             f"{env[key]}; unset it to let cpuopt choose")

@@ -8,6 +8,7 @@ hand on to the next step of the ladder.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -89,7 +90,8 @@ class ResultStore:
                 db.executescript(SCHEMA)
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except (sqlite3.Error, OSError) as exc:
-            raise CpuoptError(f"cannot open the results store {self.path} ({exc}): point CPUOPT_RESULTS (or "
+            busy = "another process has held it for a minute: wait for it, or " if "locked" in str(exc) else ""
+            raise CpuoptError(f"cannot open the results store {self.path} ({exc}): {busy}point CPUOPT_RESULTS (or "
                               "CPUOPT_BUILD) at a file in a folder this user can write") from exc
 
     def _move_aside_older_schema(self) -> Path | None:
@@ -302,35 +304,41 @@ def apart(states: list[dict]) -> list[bool | None]:
             for s, p in zip(states, probed)]
 
 
-def mixed_rounds(runs: list[dict]) -> tuple[int, int]:
-    """(mixed, compared): the rounds (runs of one sweep with the same round number: the runs whose
-    ratios are paired) with two or more probed runs, and those of them in which one run's cores were
-    apart and another's not (``apart``). Such a round's ratios carry the placement's difference as
-    well as the arms'; the alternating order of the arms spreads it over all of them."""
-    by_round: dict[tuple, list[bool]] = {}
+def mixed_pairs(runs: list[dict]) -> tuple[int, int, int]:
+    """(mixed, pairs, later apart): the pairs of runs whose ratio is paired (two arms of one round of
+    one sweep, both ok and probed on a quiet machine; where a sweep was measured again, each arm's
+    latest run), how many of them had one run's cores apart and the other's not (``apart``), and in
+    how many of those the later arm's run (in a comparison b, the change) was the one apart: about
+    half where the host moves the CPUs whichever arm runs, which is what keeps such pairs from
+    favouring one arm. Runs stored alone (bench --save, a profile) pair with nothing."""
+    by_round: dict[tuple, dict[int, bool]] = {}
     for r, flag in zip(runs, apart([r.get("machine_state") or {} for r in runs])):
-        if r.get("round") is not None and flag is not None:
-            by_round.setdefault((r.get("sweep"), r["round"]), []).append(flag)
-    compared = [set(flags) for flags in by_round.values() if len(flags) >= 2]
-    return sum(len(f) == 2 for f in compared), len(compared)
+        if r.get("status") == "ok" and flag is not None and r.get("arm") is not None:
+            by_round.setdefault((r.get("sweep"), r.get("round")), {})[r["arm"]] = flag
+    pairs = [(arms[a], arms[b]) for arms in by_round.values() for a, b in itertools.combinations(sorted(arms), 2)]
+    mixed = [later for first, later in pairs if first != later]
+    return len(mixed), len(pairs), sum(mixed)
 
 
-def apart_sentence(states: list[dict], runs: list[dict] = ()) -> str:
-    """'' or the sentence that says some runs' cores were apart (``apart``), and, where ``runs`` hold
-    paired rounds, in how many of them one run's were and the other's not (``mixed_rounds``)."""
+def apart_sentence(runs: list[dict]) -> str:
+    """'' or the sentence that says some runs' cores were apart (``apart``), and in how many pairs of
+    runs whose ratio is paired one run's were and the other's not (``mixed_pairs``)."""
+    states = [r["machine_state"] for r in runs if r.get("machine_state")]
     flags = apart(states)
     trips = [max(s["round_trip_ns"]) for s, flag in zip(states, flags) if flag]
     if not trips:
         return ""
     shortest = min(min(s["round_trip_ns"]) for s, flag in zip(states, flags) if flag is not None)
-    mixed, paired = mixed_rounds(list(runs))
+    mixed, pairs, later = mixed_pairs(runs)
     return (f" In {len(trips)} of {sum(f is not None for f in flags)} runs the round trip between two of its "
             f"CPUs (the worker's probe, before and after its timed steps) was {APART:g}x the same pair's "
             f"shortest or more (shortest {shortest:.0f} ns, up to {max(trips):.0f} ns): on a VM, most likely "
             "its host had put those CPUs apart (other core complexes or sockets), where steps can run slower "
             "(data/vcpu_placement) and paired ratios come out noisier"
-            + (f"; in {mixed} of {paired} paired rounds one run's CPUs were apart and another's not"
-               if paired else "") + ".")
+            + (f"; of {pairs} pairs of runs whose ratio is paired (two arms of one round, both probed on a quiet "
+               f"machine), {mixed} had one run apart and the other not, the later arm's run apart in {later} "
+               "(about half is expected where the host moves the CPUs whichever arm runs); a move during the "
+               "timed steps goes unseen by the probe, so these counts are lower bounds" if pairs else "") + ".")
 
 
 def loaded_sentence(results: list[dict]) -> str | None:
@@ -345,7 +353,7 @@ def loaded_sentence(results: list[dict]) -> str | None:
     states = [r["machine_state"] for r in results if r.get("machine_state")]
     if not states:
         return None
-    said_apart = apart_sentence(states, results)
+    said_apart = apart_sentence(results)
     loaded = sum(bool(s.get("loaded")) for s in states)
     steals = [s["steal_pct"] for s in states if s.get("steal_pct") is not None]
     took = f"a median {median(steals):.1f}% of a run's CPU time, at most {max(steals):.1f}%" if steals else ""

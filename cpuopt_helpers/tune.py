@@ -25,6 +25,7 @@ would run on the server.
 
 from __future__ import annotations
 
+import math
 import shlex
 import statistics
 import time
@@ -133,8 +134,8 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: Facts |
     run read as ``reading`` says (``scripts.Reading``; a failed run is never a candidate)."""
     from cpuopt_helpers import scripts, system
 
-    if budget_min <= 0:
-        raise CpuoptError(f"--budget-min must be positive, got {budget_min}")
+    if not (math.isfinite(budget_min) and budget_min > 0):
+        raise CpuoptError(f"--budget-min must be a positive number of minutes, got {budget_min}")
     facts = facts or system.collect_facts()
     if script:
         scripts.run_cpu_ready(script)

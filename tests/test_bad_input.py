@@ -9,7 +9,7 @@ from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
-from cpuopt_helpers import cli
+from cpuopt_helpers import cli, launch
 from cpuopt_helpers.results import ResultStore
 
 
@@ -18,6 +18,7 @@ def files(tmp):
     (tmp / "notalog.log").write_text("garbage\n")
     (tmp / "bad.log").write_text("onednn_verbose,v1,primitive,exec,cpu,convolution\nnot,a,log\n")
     (tmp / "theirs" / "report").mkdir(parents=True)
+    (tmp / "theirs" / "report.0").mkdir()
     (tmp / "theirs" / "report" / "notes.md").write_text("the user's own")
     (tmp / "trace.json").write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 1}]}))
     (tmp / "meta.log").write_text("garbage\n")
@@ -77,9 +78,11 @@ BAD = [  # (arguments, with {tmp} for the test's folder; words of the one line e
     (["bench", "--compile", "nosuch"], "unknown compile mode 'nosuch'"),
     (["bench", "--dtype", "fp8"], "unknown dtype 'fp8'"),
     (["bench", "--cores", "0-1"], "unrecognized arguments: --cores"),
-    (["bench", "--trace", "{tmp}/theirs"], "--trace {tmp}/theirs is a folder: name a file in it"),
-    (["bench", "--trace", "{tmp}/nosuch/t.json"], "--trace {tmp}/nosuch/t.json: cannot write it (No such file"),
-    (["bench", "--onednn-verbose", "/proc/x.log"], "--onednn-verbose /proc/x.log: cannot write it ("),
+    (["bench", "--trace", "{tmp}/theirs"], "--trace {tmp}/theirs: {tmp}/theirs is a folder: name a file"),
+    (["bench", "--trace", "{tmp}/nosuch/t.json"], "cannot write {tmp}/nosuch/t.json (its folder is missing"),
+    (["bench", "--instances", "2", "--threads", "1", "--onednn-verbose", "{tmp}/theirs/report"],
+     "{tmp}/theirs/report.0 is a folder"),  # instance N writes FILE.N
+    (["compare", "--a", "", "--b", "--trace {tmp}/nosuch/t.json"], "cannot write {tmp}/nosuch/t.json"),
     (["bench", "--timeout", "nan"], "timeout must be positive, got nan"),
 ]
 
@@ -121,6 +124,7 @@ def test_a_results_store_that_cannot_be_opened_is_one_line_and_nothing_is_moved(
     folder.mkdir()
     (folder / "notes.md").write_text("the user's own")
     monkeypatch.setenv("CPUOPT_RESULTS", str(folder) if where == "folder" else where)
+    monkeypatch.setattr(launch, "run_plan", lambda *a, **k: pytest.fail("a run started before the store was checked"))
     assert cli.main(["bench", "--steps", "1", "--warmup", "0", "--save"]) == 2  # refused before anything runs
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cpuopt: error:") and "CPUOPT_RESULTS" in lines[0], lines
@@ -138,3 +142,21 @@ def test_another_programs_database_is_moved_aside_not_read(tmp_path, caplog):
     with sqlite3.connect(store.moved_aside) as db:
         assert db.execute("SELECT * FROM results").fetchall() == [(1, 0.5)]  # kept as it was
     assert "is not a cpuopt results store" in caplog.text
+
+
+def test_bench_saves_its_result_even_where_the_output_is_gone(tmp_path, monkeypatch):
+    """`cpuopt bench --save --json | head -1`: the result is printed before it is saved, and saved
+    though printing it failed."""
+    from tests.test_results import fake_result
+    from cpuopt_helpers.config import RunConfig
+
+    monkeypatch.setenv("CPUOPT_RESULTS", str(tmp_path / "r.sqlite"))
+    monkeypatch.setattr(launch, "run_plan", lambda plan, facts: fake_result(RunConfig()))
+
+    class Gone(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError
+
+    with redirect_stdout(Gone()):
+        assert cli.main(["bench", "--steps", "1", "--warmup", "0", "--save", "--json"]) == 0
+    assert [r["status"] for r in ResultStore(tmp_path / "r.sqlite").results()] == ["ok"]

@@ -131,7 +131,7 @@ def test_make_tests_low_priority_half_runs_in_a_session_at_nice_19_and_keeps_its
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
 def test_termination_stops_the_instances_as_ctrl_c_does(sig, tmp_path):
     """`timeout`, `kill`, a cancelled CI job: the instances run in sessions of their own, so only
-    cpuopt can stop them, and it does."""
+    cpuopt can stop them, and it does (under `nohup` a SIGHUP stays ignored: the next test)."""
     import signal
     import time
 
@@ -145,7 +145,7 @@ def test_termination_stops_the_instances_as_ctrl_c_does(sig, tmp_path):
     assert marker.exists(), "the instance never started"
     proc.send_signal(getattr(signal, sig))
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130 and "interrupted; its workers are stopped" in err, err
+    assert proc.returncode == 128 + getattr(signal, sig) and "interrupted; its workers are stopped" in err, err
     time.sleep(0.5)
     left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(marker).encode() in _cmdline(p)]
     assert not left, "an instance outlived cpuopt"
@@ -156,3 +156,21 @@ def _cmdline(proc_dir: Path) -> bytes:
         return (proc_dir / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+@pytest.mark.slow
+def test_under_nohup_a_closed_terminal_does_not_stop_the_run(tmp_path):
+    import signal
+    import time
+
+    marker = tmp_path / "alive"
+    script = f"import pathlib, time\npathlib.Path({str(marker)!r}).write_text('x')\ntime.sleep(2)"
+    proc = subprocess.Popen(["nohup", sys.executable, "-m", "cpuopt_helpers", "launch", "--log-dir", str(tmp_path),
+                             "--", sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path)
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "interrupted" not in err, err

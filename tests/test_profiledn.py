@@ -558,3 +558,18 @@ def test_a_time_of_nan_or_inf_is_a_malformed_line_not_a_time():
     p = profiledn.parse_log([line + t for t in ("nan", "0.5", "inf", "nan", "-inf", "0.25")])
     assert p.counts["exec"] == 2 and p.counts["malformed"] == 4
     assert p.exec.time_ms.sum() == pytest.approx(0.75)
+
+
+def test_the_record_beside_a_log_is_read_for_what_was_not_given_and_never_guessed_at(tmp_path):
+    log = tmp_path / "a.log"
+    meta = tmp_path / "a.log.meta.json"
+    assert replay.log_meta(str(log), ("steps",)) == {}  # no record: the caller asks for --steps
+    meta.write_text(json.dumps({"steps": 3, "threads": 0, "cores": [0, 1], "workload": "cnn"}))
+    assert replay.log_meta(str(log), ("steps",)) == {"steps": 3, "cores": [0, 1], "workload": "cnn"}
+    with pytest.raises(CpuoptError, match=r"a.log.meta.json is not what .* \(its threads\): give --threads yourself"):
+        replay.log_meta(str(log), ("steps", "threads", "cores"))
+    for junk in ("[1]", "null", "{not json"):
+        meta.write_text(junk)
+        assert replay.log_meta(str(log)) == {}  # nothing needed from it: a breakdown goes on
+        with pytest.raises(CpuoptError, match=r"\(its steps\): give --steps yourself"):
+            replay.log_meta(str(log), ("steps",))

@@ -70,28 +70,39 @@ def test_runs_whose_cores_the_host_moved_apart_are_said():
     assert busy.startswith("The machine was busy") and "round trip" not in busy
 
 
-def test_paired_rounds_whose_two_runs_sat_apart_and_together_are_counted():
-    from cpuopt_helpers.results import apart, loaded_sentence, mixed_rounds
+def test_pairs_of_runs_whose_two_runs_sat_apart_and_together_are_counted_from_the_store(tmp_path):
+    from cpuopt_helpers.results import apart, loaded_sentence, mixed_pairs
 
-    def run(sweep, round_, arm, trips):
-        return {"sweep": sweep, "round": round_, "arm": arm,
-                "machine_state": {"loaded": False, "steal_pct": 0.0, "round_trip_ns": trips, "round_trip_cpus": [0, 1]}}
-
+    store = ResultStore(tmp_path / "r.sqlite")
     near, far = [230.0, 250.0], [240.0, 470.0]
-    runs = [run("s", 0, 0, near), run("s", 0, 1, far),  # mixed
-            run("s", 1, 0, far), run("s", 1, 1, far),  # both apart
-            run("s", 2, 0, near), run("s", 2, 1, near),  # both together
-            run("s", 3, 0, far), run("s", 3, 1, None),  # one arm unprobed: no pair to count
-            run("t", 0, 1, near)]  # another sweep's lone arm: no round
-    assert apart([r["machine_state"] for r in runs[:4]]) == [False, True, True, True]
+
+    def save(sweep, round_, arm, trips, status="ok"):
+        state = {"loaded": False, "steal_pct": 0.0, "round_trip_ns": trips, "round_trip_cpus": [0, 1]}
+        store.save_result(dict(fake_result(RunConfig(threads=arm + 1), status), machine_state=state),
+                          sweep=sweep, arm=arm, round=round_)
+
+    for arm, trips in ((0, near), (1, far)):  # round 0 measured, then measured again: its latest runs pair
+        save("ab", 0, arm, trips)
+    save("ab", 0, 0, far)  # now both apart
+    save("ab", 1, 0, far), save("ab", 1, 1, near)  # mixed: the earlier arm apart
+    save("ab", 2, 0, near), save("ab", 2, 1, far)  # mixed: the later arm apart
+    save("ab", 3, 0, near), save("ab", 3, 1, None)  # one run unprobed: no pair
+    save("ab", 4, 0, near), save("ab", 4, 1, far, status="failed")  # a failed run pairs with nothing
+    save("cli", 0, 0, near), save("cli", 0, 0, far)  # bench --save: alone, whatever was stored before
+    save("", 0, 0, far)  # a profile's run
+    save("abc", 0, 0, near), save("abc", 0, 1, near), save("abc", 0, 2, far)  # three arms: three pairs
+    runs = store.results()
+    assert apart([r["machine_state"] for r in runs[:2]]) == [False, True]
     assert apart([{"round_trip_ns": far, "loaded": True, "round_trip_cpus": [0, 1]}]) == [None]
-    assert mixed_rounds(runs) == (1, 3)
+    assert mixed_pairs(runs) == (4, 6, 3)  # ab: rounds 0-2; abc: 0-1 together, 0-2 and 1-2 mixed
     said = loaded_sentence(runs)
-    assert said.endswith("paired ratios come out noisier; in 1 of 3 paired rounds one run's CPUs were apart "
-                         "and another's not.")
-    three_arms = [run("u", 0, 0, near), run("u", 0, 1, near), run("u", 0, 2, far)]  # a sweep of three arms
-    assert mixed_rounds(three_arms) == (1, 1) and mixed_rounds(three_arms[:2]) == (0, 1)
-    assert "paired rounds" not in loaded_sentence([dict(r, round=None) for r in runs])  # single runs: no rounds
+    assert said.endswith("paired ratios come out noisier; of 6 pairs of runs whose ratio is paired (two arms of "
+                         "one round, both probed on a quiet machine), 4 had one run apart and the other not, the "
+                         "later arm's run apart in 3 (about half is expected where the host moves the CPUs "
+                         "whichever arm runs); a move during the timed steps goes unseen by the probe, so these "
+                         "counts are lower bounds.")
+    alone = [r for r in runs if r["sweep"] in ("cli", "")]
+    assert mixed_pairs(alone) == (0, 0, 0) and "pairs of runs" not in loaded_sentence(alone)
 
 
 def test_facts_replace_older_values(tmp_path):

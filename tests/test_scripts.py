@@ -235,6 +235,30 @@ def test_script_runs_are_stored_and_read_back_like_worker_runs(tmp_path):
         "min": 50.0, "max": 50.0}
 
 
+def test_a_searchs_runs_are_stored_as_they_end_so_an_interrupted_search_keeps_them(tmp_path):
+    from cpuopt_helpers.config import RunConfig
+    from cpuopt_helpers.results import ResultStore
+    from tests.test_results import fake_result
+
+    store = ResultStore(tmp_path / "r.sqlite")
+    seen = []
+
+    def run(config):
+        if len(seen) == 2:
+            raise KeyboardInterrupt  # Ctrl-C during the third run
+        seen.append(config)
+        return fake_result(config)
+
+    stored = scripts.storing(run, store, "cli-tune-cnn", "cli-tune")
+    with pytest.raises(KeyboardInterrupt):
+        for threads in (1, 2, 1):
+            stored(RunConfig(threads=threads))
+    rows = store.results()
+    assert [(r["tag"], r["arm"], r["round"], r["config"]["threads"]) for r in rows] == [
+        ("cli-tune", 0, 0, 1), ("cli-tune", 0, 1, 2)]  # one sweep, a round each: no pair
+    assert rows[0]["sweep"] == rows[1]["sweep"] and rows[0]["sweep"].startswith("cli-tune-cnn-")
+
+
 def script_writing_a_file(tmp_path):
     """A script that refuses to run where another copy already wrote its output (a checkpoint)."""
     path = tmp_path / "writes_a_file.py"

@@ -212,9 +212,11 @@ def projection(prims: pd.DataFrame, replays: list[dict], steps: int, step_ms: fl
     }
 
 
-def log_meta(log: str) -> dict:
-    """What `cpuopt bench --onednn-verbose` recorded beside the log: steps, threads, cores ({} where
-    there is no such file). A file that holds something else is said in one line, never guessed at."""
+def log_meta(log: str, needed: tuple[str, ...] = ()) -> dict:
+    """What `cpuopt bench --onednn-verbose` recorded beside the log, its well-formed fields only: steps,
+    threads (positive integers), cores (CPU numbers); {} where there is no such file. A field in
+    ``needed`` (what the caller was not given otherwise) that the file holds in another form, or a
+    file that is no such record, is said in one line, never guessed at."""
     try:
         with open(f"{log}.meta.json") as f:
             meta = json.load(f)
@@ -222,16 +224,16 @@ def log_meta(log: str) -> dict:
         return {}
     except ValueError:
         meta = None
-
-    def count(key):
-        return isinstance(meta.get(key), int) and not isinstance(meta.get(key), bool) and meta[key] > 0
-    cores = meta.get("cores") if isinstance(meta, dict) else None
-    if not (isinstance(meta, dict) and all(count(k) for k in ("steps", "threads") if k in meta)
-            and (cores is None or isinstance(cores, list) and all(isinstance(c, int) and c >= 0 for c in cores))):
-        raise CpuoptError(f"{log}.meta.json is not what `cpuopt bench --onednn-verbose` writes beside a log (steps and "
-                          "threads positive integers, cores a list of CPU numbers): remove it, or capture the log "
-                          "again, and give --steps (and --threads) yourself")
-    return meta
+    meta = meta if isinstance(meta, dict) else {key: None for key in needed}
+    checks = {"steps": lambda v: type(v) is int and v > 0, "threads": lambda v: type(v) is int and v > 0,
+              "cores": lambda v: isinstance(v, list) and all(type(c) is int and c >= 0 for c in v)}
+    good = {k: v for k, v in meta.items() if k not in checks or checks[k](v)}
+    bad = [k for k in needed if k in meta and k not in good]
+    if bad:
+        flags = " and ".join(f"--{k}" for k in bad if k != "cores") or "--threads"
+        raise CpuoptError(f"{log}.meta.json is not what `cpuopt bench --onednn-verbose` writes beside a log (its "
+                          f"{', '.join(bad)}): give {flags} yourself, or remove it and capture the log again")
+    return good
 
 
 def replay_log(log: str, threads: int, cores: list[int] | None = None, repeats: int = 10,
