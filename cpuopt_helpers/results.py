@@ -8,7 +8,6 @@ hand on to the next step of the ladder.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
 import os
@@ -305,18 +304,19 @@ def apart(states: list[dict]) -> list[bool | None]:
 
 
 def mixed_pairs(runs: list[dict]) -> tuple[int, int, int]:
-    """(mixed, pairs, later apart): the pairs of runs whose ratio is paired (two arms of one round of
-    one sweep, both ok and probed on a quiet machine; where a sweep was measured again, each arm's
-    latest run), how many of them had one run's cores apart and the other's not (``apart``), and in
-    how many of those the later arm's run (in a comparison b, the change) was the one apart: about
-    half where the host moves the CPUs whichever arm runs, which is what keeps such pairs from
-    favouring one arm. Runs stored alone (bench --save, a profile) pair with nothing."""
+    """(mixed, pairs, arm apart): the pairs of runs whose ratio is paired (an arm and the sweep's
+    first arm, its baseline, in one round of one sweep: in a comparison b and a; both ok and probed
+    on a quiet machine; where a sweep was measured again, each arm's latest run), how many of them
+    had one run's cores apart and the other's not (``apart``), and in how many of those the arm's
+    run, not the baseline's, was the one apart: either is as likely where the host moves the CPUs
+    whichever arm runs, which is what keeps such pairs from favouring one arm. Runs stored alone
+    (bench --save, a profile) pair with nothing."""
     by_round: dict[tuple, dict[int, bool]] = {}
     for r, flag in zip(runs, apart([r.get("machine_state") or {} for r in runs])):
         if r.get("status") == "ok" and flag is not None and r.get("arm") is not None:
             by_round.setdefault((r.get("sweep"), r.get("round")), {})[r["arm"]] = flag
-    pairs = [(arms[a], arms[b]) for arms in by_round.values() for a, b in itertools.combinations(sorted(arms), 2)]
-    mixed = [later for first, later in pairs if first != later]
+    pairs = [(arms[0], flag) for arms in by_round.values() if 0 in arms for arm, flag in arms.items() if arm]
+    mixed = [flag for base, flag in pairs if base != flag]
     return len(mixed), len(pairs), sum(mixed)
 
 
@@ -329,16 +329,17 @@ def apart_sentence(runs: list[dict]) -> str:
     if not trips:
         return ""
     shortest = min(min(s["round_trip_ns"]) for s, flag in zip(states, flags) if flag is not None)
-    mixed, pairs, later = mixed_pairs(runs)
+    mixed, pairs, arm_apart = mixed_pairs(runs)
     return (f" In {len(trips)} of {sum(f is not None for f in flags)} runs the round trip between two of its "
             f"CPUs (the worker's probe, before and after its timed steps) was {APART:g}x the same pair's "
             f"shortest or more (shortest {shortest:.0f} ns, up to {max(trips):.0f} ns): on a VM, most likely "
             "its host had put those CPUs apart (other core complexes or sockets), where steps can run slower "
             "(data/vcpu_placement) and paired ratios come out noisier"
-            + (f"; of {pairs} pairs of runs whose ratio is paired (two arms of one round, both probed on a quiet "
-               f"machine), {mixed} had one run apart and the other not, the later arm's run apart in {later} "
-               "(about half is expected where the host moves the CPUs whichever arm runs); a move during the "
-               "timed steps goes unseen by the probe, so these counts are lower bounds" if pairs else "") + ".")
+            + (f"; of {pairs} pairs of runs whose ratio is paired (an arm and its baseline in one round, both "
+               f"probed on a quiet machine), {mixed} had one run apart and the other not, the arm's run in {arm_apart} "
+               "of them and the baseline's in the rest (where the host moves the CPUs whichever arm runs, either is "
+               "as likely); a move during the timed steps goes unseen by the probe, so these counts are lower "
+               "bounds" if pairs else "") + ".")
 
 
 def loaded_sentence(results: list[dict]) -> str | None:
