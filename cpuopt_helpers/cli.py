@@ -403,6 +403,10 @@ def _ladder(args) -> int:
     from cpuopt_helpers.config import RunConfig
     from cpuopt_helpers.results import ResultStore
 
+    from cpuopt_helpers.config import PRESETS
+
+    if args.preset not in PRESETS:
+        raise CpuoptError(f"unknown preset {args.preset!r}; use one of {', '.join(PRESETS)}")
     store, facts = ResultStore(), system.collect_facts()
     machine = facts.fingerprint
     names = ladder.workloads(store, machine, args.preset, args.workload)
@@ -453,9 +457,12 @@ def _compare(args) -> int:
         configs.append(bench_config(bench_args))
     if not 2 <= args.min_rounds <= args.max_rounds:
         raise CpuoptError(f"need 2 <= --min-rounds ({args.min_rounds}) <= --max-rounds ({args.max_rounds})")
-    for config in configs:
-        planning.build_plan(config, planning.Machine.this())  # a bad option fails before anything is measured
-        check_outputs(config)
+    for name, options, config in zip(("--a", "--b"), (args.a, args.b), configs):
+        try:  # a bad option fails before anything is measured, naming its arm
+            planning.build_plan(config, planning.Machine.this())
+            check_outputs(config)
+        except CpuoptError as exc:
+            raise CpuoptError(f"{name} {options!r}: {exc}") from None
     facts = system.collect_facts()
     result = run_comparison(configs[0], configs[1], ResultStore(), lambda c: launch.run(c, facts), tag="cli-compare",
                             machine=facts.fingerprint, min_rounds=args.min_rounds, max_rounds=args.max_rounds,

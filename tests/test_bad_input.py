@@ -59,6 +59,8 @@ BAD = [  # (arguments, with {tmp} for the test's folder; words of the one line e
     (["compare", "--min-rounds", "1"], "the following arguments are required: --a, --b"),
     (["compare", "--a", "--workload cnn", "--b", ""], "give --workload and --preset once"),
     (["compare", "--a", "--threads 0", "--b", ""], "threads must be at least 1"),
+    (["compare", "--a", "", "--b", "--threads 4096"], "--b '--threads 4096': --threads 4096 is more than"),
+    (["ladder", "--preset", "bogus"], "unknown preset 'bogus'"),
     (["compare", "--a", "'unbalanced", "--b", ""], "No closing quotation"),
     (["compare", "--a", "", "--b", "", "--min-rounds", "9", "--max-rounds", "5"], "need 2 <= --min-rounds"),
     (["compare", "--script", "python3 x.py", "--metric", "(", "--a", "", "--b", "--allocator tcmalloc"],
@@ -82,7 +84,7 @@ BAD = [  # (arguments, with {tmp} for the test's folder; words of the one line e
     (["bench", "--trace", "{tmp}/nosuch/t.json"], "cannot write {tmp}/nosuch/t.json (its folder is missing"),
     (["bench", "--instances", "2", "--threads", "1", "--onednn-verbose", "{tmp}/theirs/report"],
      "{tmp}/theirs/report.0 is a folder"),  # instance N writes FILE.N
-    (["compare", "--a", "", "--b", "--trace {tmp}/nosuch/t.json"], "cannot write {tmp}/nosuch/t.json"),
+    (["compare", "--a", "", "--b", "--trace {tmp}/nosuch/t.json"], "--b '--trace {tmp}/nosuch/t.json': --trace"),
     (["bench", "--timeout", "nan"], "timeout must be positive, got nan"),
 ]
 
