@@ -138,7 +138,8 @@ def test_termination_stops_the_instances_as_ctrl_c_does(sig, tmp_path):
     marker = tmp_path / "alive"
     script = f"import pathlib, time\npathlib.Path({str(marker)!r}).write_text('x')\ntime.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-m", "cpuopt_helpers", "launch", "--log-dir", str(tmp_path), "--",
-                             sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_signals)  # as from a terminal, though these tests run under nohup
     deadline = time.monotonic() + 60
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -174,3 +175,10 @@ def test_under_nohup_a_closed_terminal_does_not_stop_the_run(tmp_path):
     proc.send_signal(signal.SIGHUP)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and "interrupted" not in err, err
+
+
+def _default_signals() -> None:
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)

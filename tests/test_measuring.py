@@ -465,7 +465,10 @@ def test_the_probe_and_the_logs_cores_are_the_instances_where_intel_openmp_pinne
 def test_busy_processes_beside_a_run_load_it_though_the_load_average_lags():
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
     try:  # one busy process a CPU, started together with the run: the 1-minute load average has not seen them yet
-        r = launch.run_plan(planning.build_plan(RunConfig.for_preset("cnn", "quick", steps=3), planning.Machine.this()))
+        deadline = time.monotonic() + 60  # but running before the run is (a loaded machine, make test's, starts
+        while time.monotonic() < deadline and min(map(_cpu_s, hogs)) < 0.2:  # them slowly)
+            time.sleep(0.05)
+        r = launch.run_plan(planning.build_plan(RunConfig.for_preset("cnn", "quick", steps=10), planning.Machine.this()))
     finally:
         for hog in hogs:
             hog.kill()
@@ -480,3 +483,12 @@ def test_a_failing_worker_leaves_the_moment_it_failed_for_the_launcher(monkeypat
     before = time.time()
     worker.note_failure()
     assert before <= float((tmp_path / "1.failed").read_text()) <= time.time()
+
+
+def _cpu_s(proc: subprocess.Popen) -> float:
+    """A child's CPU seconds so far (user and system, from /proc)."""
+    try:
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
