@@ -383,8 +383,9 @@ def check_outputs(config: RunConfig) -> None:
     writes them after its timed steps): the files the worker writes (``worker.log_path``: FILE, or
     FILE.N for instance N; beside them FILE.meta.json, FILE.ops.json), checked without creating any."""
     for path, flag in ((config.onednn_verbose, "--onednn-verbose"), (config.trace, "--trace")):
-        for name in ([path] if config.instances == 1 else [f"{path}.{i}" for i in range(config.instances)]) \
-                if path else []:
+        if not path:
+            continue
+        for name in [path] if config.instances == 1 else [f"{path}.{i}" for i in range(config.instances)]:
             target = Path(os.path.abspath(name))
             if target.is_dir():
                 raise CpuoptError(f"{flag} {path}: {target} is a folder: name a file, e.g. "
@@ -404,7 +405,7 @@ def check_knobs(config: RunConfig, knobs: tuple[Knob, ...] = KNOBS) -> None:
             continue
         if knob.choices and value not in knob.choices:
             raise CpuoptError(f"unknown {knob.name or knob.field} {value!r}; use one of {', '.join(knob.choices)}")
-        if knob.minimum is not None and not value >= knob.minimum:  # not-above: a NaN is refused too
+        if knob.minimum is not None and not value >= knob.minimum:  # below it, or a NaN
             raise CpuoptError(knob.invalid.format(value=value))
     for knob in knobs:
         why = knob.requires(config) if knob.requires else ""
