@@ -816,7 +816,8 @@ def _tune(args) -> int:
     ladder = store.get_fact(facts.fingerprint, f"ladder/{args.workload}/{args.preset}", [])
     runner = scripts.storing(lambda config: launch.run(config, facts), store, f"cli-tune-{args.workload}",
                              "cli-tune")
-    result = tune.tune(args.workload, args.budget_min, args.preset, facts, ladder, runner=runner, progress=not args.json)
+    result = tune.tune(args.workload, args.budget_min, args.preset, facts, ladder, runner=runner,
+                       progress=not args.json)
     print(json.dumps(result, indent=2) if args.json else tune.format_tune(result))
     return 0
 

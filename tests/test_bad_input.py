@@ -130,7 +130,8 @@ def test_a_results_store_that_cannot_be_opened_is_one_line_and_nothing_is_moved(
     assert cli.main(["bench", "--steps", "1", "--warmup", "0", "--save"]) == 2  # refused before anything runs
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cpuopt: error:") and "CPUOPT_RESULTS" in lines[0], lines
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"] and (folder / "notes.md").read_text() == "the user's own"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+    assert (folder / "notes.md").read_text() == "the user's own"
 
 
 def test_another_programs_database_is_moved_aside_not_read(tmp_path, caplog):

@@ -468,7 +468,8 @@ def test_busy_processes_beside_a_run_load_it_though_the_load_average_lags():
         deadline = time.monotonic() + 60  # but running before the run is (a loaded machine, make test's, starts
         while time.monotonic() < deadline and min(map(_cpu_s, hogs)) < 0.2:  # them slowly)
             time.sleep(0.05)
-        r = launch.run_plan(planning.build_plan(RunConfig.for_preset("cnn", "quick", steps=10), planning.Machine.this()))
+        config = RunConfig.for_preset("cnn", "quick", steps=10)
+        r = launch.run_plan(planning.build_plan(config, planning.Machine.this()))
     finally:
         for hog in hogs:
             hog.kill()
