@@ -321,26 +321,22 @@ def check_nodes(nnodes: str | None, node_rank: str | None) -> None:
                           "each machine its own")
 
 
-def _launch(args) -> int:
-    from cpuopt_helpers import launch, planning
+def in_launch_words(exc: CpuoptError, ranks: bool) -> CpuoptError:
+    """A layout error (``config.check_layout`` speaks bench's --instances and --threads) in the
+    words of `cpuopt launch`: --ninstances (--nproc-per-node for ranks) and --ncores-per-instance."""
+    import re
 
-    command = args.program[1:] if args.program[:1] == ["--"] else args.program
-    if not command:
-        raise CpuoptError("no command given; write it after --, e.g. cpuopt launch --allocator jemalloc -- python train.py")
-    machine = machine_for(args)
-    config = launch_config(args)
-    if args.nproc_per_node is not None:
-        if args.nproc_per_node <= 0:
-            raise CpuoptError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
-        if args.ninstances != 1:
-            raise CpuoptError("--nproc-per-node and --ninstances are two ways to say the same; give one")
-        check_nodes(args.nnodes, args.node_rank)
-        torchrun_args = [f"{flag}={getattr(args, flag[2:].replace('-', '_'))}" for flag, _ in TORCHRUN_FLAGS
-                         if getattr(args, flag[2:].replace("-", "_")) is not None]
-        plan = planning.build_torchrun_plan(config, machine, command, args.nproc_per_node, torchrun_args)
-    else:
-        plan = planning.build_plan(config, machine, command=planning.absolute_paths(command) if args.instance_dirs
-                                   else command)
+    words = {"instances": "--nproc-per-node" if ranks else "--ninstances", "threads": "--ncores-per-instance"}
+    return CpuoptError(re.sub(r"--(instances|threads)\b", lambda m: words[m.group(1)], str(exc)))
+
+
+def _launch(args) -> int:
+    from cpuopt_helpers import launch
+
+    try:
+        plan, machine = launch_plan(args)
+    except CpuoptError as exc:
+        raise in_launch_words(exc, args.nproc_per_node is not None) from None
     if args.dry_run:
         print_plan(plan, machine)
         return 0
@@ -358,6 +354,30 @@ def _launch(args) -> int:
         return 1
     return 0
 
+
+def launch_plan(args):
+    """`cpuopt launch`'s plan (its instances or local ranks) and the machine it is for."""
+    from cpuopt_helpers import planning
+
+    command = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not command:
+        raise CpuoptError("no command given; write it after --, e.g. "
+                          "cpuopt launch --allocator jemalloc -- python train.py")
+    machine = machine_for(args)
+    config = launch_config(args)
+    if args.nproc_per_node is not None:
+        if args.nproc_per_node <= 0:
+            raise CpuoptError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
+        if args.ninstances != 1:
+            raise CpuoptError("--nproc-per-node and --ninstances are two ways to say the same; give one")
+        check_nodes(args.nnodes, args.node_rank)
+        torchrun_args = [f"{flag}={getattr(args, flag[2:].replace('-', '_'))}" for flag, _ in TORCHRUN_FLAGS
+                         if getattr(args, flag[2:].replace("-", "_")) is not None]
+        plan = planning.build_torchrun_plan(config, machine, command, args.nproc_per_node, torchrun_args)
+    else:
+        plan = planning.build_plan(config, machine, command=planning.absolute_paths(command) if args.instance_dirs
+                                   else command)
+    return plan, machine
 
 def _doctor(args) -> int:
     from cpuopt_helpers import peak, runtimes, system
@@ -390,11 +410,15 @@ def _bench(args) -> int:
     store = ResultStore() if args.save else None  # before anything runs
     facts = system.collect_facts()
     result = launch.run_plan(plan, facts)
+    refused = launch.refusal(result["reason"])  # the worker refused its input: one line, exit 2
     try:  # said before it is saved, and saved even where the output's reader has gone (| head)
-        print(json.dumps(result, indent=2) if args.json else format_result(result), flush=True)
+        if args.json or not refused:
+            print(json.dumps(result, indent=2) if args.json else format_result(result), flush=True)
     finally:
         if store:
             store.save_result(result, sweep="cli", tag="cli")
+    if refused:
+        raise CpuoptError(refused)
     return 0 if result["status"] == "ok" else 1
 
 
@@ -464,11 +488,23 @@ def _compare(args) -> int:
         except CpuoptError as exc:
             raise CpuoptError(f"{name} {options!r}: {exc}") from None
     facts = system.collect_facts()
-    result = run_comparison(configs[0], configs[1], ResultStore(), lambda c: launch.run(c, facts), tag="cli-compare",
-                            machine=facts.fingerprint, min_rounds=args.min_rounds, max_rounds=args.max_rounds,
-                            budget_s=args.budget_min * 60 if args.budget_min else None, resume=False,
-                            progress=not args.json, say=rounds_to_stderr(args.json))
-    return report_comparison(result, f"{configs[1].label()} over {configs[0].label()}", args.json)
+    return compared(lambda: run_comparison(
+        configs[0], configs[1], ResultStore(), lambda c: launch.run(c, facts), tag="cli-compare",
+        machine=facts.fingerprint, min_rounds=args.min_rounds, max_rounds=args.max_rounds,
+        budget_s=args.budget_min * 60 if args.budget_min else None, resume=False, progress=not args.json,
+        say=rounds_to_stderr(args.json)), f"{configs[1].label()} over {configs[0].label()}", args.json)
+
+
+def compared(comparison, title: str, as_json: bool, **extra) -> int:
+    """Run ``comparison()`` (``results.run_comparison``) and report it; interrupted (Ctrl-C, SIGTERM),
+    report the rounds it completed, then let the interruption end the command."""
+    try:
+        result = comparison()
+    except KeyboardInterrupt as exc:
+        if getattr(exc, "partial", None):
+            report_comparison(dict(exc.partial, **extra), title, as_json, interrupted=True)
+        raise
+    return report_comparison(dict(result, **extra), title, as_json)
 
 
 def _readme(args) -> int:
@@ -501,19 +537,26 @@ def rounds_to_stderr(as_json: bool):
     return (lambda line: print(line, file=sys.stderr, flush=True)) if as_json else None
 
 
-def report_comparison(result: dict, title: str, as_json: bool) -> int:
-    """A comparison as JSON or in words (ratio, interval, verdict, rounds, failed runs); exit 1 without a round."""
-    from cpuopt_helpers import compare
+def report_comparison(result: dict, title: str, as_json: bool, interrupted: bool = False) -> int:
+    """A comparison as JSON or in words (ratio, interval, verdict, rounds, failed runs); exit 1 without a
+    round, 2 where a worker refused its input. ``interrupted``: the rounds before a Ctrl-C, said as such."""
+    from cpuopt_helpers import compare, launch
 
     if as_json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2), flush=True)
     else:
-        print(f"b over a ({title}): {compare.describe(result)}")
+        cut = (" (interrupted: the rounds completed so far, at that look; the design planned more)"
+               if interrupted else "")
+        print(f"b over a ({title}){cut}: {compare.describe(result)}", flush=True)
         print(f"  rounds: {result['n']} with a result, order {' '.join(result['order'])}, stopped: {result['stopped']}")
-        for reason in result["failures"][:3]:
-            print(f"  failed run: {' | '.join(reason.splitlines()[:2]) if reason else ''}")
+        said = [launch.refusal(reason) or " | ".join((reason or "").splitlines()[:2]) for reason in result["failures"]]
+        for line in list(dict.fromkeys(said))[:3]:  # each failure once: a refused input fails every run alike
+            print(f"  failed run: {line}")
         if result.get("machine_sentence"):
             print(f"  machine: {result['machine_sentence']}")
+    refused = [r for r in map(launch.refusal, result["failures"]) if r] if not (result["n"] or interrupted) else []
+    if refused:  # no round, for a reason the user can fix: one line, exit 2
+        raise CpuoptError(refused[0])
     return 0 if result["n"] else 1
 
 
@@ -530,12 +573,12 @@ def _compare_script(args) -> int:
     for config in (a, b):
         planning.build_plan(config, machine, command=command)  # bad options fail before anything runs
     facts = system.collect_facts()
-    result = run_comparison(a, b, ResultStore(), lambda c: scripts.run_script(c, command, reading, facts),
-                            tag="cli-compare-script", machine=facts.fingerprint, min_rounds=args.min_rounds,
-                            max_rounds=args.max_rounds, budget_s=args.budget_min * 60 if args.budget_min else None,
-                            resume=False, progress=not args.json, say=rounds_to_stderr(args.json))
-    return report_comparison(dict(result, script=args.script), f"{scripts.label(b)} over {scripts.label(a)}, "
-                             f"{args.script}", args.json)
+    return compared(lambda: run_comparison(
+        a, b, ResultStore(), lambda c: scripts.run_script(c, command, reading, facts), tag="cli-compare-script",
+        machine=facts.fingerprint, min_rounds=args.min_rounds, max_rounds=args.max_rounds,
+        budget_s=args.budget_min * 60 if args.budget_min else None, resume=False, progress=not args.json,
+        say=rounds_to_stderr(args.json)), f"{scripts.label(b)} over {scripts.label(a)}, {args.script}", args.json,
+        script=args.script)
 
 
 def parse_pairs(items: list[str], flag: str = "--env") -> tuple[tuple[str, str], ...]:
@@ -813,7 +856,7 @@ def _tune(args) -> int:
 
     facts = system.collect_facts()
     store = ResultStore()
-    ladder = store.get_fact(facts.fingerprint, f"ladder/{args.workload}/{args.preset}", [])
+    ladder = store.ladder(facts.fingerprint, args.workload, args.preset)
     runner = scripts.storing(lambda config: launch.run(config, facts), store, f"cli-tune-{args.workload}",
                              "cli-tune")
     result = tune.tune(args.workload, args.budget_min, args.preset, facts, ladder, runner=runner,

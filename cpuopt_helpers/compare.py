@@ -263,6 +263,18 @@ def run_adaptive(measure: Callable[[str, int], float | None], done: Sequence[tup
     """
     rounds = [tuple(r) for r in done]
     order = [round_order(i, seed) for i in range(len(rounds))]
+    try:
+        stopped = _adapt(measure, rounds, order, min_rounds, max_rounds, budget_s, confidence, margin, seed, clock,
+                         on_round, reserved)
+    except KeyboardInterrupt as exc:  # Ctrl-C or a signal: the rounds complete so far, at this look, go with it
+        exc.partial = _verdict(rounds, order, min_rounds, max_rounds, confidence, margin, "interrupted")
+        raise
+    return _verdict(rounds, order, min_rounds, max_rounds, confidence, margin, stopped)
+
+
+def _adapt(measure, rounds: list, order: list, min_rounds: int, max_rounds: int, budget_s: float | None,
+           confidence: float, margin: float, seed: int, clock, on_round, reserved: bool) -> str:
+    """``run_adaptive``'s loop: measures rounds into ``rounds`` and ``order`` until it stops; why it stopped."""
     start, spent = clock(), []
     stopped = "max_rounds"
     while True:
@@ -290,6 +302,14 @@ def run_adaptive(measure: Callable[[str, int], float | None], done: Sequence[tup
         spent.append(clock() - t0)
         if on_round:
             on_round(i, rounds[-1])
+    return stopped
+
+
+def _verdict(rounds: list, order: list, min_rounds: int, max_rounds: int, confidence: float, margin: float,
+             stopped: str) -> dict:
+    """The comparison at its last look: ``sequential_ratio``'s dict, the rounds, their order and why it stopped."""
+    result = sequential_ratio([r[0] for r in rounds], [r[1] for r in rounds], min_rounds, max_rounds,
+                              confidence, margin)
     logs = log_ratios([r[0] for r in rounds], [r[1] for r in rounds])
     if result["verdict"] == "too few rounds" and len(logs) >= 3:  # the noise it saw: what min_rounds would detect
         mean = sum(logs) / len(logs)

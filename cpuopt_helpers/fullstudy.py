@@ -77,7 +77,7 @@ def arms(session, classes: int = CLASSES, preset: str = "full") -> tuple[RunConf
     """PyTorch's defaults at the preset, the top, and where the top comes from (words)."""
     _, base = climb.start(preset, classes, STEPS, session.facts.physical_cores)
     base = base.replace(timeout_s=TIMEOUT_S)
-    ladder = session.store.get_fact(session.machine, "ladder/retinanet/standard", [])
+    ladder = session.store.ladder(session.machine, "retinanet", "standard")
     if len(ladder) > 1:
         stored = RunConfig.from_dict(ladder[-1]["config"])
         top = same_model(stored.replace(preset=preset, steps=STEPS, warmup=WARMUP, timeout_s=TIMEOUT_S), base)
@@ -309,7 +309,7 @@ def try_next_fix(target: dict, config: RunConfig, facts, rounds: int = TRY_ROUND
 def whole_step_rungs(session, dtype: str) -> dict[str, dict]:
     """Path -> the stored standard-preset ladder's rung that compared its flag over the whole step, where a
     climb (``make case-study``) stored one: its name, its own sentence and the climb's day."""
-    ladder = {r["step"]: r for r in session.store.get_fact(session.machine, "ladder/retinanet/standard", [])}
+    ladder = {r["step"]: r for r in session.store.ladder(session.machine, "retinanet", "standard")}
     day = (session.store.get_fact(session.machine, case_study.climbed_fact("retinanet", "standard")) or {}).get("day")
     return {path: {"rung": rung, "sentence": (ladder[rung].get("evidence") or {}).get("sentence", ""), "day": day}
             for (path, ran), rung in WHOLE_STEP_RUNGS.items() if ran == dtype and rung in ladder}

@@ -35,7 +35,7 @@ def rungs(store, machine: str, workload: str, preset: str, physical_cores: int) 
     say, a later rung left from before its stage was re-run) leaves the chain without an
     interval rather than borrowing one.
     """
-    ladder = store.get_fact(machine, f"ladder/{workload}/{preset}", [])
+    ladder = store.ladder(machine, workload, preset)
     arms = {s["id"]: s["arms"] for s in store.sweeps(kind="ab", machine=machine)}
     out, changed, previous = [], [], None
     for rung in ladder:

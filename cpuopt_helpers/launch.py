@@ -49,7 +49,7 @@ from cpuopt_helpers.planning import LaunchPlan, Machine, build_plan
 from cpuopt_helpers.provenance import (PREVIOUS_RUN_MEMORY_S, _load1, _read_text, code_version, machine_state,
                                        measuring_env, others_pct, run_threads, steal_pct, usable_cpus)
 from cpuopt_helpers.system import Facts
-from cpuopt_helpers.worker import PROGRESS_KEY, RESULT_KEY, UNSUPPORTED_EXIT
+from cpuopt_helpers.worker import PROGRESS_KEY, REFUSAL, RESULT_KEY, UNSUPPORTED_EXIT
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,16 @@ def slow_step_summary(step_ms: list[float], factor: float = 1.5) -> dict:
     median = stats.summarize(step_ms)["median"]
     return {"slow_steps": sum(s > factor * median for s in step_ms),
             "mean_over_median": (sum(step_ms) / len(step_ms)) / median if median > 0 else None}
+
+
+BAD_INPUT = "bad input: "  # how a run's reason starts when its worker refused its input
+
+
+def refusal(reason: str | None) -> str | None:
+    """What a failed run's worker refused (a workload that is not one, an IPEX that does not match
+    this torch), in one line, from the run's reason; None where it failed otherwise."""
+    reason = reason or ""
+    return reason[len(BAD_INPUT):].split("; stderr tail")[0] if reason.startswith(BAD_INPUT) else None
 
 
 def _tail(path: str, limit: int = STDERR_TAIL) -> str:
@@ -247,7 +257,8 @@ def start_instances(plan: LaunchPlan, workdir: str) -> tuple[list[subprocess.Pop
     procs, outs, errs = [], [], []
     for inst in plan.instances:
         out, err = os.path.join(workdir, f"{inst.index}.out"), os.path.join(workdir, f"{inst.index}.err")
-        env = dict(os.environ, **inst.env, CPUOPT_BARRIER=workdir, CPUOPT_LAUNCH_TIME=repr(launch_wall))
+        env = dict(os.environ, **inst.env, CPUOPT_BARRIER=workdir, CPUOPT_LAUNCH_TIME=repr(launch_wall),
+                   CPUOPT_LAUNCHER_PID=str(os.getpid()))  # the worker ends with it (worker.end_with_launcher)
         if flops_file:
             env["CPUOPT_FLOPS_CACHE"] = flops_file
         with open(out, "wb") as fo, open(err, "wb") as fe:
@@ -320,7 +331,11 @@ class Watch:
         bad = next((i for i in order if self.procs[i].returncode != -9), order[0] if order else 0)
         if status == "failed" and self.procs[bad].returncode == UNSUPPORTED_EXIT:  # see worker.UNSUPPORTED_SIGNS
             status, reason = "unsupported", "this CPU has no kernel for it"
-        return status, f"{reason}; stderr tail of instance {bad}:\n{_tail(errs[bad])}"
+        tail = _tail(errs[bad])
+        said = [line[len(REFUSAL):] for line in tail.splitlines() if line.startswith(REFUSAL)]
+        if status == "failed" and self.procs[bad].returncode == 2 and said:  # the worker refused its input
+            reason = f"{BAD_INPUT}{said[-1]} (instance {bad})"
+        return status, f"{reason}; stderr tail of instance {bad}:\n{tail}"
 
 
 def make_result(plan: LaunchPlan, status: str, reason: str, instances: list[dict], facts: Facts | None,

@@ -220,6 +220,26 @@ class ResultStore:
                              (machine or "", name)).fetchone()
         return json.loads(row[0]) if row else default
 
+    def ladder(self, machine: str | None, ladder: str, preset: str) -> list[dict]:
+        """A ladder's stored rungs (``Session.hand_on``), checked: a fact cpuopt did not write (edited,
+        or from another version) is one line saying so, not a traceback wherever it is read."""
+        from cpuopt_helpers.config import RunConfig
+
+        name = f"ladder/{ladder}/{preset}"
+        try:
+            rungs = self.get_fact(machine, name, [])
+            if not isinstance(rungs, list):
+                raise ValueError("not a list of rungs")
+            for i, rung in enumerate(rungs):
+                if not (isinstance(rung, dict) and isinstance(rung.get("step"), str)
+                        and isinstance(rung.get("config"), dict) and isinstance(rung.get("evidence") or {}, dict)):
+                    raise ValueError(f"rung {i} is not a step with a config")
+                RunConfig.from_dict(rung["config"])
+        except (ValueError, TypeError, CpuoptError) as exc:
+            raise CpuoptError(f"the ladder {name} in {self.path} is not one cpuopt wrote ({exc}); move the store "
+                              "aside and climb again (`make run`)") from None
+        return rungs
+
 
 def sweep_id(kind: str, tag: str | None, machine: str | None, configs: list, code: dict,
              env: dict | None = None) -> str:
@@ -378,6 +398,19 @@ def round_line(i: int, order: tuple[str, str], speeds: tuple, rounds: list[tuple
     return f"round {i + 1} ({''.join(order).upper()}): a {a}, b {b} samples/s; {running}"
 
 
+def ab_sweep(store: ResultStore, a, b, tag: str | None, machine: str | None, min_rounds: int, max_rounds: int) -> str:
+    """The A/B's sweep, stored with its design: the same comparison on the same code resumes it."""
+    code = code_version()
+    # the stopping design is part of the comparison: its boundary, so its interval and verdict
+    # (the default design keeps the identity comparisons stored before this had)
+    default = (min_rounds, max_rounds) == (compare.MIN_ROUNDS, compare.MAX_ROUNDS)
+    design = "" if default else f":{min_rounds}-{max_rounds}"
+    sweep = sweep_id("ab" + design, tag, machine, [a, b], code, measuring_env(os.environ))
+    store.add_sweep(sweep, machine, tag, "ab", [a.to_dict(), b.to_dict()], code)
+    store.put_fact(machine, f"ab/{sweep}", {"min_rounds": min_rounds, "max_rounds": max_rounds})
+    return sweep
+
+
 def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], tag: str | None = None,
                    machine: str | None = None, min_rounds: int = compare.MIN_ROUNDS,
                    max_rounds: int = compare.MAX_ROUNDS, budget_s: float | None = None, resume: bool = True,
@@ -389,13 +422,7 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
     them to stderr)."""
     from tqdm.auto import tqdm
 
-    code = code_version()
-    # the stopping design is part of the comparison: its boundary, so its interval and verdict
-    # (the default design keeps the identity comparisons stored before this had)
-    design = "" if (min_rounds, max_rounds) == (compare.MIN_ROUNDS, compare.MAX_ROUNDS) else f":{min_rounds}-{max_rounds}"
-    sweep = sweep_id("ab" + design, tag, machine, [a, b], code, measuring_env(os.environ))
-    store.add_sweep(sweep, machine, tag, "ab", [a.to_dict(), b.to_dict()], code)
-    store.put_fact(machine, f"ab/{sweep}", {"min_rounds": min_rounds, "max_rounds": max_rounds})
+    sweep = ab_sweep(store, a, b, tag, machine, min_rounds, max_rounds)
     stored = _stored(store, sweep) if resume else {}
     # every stored round, as it was measured: a round an interrupted run or a failure left
     # incomplete stays unpaired (None), and new rounds take fresh numbers after the last one, so a
@@ -427,10 +454,19 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
         if say:
             say(line)
 
+    def full(out: dict) -> dict:
+        return dict(out, sweep=sweep, tag=tag, a=a.to_dict(), b=b.to_dict(),
+                    failures=[r["reason"] for r in runs if r["status"] != "ok"], machine_sentence=loaded_sentence(runs))
+
     rounds: list[tuple] = []
-    out = compare.run_adaptive(measure, done=done, min_rounds=min_rounds, max_rounds=max_rounds, budget_s=budget_s,
-                               seed=seed, on_round=lambda i, r: (rounds.append(r), on_round(i, r)))
-    bar.close()
+    try:
+        out = compare.run_adaptive(measure, done=done, min_rounds=min_rounds, max_rounds=max_rounds,
+                                   budget_s=budget_s, seed=seed,
+                                   on_round=lambda i, r: (rounds.append(r), on_round(i, r)))
+    except KeyboardInterrupt as exc:  # the rounds measured so far, for the caller to say (`cpuopt compare`)
+        exc.partial = full(exc.partial) if hasattr(exc, "partial") else None
+        raise
+    finally:
+        bar.close()
     warn_loaded(runs, tag)
-    return dict(out, sweep=sweep, tag=tag, a=a.to_dict(), b=b.to_dict(),
-                failures=[r["reason"] for r in runs if r["status"] != "ok"], machine_sentence=loaded_sentence(runs))
+    return full(out)

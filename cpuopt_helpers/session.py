@@ -115,7 +115,7 @@ class Session:
             Comparison.from_dict(comparison).to_dict() if comparison else None
         new = {"step": step, "stage": stage, "config": config.to_dict(),
                "evidence": dict(evidence or {}, comparison=kept)}
-        rungs = self.store.get_fact(self.machine, name, [])
+        rungs = self.store.ladder(self.machine, ladder or config.workload, config.preset)
         at = next((i for i, s in enumerate(rungs) if s["step"] == step), len(rungs))  # a rung again keeps its place
         rungs = rungs[:at] + [new] + rungs[at + 1:]
         rungs.sort(key=lambda s: stage_index(s.get("stage", s["step"])))
@@ -180,7 +180,7 @@ class Session:
         from cpuopt_helpers.ladder import rungs as read_rungs
 
         name = f"ladder/{ladder}/{preset}"
-        rungs = self.store.get_fact(self.machine, name, [])
+        rungs = self.store.ladder(self.machine, ladder, preset)
         changed = [i for i, r in enumerate(read_rungs(self.store, self.machine, ladder, preset,
                                                       self.facts.physical_cores)) if not (r.kept or r.first)]
         if not changed:
@@ -199,7 +199,7 @@ class Session:
         ``before`` names the stage asking: it starts from the rungs ahead of its own, so a
         notebook re-run after a full run measures from the same base as in that run.
         """
-        ladder = self.store.get_fact(self.machine, f"ladder/{workload}/{preset}", [])
+        ladder = self.store.ladder(self.machine, workload, preset)
         if before is not None:
             ladder = [s for s in ladder if stage_index(s.get("stage", s["step"])) < stage_index(before)]
         return RunConfig.from_dict(ladder[-1]["config"]) if ladder else RunConfig.for_preset(workload, preset)

@@ -891,6 +891,7 @@ def end_ddp() -> None:
 # AVX2-only CPU): the run is recorded as `unsupported`, measured and said, not a crash
 UNSUPPORTED_SIGNS = ("could not create a primitive descriptor",)
 UNSUPPORTED_EXIT = 3
+REFUSAL = "cpuopt worker: error: "  # how a worker says its input is wrong, then exits 2 (read by launch)
 
 
 def note_failure() -> None:
@@ -905,10 +906,30 @@ def note_failure() -> None:
             pass
 
 
+def end_with_launcher() -> None:
+    """Ask Linux to stop this worker (SIGTERM) when the launcher that started it dies: a launcher
+    killed outright (`kill -9`, the OOM killer, a notebook's kernel that died) cannot stop its
+    workers, which run in sessions of their own, and one would measure on into the next run.
+    (numactl and taskset exec, so the launcher is the parent; a wrapper that forks is, and ends with it.)"""
+    launcher = os.environ.get("CPUOPT_LAUNCHER_PID", "")
+    if not (launcher.isdecimal() and sys.platform.startswith("linux")):
+        return
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(launcher):
+        try:
+            os.kill(int(launcher), 0)
+        except ProcessLookupError:  # the launcher died before this asked: nobody will read the result
+            os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="cpuopt's measured process (started by the launcher)")
     parser.add_argument("--config", required=True, help="RunConfig as JSON")
     config = RunConfig.from_json(parser.parse_args(argv).config)
+    end_with_launcher()
     cores, pinned_by = pin_to_cores()
     try:
         with fresh_inductor_cache(bool(config.compile)) as inductor_cache:  # before torch is imported
@@ -916,7 +937,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:
         note_failure()
         if isinstance(exc, CpuoptError):  # e.g. an IPEX that does not match this torch: say so, exit 2
-            print(f"cpuopt worker: error: {exc}", file=sys.stderr)
+            print(f"{REFUSAL}{exc}", file=sys.stderr)
             return 2
         if isinstance(exc, RuntimeError) and any(sign in str(exc) for sign in UNSUPPORTED_SIGNS):
             print(f"cpuopt worker: unsupported on this CPU: {str(exc).splitlines()[0]}", file=sys.stderr)

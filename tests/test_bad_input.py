@@ -15,6 +15,7 @@ from cpuopt_helpers.results import ResultStore
 
 def files(tmp):
     (tmp / "afile").write_text("x")
+    (tmp / "train.py").write_text("pass\n")
     (tmp / "notalog.log").write_text("garbage\n")
     (tmp / "bad.log").write_text("onednn_verbose,v1,primitive,exec,cpu,convolution\nnot,a,log\n")
     (tmp / "theirs" / "report").mkdir(parents=True)
@@ -33,6 +34,10 @@ BAD = [  # (arguments, with {tmp} for the test's folder; words of the one line e
     (["launch", "--instance-dirs", "{tmp}/afile", *CMD], "Not a directory"),
     (["launch", "--ninstances", "0", *CMD], "instances must be at least 1"),
     (["launch", "--ninstances", "4096", *CMD], "4096 instances need at least 4096 cores"),
+    (["launch", "--ninstances", "4096", *CMD], "use --ninstances"),  # launch's flags, not bench's --instances
+    (["launch", "--ninstances", "2", "--ncores-per-instance", "2", *CMD],
+     "lower --ncores-per-instance or --ninstances"),
+    (["launch", "--nproc-per-node", "4096", "--", "python3", "{tmp}/train.py"], "use --nproc-per-node"),
     (["launch", "--"], "no command given"),
     (["launch", "--nproc-per-node", "1", "--nnodes", "abc", *CMD], "--nnodes 'abc' is not a machine count"),
     (["launch", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "5", *CMD],
@@ -163,3 +168,50 @@ def test_bench_saves_its_result_even_where_the_output_is_gone(tmp_path, monkeypa
     with redirect_stdout(Gone()):
         assert cli.main(["bench", "--steps", "1", "--warmup", "0", "--save", "--json"]) == 0
     assert [r["status"] for r in ResultStore(tmp_path / "r.sqlite").results()] == ["ok"]
+
+
+def test_a_worker_that_refuses_its_input_is_one_line_exit_2_and_its_run_is_kept(tmp_path, monkeypatch):
+    """A real worker whose workload is not one (it returns None) exits 2 saying why: `cpuopt bench`
+    says that line alone and exits 2, not "failed" with a stderr tail; the failed run is stored."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "notaworkload.py").write_text("def build(preset):\n    return None\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}:{os.getcwd()}",
+               CPUOPT_RESULTS=str(tmp_path / "r.sqlite"))
+    proc = subprocess.run([sys.executable, "-m", "cpuopt_helpers", "bench", "--workload", "notaworkload:build",
+                           "--steps", "1", "--warmup", "0", "--save"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and proc.stdout == "", proc.stderr
+    assert lines[0].startswith("cpuopt: error: notaworkload:build returned NoneType, not a Workload")
+    [run] = ResultStore(tmp_path / "r.sqlite").results()
+    assert run["status"] == "failed" and launch.refusal(run["reason"]) in lines[0]
+
+
+def test_a_comparison_without_a_round_because_its_input_was_refused_exits_2(capsys):
+    reason = f"{launch.BAD_INPUT}mywl:build returned NoneType (instance 0); stderr tail of instance 0:\nmore"
+    result = {"n": 0, "order": ["AB", "BA"], "stopped": "failed", "failures": [reason] * 4, "ratio": None}
+    with pytest.raises(cli.CpuoptError, match=r"^mywl:build returned NoneType \(instance 0\)$"):
+        cli.report_comparison(result, "b over a", as_json=False)
+    assert capsys.readouterr().out.count("failed run: mywl:build returned NoneType") == 1  # said once, not 4 times
+    crashed = dict(result, failures=["instance 0 exited with code 1; stderr tail of instance 0:\nSegfault"])
+    assert cli.report_comparison(crashed, "b over a", as_json=False) == 1  # a crash is a failed run, not bad input
+
+
+@pytest.mark.parametrize("value, why", [({"x": 1}, "not a list of rungs"), ([{"step": "baseline"}], "rung 0 is not"),
+                                        ([{"step": "b", "config": {"bogus": 1}}], "unknown RunConfig field")])
+def test_a_corrupt_stored_ladder_is_one_line_naming_it(value, why, tmp_path, monkeypatch):
+    from cpuopt_helpers import system
+
+    store = tmp_path / "r.sqlite"
+    monkeypatch.setenv("CPUOPT_RESULTS", str(store))
+    ResultStore(store).put_fact(system.collect_facts().fingerprint, "ladder/cnn/standard", value)
+    before = dump(store)
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        assert cli.main(["ladder"]) == 2
+    [line] = err.getvalue().strip().splitlines()
+    assert line.startswith("cpuopt: error: the ladder ladder/cnn/standard in ") and why in line, line
+    assert dump(store) == before

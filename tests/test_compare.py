@@ -381,3 +381,22 @@ def test_a_host_moving_the_cpus_whichever_arm_runs_keeps_false_verdicts_at_the_n
     assert sum(r["ci_low"] <= 1.15 <= r["ci_high"] for r in found) / len(found) > 0.9
     confounded = placement_verdicts(1.0, 500, seed=14, switch=0.0, b_moves_apart=1.0)  # b's runs always apart
     assert sum(r["verdict"] == "slower" for r in confounded) / len(confounded) > 0.5
+
+
+def test_an_interrupted_comparison_carries_its_complete_rounds_at_that_look():
+    """Ctrl-C mid-round: the exception carries the rounds completed before it (the cut round left out),
+    with the interval of that look and ``stopped`` "interrupted", for `cpuopt compare` to say."""
+    rng = random.Random(3)
+
+    def measure(arm, i):
+        if i == 7 and arm == compare.round_order(7, 0)[1]:  # the second run of round 7
+            raise KeyboardInterrupt
+        return 100 * (1.2 if arm == "b" else 1.0) * rng.lognormvariate(0, 0.3)
+
+    with pytest.raises(KeyboardInterrupt) as caught:
+        compare.run_adaptive(measure, min_rounds=5, max_rounds=30)
+    partial = caught.value.partial
+    assert partial["stopped"] == "interrupted" and partial["n"] == 7
+    assert len(partial["rounds"]) == len(partial["order"]) == 7
+    again = compare.sequential_ratio([r[0] for r in partial["rounds"]], [r[1] for r in partial["rounds"]], 5, 30)
+    assert [partial[k] for k in ("ratio", "ci_low", "verdict")] == [again[k] for k in ("ratio", "ci_low", "verdict")]

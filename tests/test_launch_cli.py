@@ -152,6 +152,30 @@ def test_termination_stops_the_instances_as_ctrl_c_does(sig, tmp_path):
     assert not left, "an instance outlived cpuopt"
 
 
+@pytest.mark.slow
+def test_a_worker_ends_with_a_launcher_killed_outright():
+    """`kill -9`, the OOM killer, a notebook kernel that died: the launcher cannot stop its workers, which
+    run in sessions of their own, so each worker asked Linux to end it with its launcher."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "cpuopt_helpers", "bench", "--workload", "cnn", "--steps", "99999",
+                             "--warmup", "0", "--timeout", "600"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers, deadline = [], time.monotonic() + 120
+    while not workers and time.monotonic() < deadline:
+        time.sleep(0.2)
+        workers = [p for p in Path("/proc").iterdir() if p.name.isdigit()
+                   and b"cpuopt_helpers.worker" in _cmdline(p) and b"99999" in _cmdline(p)]
+    assert workers, "the worker never started"
+    time.sleep(2)  # past its start, where it asks
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(_cmdline(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_cmdline(w) for w in workers), "a worker outlived its launcher"
+
+
 def _cmdline(proc_dir: Path) -> bytes:
     try:
         return (proc_dir / "cmdline").read_bytes()

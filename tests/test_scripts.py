@@ -288,3 +288,28 @@ def test_copies_of_a_script_run_in_their_own_folders_and_their_throughputs_add_u
     monkeypatch.chdir(tmp_path / "runs")
     assert cli.main(["launch", "--ninstances", "2", "--ncores-per-instance", "1", "--log-dir", str(tmp_path / "logs"),
                      "--", *command]) == 1  # the same copies in one folder collide: the harm the opt-in avoids
+
+
+@pytest.mark.slow
+def test_an_interrupted_compare_says_the_rounds_it_completed_then_exits_as_interrupted(tmp_path):
+    """Ctrl-C (or SIGTERM) during a comparison: the rounds completed so far are reported, at that look and
+    said to be interrupted, and the command exits 128 + the signal, its workers stopped."""
+    import signal
+    import time
+
+    err = tmp_path / "err"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "cpuopt_helpers.cli", "compare", "--script",
+                                 script_reporting_its_steps(tmp_path) + " 8", "--a", "", "--b", "--allocator tcmalloc",
+                                 "--min-rounds", "5", "--max-rounds", "40", "--json"], stdout=subprocess.PIPE,
+                                stderr=stderr, text=True)
+        deadline = time.monotonic() + 300
+        while err.read_text().count("\nround ") + err.read_text().startswith("round ") < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, err.read_text()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    r = json.loads(out)
+    assert proc.returncode == 130 and "interrupted; its workers are stopped" in err.read_text()
+    assert r["stopped"] == "interrupted" and r["n"] >= 2 and len(r["rounds"]) == len(r["order"]) >= 2
+    assert r["verdict"] == "too few rounds" or r["n"] >= 5  # at that look: fewer than min_rounds claim nothing
