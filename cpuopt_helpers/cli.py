@@ -321,12 +321,13 @@ def check_nodes(nnodes: str | None, node_rank: str | None) -> None:
                           "each machine its own")
 
 
-def in_launch_words(exc: CpuoptError, ranks: bool) -> CpuoptError:
+def in_launch_words(exc: CpuoptError, instances: str = "--ninstances",
+                    threads: str = "--ncores-per-instance") -> CpuoptError:
     """A layout error (``config.check_layout`` speaks bench's --instances and --threads) in the
-    words of `cpuopt launch`: --ninstances (--nproc-per-node for ranks) and --ncores-per-instance."""
+    words of `cpuopt launch` (--nproc-per-node for ranks) or of a --script arm (--ninstances, --threads)."""
     import re
 
-    words = {"instances": "--nproc-per-node" if ranks else "--ninstances", "threads": "--ncores-per-instance"}
+    words = {"instances": instances, "threads": threads}
     return CpuoptError(re.sub(r"--(instances|threads)\b", lambda m: words[m.group(1)], str(exc)))
 
 
@@ -336,7 +337,7 @@ def _launch(args) -> int:
     try:
         plan, machine = launch_plan(args)
     except CpuoptError as exc:
-        raise in_launch_words(exc, args.nproc_per_node is not None) from None
+        raise in_launch_words(exc, "--nproc-per-node" if args.nproc_per_node is not None else "--ninstances") from None
     if args.dry_run:
         print_plan(plan, machine)
         return 0
@@ -570,8 +571,11 @@ def _compare_script(args) -> int:
     machine = planning.Machine.this()
     a, b = (script_launch_config(name, options, command, machine.topology.physical_cores)
             for name, options in (("--a", args.a), ("--b", args.b)))
-    for config in (a, b):
-        planning.build_plan(config, machine, command=command)  # bad options fail before anything runs
+    for name, options, config in (("--a", args.a, a), ("--b", args.b, b)):
+        try:  # bad options fail before anything runs, naming their arm in its own words
+            planning.build_plan(config, machine, command=command)
+        except CpuoptError as exc:
+            raise CpuoptError(f"{name} {options!r}: {in_launch_words(exc, threads='--threads')}") from None
     facts = system.collect_facts()
     return compared(lambda: run_comparison(
         a, b, ResultStore(), lambda c: scripts.run_script(c, command, reading, facts), tag="cli-compare-script",

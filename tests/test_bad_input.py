@@ -71,6 +71,9 @@ BAD = [  # (arguments, with {tmp} for the test's folder; words of the one line e
     (["compare", "--script", "python3 x.py", "--metric", "(", "--a", "", "--b", "--allocator tcmalloc"],
      "is not a regular expression"),
     (["compare", "--script", "", "--a", "", "--b", "--allocator tcmalloc"], "--script needs a command"),
+    (["compare", "--script", "python3 {tmp}/train.py", "--a", "--ninstances 4096", "--b", ""],
+     "--a '--ninstances 4096': 4096 instances need at least 4096 cores"),  # its arm, in its own words:
+    (["compare", "--script", "python3 {tmp}/train.py", "--a", "--ninstances 4096", "--b", ""], "use --ninstances"),
     (["tune", "--script", "", "--dry-run"], "--script needs a command"),
     (["workbook", "run", "--only", ","], "--only names no notebook"),
     (["profile", "--whole-step", "{tmp}/trace.json", "--csv", "{tmp}/x.csv"], "does not combine with --compare"),
