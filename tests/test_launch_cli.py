@@ -176,6 +176,42 @@ def test_a_worker_ends_with_a_launcher_killed_outright():
     assert not any(_cmdline(w) for w in workers), "a worker outlived its launcher"
 
 
+@pytest.mark.slow
+def test_an_interrupted_workbook_run_stops_its_notebooks_workers(tmp_path):
+    """SIGTERM (or Ctrl-C) to `cpuopt workbook run`: the notebook stops, and so do the kernel and the
+    workers it started (found by the build folder they inherit), none measuring on into the next run."""
+    import signal
+    import time
+
+    mark = f"CPUOPT_BUILD={tmp_path}".encode()
+    proc = subprocess.Popen([sys.executable, "-m", "cpuopt_helpers", "workbook", "run", "--only", "01", "--preset",
+                             "quick", "--out", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=_default_signals)
+    deadline = time.monotonic() + 180
+    while not [p for p in _ours(mark) if b"cpuopt_helpers.worker" in _cmdline(p)]:
+        assert time.monotonic() < deadline and proc.poll() is None, "no worker started"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and "interrupted" in err, err
+    deadline = time.monotonic() + 15
+    while _ours(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [_cmdline(p)[:80] for p in _ours(mark)], "a kernel or worker outlived the interrupted workbook"
+
+
+def _ours(mark: bytes) -> list[Path]:
+    """The processes whose environment holds ``mark``."""
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and mark in (p / "environ").read_bytes().split(b"\0"):
+                found.append(p)
+        except OSError:
+            pass
+    return found
+
+
 def _cmdline(proc_dir: Path) -> bytes:
     try:
         return (proc_dir / "cmdline").read_bytes()
