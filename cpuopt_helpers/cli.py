@@ -160,8 +160,8 @@ def build_parser(knobs: tuple = ()) -> argparse.ArgumentParser:
 
 def add_bench_parser(sub, knobs: tuple = ()) -> None:
     bench = sub.add_parser("bench", help="measure one configuration in fresh worker processes")
-    bench.add_argument("--workload", default="cnn", help="cnn, transformer, rnn, or package.module:function")
-    bench.add_argument("--preset", default="quick", help="quick | standard | full")
+    bench.add_argument("--workload", default="cnn", help="cnn, transformer, rnn, retinanet, or package.module:function")
+    bench.add_argument("--preset", default="quick", help="quick | standard | full (default quick)")
     add_knob_options(bench, "bench", knobs)
     bench.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                        help="an option of the workload, e.g. --option classes=601 for retinanet (repeatable; "
@@ -202,7 +202,7 @@ TORCHRUN_FLAGS = (("--nnodes", "machines in the job (torchrun)"), ("--node-rank"
 def add_compare_parser(sub) -> None:
     cmp = sub.add_parser("compare", help="adaptive A/B of two bench option strings: ratio b/a, interval, verdict")
     cmp.add_argument("--workload", default="cnn", help="cnn, transformer, rnn, retinanet, or package.module:function")
-    cmp.add_argument("--preset", default="quick", help="quick | standard | full")
+    cmp.add_argument("--preset", default="quick", help="quick | standard | full (default quick)")
     cmp.add_argument("--a", required=True, help="bench options of arm a, e.g. '' (PyTorch's defaults)")
     cmp.add_argument("--b", required=True, help="bench options of arm b, e.g. '--allocator tcmalloc'")
     cmp.add_argument("--min-rounds", type=int, default=5, help="rounds before a verdict (default 5)")
@@ -215,7 +215,8 @@ def add_compare_parser(sub) -> None:
 def add_tune_parser(sub) -> None:
     tune = sub.add_parser("tune", help="search the best configuration for a workload within a time budget")
     tune.add_argument("--workload", default="cnn", help="cnn, transformer, rnn, retinanet, or package.module:function")
-    tune.add_argument("--preset", default="quick", help="quick | standard | full")
+    tune.add_argument("--preset", default="quick", help="quick | standard | full (default quick; standard starts "
+                      "from the ladder make run stored)")
     tune.add_argument("--budget-min", type=minutes, default=10, help="minutes the search may take (default 10)")
     tune.add_argument("--json", action="store_true", help="print the recommendation as JSON")
     tune.add_argument("--dry-run", action="store_true",
@@ -265,7 +266,7 @@ def add_workbook_parser(sub) -> None:
     wb = sub.add_parser("workbook", help="execute the notebooks with papermill")
     wb_sub = wb.add_subparsers(dest="wb_command", required=True, parser_class=_Parser, metavar="ACTION")
     wb_run = wb_sub.add_parser("run", help="run the notebooks in order")
-    wb_run.add_argument("--preset", default="standard", help="quick | standard | full")
+    wb_run.add_argument("--preset", default="standard", help="quick | standard | full (default standard)")
     wb_run.add_argument("--only", action="append",
                         help="notebook number(s) to run: --only 01, --only 01,02 or --only 01 --only 02")
     wb_run.add_argument("--out", help="output folder (default build/)")

@@ -594,7 +594,8 @@ def page_command(preset: str, classes: int, rounds: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m cpuopt_helpers.fullstudy", description=__doc__.splitlines()[0])
+    what = __doc__.split(" ``make")[0]  # the docstring's first sentences, without the make line
+    ap = argparse.ArgumentParser(prog="python -m cpuopt_helpers.fullstudy", description=what)
     ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"paired rounds of the comparison (default {ROUNDS})")
     ap.add_argument("--classes", type=int, default=CLASSES, help=f"RetinaNet's classes (default {CLASSES})")
     ap.add_argument("--page", type=Path, default=None, help="write this machine's dated page into this folder")

@@ -139,7 +139,8 @@ def vendor_extension(vendor: str | None, ipex: dict | None = None, measured: dic
         found = (f"; measured here by notebook 05 ({measured.get('preset')} preset, {measured.get('date')}): "
                  + " ".join(mine))
     else:
-        found = "; not measured on this machine yet (notebook 05, `make run`)"
+        found = ("; not measured on this machine yet (notebook 05, "
+                 + ("`make run PRESET=full`)" if vendor == "AuthenticAMD" else "`make run`)"))  # standard: no zentorch
     if vendor == "AuthenticAMD":
         z = zentorch_status(vendor)
         state = f"zentorch {z['version']} installed, fits this torch" if z["usable"] else z["reason"]

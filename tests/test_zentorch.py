@@ -40,7 +40,7 @@ def test_its_status_says_what_is_missing_or_why_it_was_not_tried(monkeypatch):
     assert intel["usable"] and intel["reason"].startswith("not tried: this CPU is GenuineIntel")
     assert "zentorch: not tried" not in runtimes.vendor_extension("AuthenticAMD")
     assert runtimes.vendor_extension("AuthenticAMD").endswith(
-        "zentorch 2.13.0.2 installed, fits this torch; not measured on this machine yet (notebook 05, `make run`)")
+        "zentorch 2.13.0.2 installed, fits this torch; not measured on this machine yet (notebook 05, `make run PRESET=full`)")
     measured = {"preset": "quick", "date": "2026-12-01", "lines": ["cnn: zentorch over stock eager: 1.2x (1.1-1.3).",
                                                                    "cnn: IPEX over its own stock torch 2.8: 0.4x."]}
     assert runtimes.vendor_extension("AuthenticAMD", measured=measured).endswith(
