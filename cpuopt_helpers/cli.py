@@ -381,6 +381,7 @@ def launch_plan(args):
                                    else command)
     return plan, machine
 
+
 def _doctor(args) -> int:
     from cpuopt_helpers import peak, runtimes, system
     from cpuopt_helpers.results import ResultStore
