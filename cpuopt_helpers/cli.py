@@ -551,7 +551,8 @@ def report_comparison(result: dict, title: str, as_json: bool, interrupted: bool
         cut = (" (interrupted: the rounds completed so far, at that look; the design planned more)"
                if interrupted else "")
         print(f"b over a ({title}){cut}: {compare.describe(result)}", flush=True)
-        print(f"  rounds: {result['n']} with a result, order {' '.join(result['order'])}, stopped: {result['stopped']}")
+        print(f"  rounds: {result['n']} with a result, order {' '.join(result['order']) or '(none ran)'}, "
+              f"stopped: {result['stopped']}")
         said = [launch.refusal(reason) or " | ".join((reason or "").splitlines()[:2]) for reason in result["failures"]]
         for line in list(dict.fromkeys(said))[:3]:  # each failure once: a refused input fails every run alike
             print(f"  failed run: {line}")
