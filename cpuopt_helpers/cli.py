@@ -505,7 +505,7 @@ def compared(comparison, title: str, as_json: bool, **extra) -> int:
         result = comparison()
     except KeyboardInterrupt as exc:
         if getattr(exc, "partial", None):
-            report_comparison(dict(exc.partial, **extra), title, as_json, interrupted=True)
+            report_comparison(dict(exc.partial, **extra), title, as_json)
         raise
     return report_comparison(dict(result, **extra), title, as_json)
 
@@ -540,19 +540,24 @@ def rounds_to_stderr(as_json: bool):
     return (lambda line: print(line, file=sys.stderr, flush=True)) if as_json else None
 
 
-def report_comparison(result: dict, title: str, as_json: bool, interrupted: bool = False) -> int:
-    """A comparison as JSON or in words (ratio, interval, verdict, rounds, failed runs); exit 1 without a
-    round, 2 where a worker refused its input. ``interrupted``: the rounds before a Ctrl-C, said as such."""
+def report_comparison(result: dict, title: str, as_json: bool) -> int:
+    """A comparison as JSON or in words (ratio, interval, verdict, rounds, failed runs, the run an
+    interruption cut short); exit 1 without a round, 2 where a worker refused its input."""
     from cpuopt_helpers import compare, launch
 
+    interrupted = result.get("stopped") == "interrupted"
     if as_json:
         print(json.dumps(result, indent=2), flush=True)
     else:
-        cut = (" (interrupted: the rounds completed so far, at that look; the design planned more)"
-               if interrupted else "")
-        print(f"b over a ({title}){cut}: {compare.describe(result)}", flush=True)
-        print(f"  rounds: {result['n']} with a result, order {' '.join(result['order']) or '(none ran)'}, "
+        print(f"b over a ({title}): {compare.describe(result)}", flush=True)
+        failed = f" (and {result['failed_rounds']} with a failed run)" if result.get("failed_rounds") else ""
+        print(f"  rounds: {result['n']} with a result{failed}, order {' '.join(result['order']) or '(none ran)'}, "
               f"stopped: {result['stopped']}")
+        cut = result.get("cut_run")
+        if cut:
+            print(f"  the run cut short: arm {cut['arm']} had run {cut['ran_s']:.0f} s"
+                  + (f", {cut['ran_s'] / cut['median_s']:.1f}x its median run ({cut['median_s']:.0f} s)"
+                     if cut["median_s"] else "") + "; left out of the rounds")
         said = [launch.refusal(reason) or " | ".join((reason or "").splitlines()[:2]) for reason in result["failures"]]
         for line in list(dict.fromkeys(said))[:3]:  # each failure once: a refused input fails every run alike
             print(f"  failed run: {line}")

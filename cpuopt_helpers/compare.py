@@ -262,19 +262,20 @@ def run_adaptive(measure: Callable[[str, int], float | None], done: Sequence[tup
     final rounds), so the budget ends the comparison only after them.
     """
     rounds = [tuple(r) for r in done]
-    order = [round_order(i, seed) for i in range(len(rounds))]
+    sequential_ratio([], [], min_rounds, max_rounds, confidence, margin)  # calibrates (cached) the design's
+    # per-look levels before anything runs: an interruption's look needs them at once
     try:
-        stopped = _adapt(measure, rounds, order, min_rounds, max_rounds, budget_s, confidence, margin, seed, clock,
+        stopped = _adapt(measure, rounds, min_rounds, max_rounds, budget_s, confidence, margin, seed, clock,
                          on_round, reserved)
     except KeyboardInterrupt as exc:  # Ctrl-C or a signal: the rounds complete so far, at this look, go with it
-        exc.partial = _verdict(rounds, order, min_rounds, max_rounds, confidence, margin, "interrupted")
+        exc.partial = _verdict(rounds, seed, min_rounds, max_rounds, confidence, margin, "interrupted")
         raise
-    return _verdict(rounds, order, min_rounds, max_rounds, confidence, margin, stopped)
+    return _verdict(rounds, seed, min_rounds, max_rounds, confidence, margin, stopped)
 
 
-def _adapt(measure, rounds: list, order: list, min_rounds: int, max_rounds: int, budget_s: float | None,
+def _adapt(measure, rounds: list, min_rounds: int, max_rounds: int, budget_s: float | None,
            confidence: float, margin: float, seed: int, clock, on_round, reserved: bool) -> str:
-    """``run_adaptive``'s loop: measures rounds into ``rounds`` and ``order`` until it stops; why it stopped."""
+    """``run_adaptive``'s loop: measures rounds into ``rounds`` until it stops; why it stopped."""
     start, spent = clock(), []
     stopped = "max_rounds"
     while True:
@@ -298,18 +299,22 @@ def _adapt(measure, rounds: list, order: list, min_rounds: int, max_rounds: int,
         arms = round_order(i, seed)
         got = {arm: measure(arm, i) for arm in arms}
         rounds.append((got["a"], got["b"]))
-        order.append(arms)
         spent.append(clock() - t0)
         if on_round:
             on_round(i, rounds[-1])
     return stopped
 
 
-def _verdict(rounds: list, order: list, min_rounds: int, max_rounds: int, confidence: float, margin: float,
+def _verdict(rounds: list, seed: int, min_rounds: int, max_rounds: int, confidence: float, margin: float,
              stopped: str) -> dict:
-    """The comparison at its last look: ``sequential_ratio``'s dict, the rounds, their order and why it stopped."""
+    """The comparison at its last look: ``sequential_ratio``'s dict, the rounds, their order and why it stopped.
+    Interrupted where that look decides (the interruption came after a round, before its look), it
+    stopped where the design would have: ``decided``."""
     result = sequential_ratio([r[0] for r in rounds], [r[1] for r in rounds], min_rounds, max_rounds,
                               confidence, margin)
+    if stopped == "interrupted" and result["verdict"] in DECIDED and result["n"] >= min_rounds:
+        stopped = "decided"
+    order = [round_order(i, seed) for i in range(len(rounds))]
     logs = log_ratios([r[0] for r in rounds], [r[1] for r in rounds])
     if result["verdict"] == "too few rounds" and len(logs) >= 3:  # the noise it saw: what min_rounds would detect
         mean = sum(logs) / len(logs)
@@ -337,6 +342,11 @@ def describe(result: dict | None, what: str = "") -> str:
                 f"{more}): too few rounds")
     label = result.get("label", "95% CI")
     gain = detectable_gain(result)
+    if result.get("stopped") == "interrupted" and result["verdict"] == "no different":  # cut short: no finding
+        could = f"; these {result['n']} rounds could detect a gain of {gain:.0%} or more" if gain is not None else ""
+        return (f"{head} ({label}: {result['ci_low']:.2f}-{result['ci_high']:.2f}, {result['n']} rounds): undecided, "
+                f"interrupted after {result['n']} of up to {result.get('max_rounds', MAX_ROUNDS)} rounds (the interval "
+                f"includes 1{could})")
     words = {"faster": "faster", "slower": "slower", "equivalent": f"equivalent (within +-{result.get('margin', MARGIN):.0%})",
              "no different": "no different (within noise" + (
                  f"; it could have detected a gain of {gain:.0%} or more)" if gain is not None else ")")}

@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import sqlite3
+import statistics
 import time
 from contextlib import closing
 from pathlib import Path
@@ -398,6 +399,31 @@ def round_line(i: int, order: tuple[str, str], speeds: tuple, rounds: list[tuple
     return f"round {i + 1} ({''.join(order).upper()}): a {a}, b {b} samples/s; {running}"
 
 
+class RunTimes:
+    """How long each arm's runs took, and the run under way: the one an interruption cuts short,
+    left out of the rounds but said (a run that hangs or crawls is why one presses Ctrl-C)."""
+
+    def __init__(self):
+        self.took: dict[str, list[float]] = {"a": [], "b": []}
+        self.current: tuple[str, float] | None = None
+
+    def start(self, arm: str) -> None:
+        self.current = (arm, time.monotonic())
+
+    def stop(self) -> None:
+        arm, start = self.current
+        self.took[arm].append(time.monotonic() - start)
+        self.current = None
+
+    def cut(self) -> dict | None:
+        """The run under way: its arm, how long it had run, and that arm's median run (None before one ended)."""
+        if self.current is None:
+            return None
+        arm, start = self.current
+        took = self.took[arm]
+        return {"arm": arm, "ran_s": time.monotonic() - start, "median_s": statistics.median(took) if took else None}
+
+
 def ab_sweep(store: ResultStore, a, b, tag: str | None, machine: str | None, min_rounds: int, max_rounds: int) -> str:
     """The A/B's sweep, stored with its design: the same comparison on the same code resumes it."""
     code = code_version()
@@ -409,6 +435,14 @@ def ab_sweep(store: ResultStore, a, b, tag: str | None, machine: str | None, min
     store.add_sweep(sweep, machine, tag, "ab", [a.to_dict(), b.to_dict()], code)
     store.put_fact(machine, f"ab/{sweep}", {"min_rounds": min_rounds, "max_rounds": max_rounds})
     return sweep
+
+
+def stored_rounds(stored: dict) -> list[tuple]:
+    """Every stored round, as it was measured: a round an interrupted run or a failure left
+    incomplete stays unpaired (None), and new rounds take fresh numbers after the last one, so a
+    stored run is never paired with a fresh one (their drift would not cancel)."""
+    return [tuple(stored[(arm, i)]["samples_per_s"] if (arm, i) in stored else None for arm in (0, 1))
+            for i in range(max((i for _, i in stored), default=-1) + 1)]
 
 
 def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], tag: str | None = None,
@@ -423,12 +457,7 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
     from tqdm.auto import tqdm
 
     sweep = ab_sweep(store, a, b, tag, machine, min_rounds, max_rounds)
-    stored = _stored(store, sweep) if resume else {}
-    # every stored round, as it was measured: a round an interrupted run or a failure left
-    # incomplete stays unpaired (None), and new rounds take fresh numbers after the last one, so a
-    # stored run is never paired with a fresh one (their drift would not cancel)
-    done = [tuple(stored[(arm, i)]["samples_per_s"] if (arm, i) in stored else None for arm in (0, 1))
-            for i in range(max((i for _, i in stored), default=-1) + 1)]
+    done, times = stored_rounds(_stored(store, sweep) if resume else {}), RunTimes()
     seed = int(sweep[:8], 16)
     bar = tqdm(total=max_rounds, initial=len(done), desc=f"{tag or 'compare'} A/B", unit="round",
                disable=not progress)
@@ -437,7 +466,9 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
     def measure(arm: str, round_: int) -> float | None:
         index = 0 if arm == "a" else 1
         config = (a, b)[index]
+        times.start(arm)
         result = runner(config)
+        times.stop()
         position = compare.round_order(round_, seed).index(arm)
         store.save_result(result, sweep=sweep, arm=index, round=round_, position=position, tag=tag)
         runs.append(dict(result, sweep=sweep, arm=index, round=round_, position=position, tag=tag))
@@ -464,7 +495,7 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
                                    budget_s=budget_s, seed=seed,
                                    on_round=lambda i, r: (rounds.append(r), on_round(i, r)))
     except KeyboardInterrupt as exc:  # the rounds measured so far, for the caller to say (`cpuopt compare`)
-        exc.partial = full(exc.partial) if hasattr(exc, "partial") else None
+        exc.partial = dict(full(exc.partial), cut_run=times.cut()) if hasattr(exc, "partial") else None
         raise
     finally:
         bar.close()

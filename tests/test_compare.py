@@ -398,5 +398,27 @@ def test_an_interrupted_comparison_carries_its_complete_rounds_at_that_look():
     partial = caught.value.partial
     assert partial["stopped"] == "interrupted" and partial["n"] == 7
     assert len(partial["rounds"]) == len(partial["order"]) == 7
+    assert compare.describe(partial).endswith(")") and "undecided, interrupted after 7 of up to 30 rounds" in \
+        compare.describe(partial) or partial["verdict"] != "no different"
     again = compare.sequential_ratio([r[0] for r in partial["rounds"]], [r[1] for r in partial["rounds"]], 5, 30)
     assert [partial[k] for k in ("ratio", "ci_low", "verdict")] == [again[k] for k in ("ratio", "ci_low", "verdict")]
+
+
+@pytest.mark.parametrize("gain, noise, stopped", [(1.0, 0.3, "interrupted"), (2.0, 0.02, "decided")])
+def test_an_interruption_between_a_round_and_its_look_keeps_rounds_and_order_in_step(gain, noise, stopped):
+    """Ctrl-C inside ``on_round`` (the progress bar), after a round was kept and before its look: the
+    order covers every kept round, and rounds that decide are the design's own stop, not an interruption."""
+    rng = random.Random(5)
+
+    def measure(arm, i):
+        return 100 * (gain if arm == "b" else 1.0) * rng.lognormvariate(0, noise)
+
+    def on_round(i, speeds):
+        if i == 4:  # the fifth round: the first look comes after it
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as caught:
+        compare.run_adaptive(measure, min_rounds=5, max_rounds=30, on_round=on_round)
+    partial = caught.value.partial
+    assert len(partial["rounds"]) == len(partial["order"]) == 5 and partial["stopped"] == stopped
+    assert (partial["verdict"] == "faster") == (stopped == "decided")

@@ -313,3 +313,4 @@ def test_an_interrupted_compare_says_the_rounds_it_completed_then_exits_as_inter
     assert proc.returncode == 130 and "interrupted; its workers are stopped" in err.read_text()
     assert r["stopped"] == "interrupted" and r["n"] >= 2 and len(r["rounds"]) == len(r["order"]) >= 2
     assert r["verdict"] == "too few rounds" or r["n"] >= 5  # at that look: fewer than min_rounds claim nothing
+    assert r["cut_run"]["arm"] in ("a", "b") and r["cut_run"]["ran_s"] >= 0  # the run under way, said, left out
