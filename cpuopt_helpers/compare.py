@@ -342,11 +342,12 @@ def describe(result: dict | None, what: str = "") -> str:
                 f"{more}): too few rounds")
     label = result.get("label", "95% CI")
     gain = detectable_gain(result)
-    if result.get("stopped") == "interrupted" and result["verdict"] == "no different":  # cut short: no finding
+    cut = {"interrupted": "interrupted", "budget": "its time budget spent"}.get(result.get("stopped"))
+    planned = result.get("max_rounds", MAX_ROUNDS)
+    if cut and result["verdict"] == "no different" and result["n"] < planned:  # stopped short of its design
         could = f"; these {result['n']} rounds could detect a gain of {gain:.0%} or more" if gain is not None else ""
         return (f"{head} ({label}: {result['ci_low']:.2f}-{result['ci_high']:.2f}, {result['n']} rounds): undecided, "
-                f"interrupted after {result['n']} of up to {result.get('max_rounds', MAX_ROUNDS)} rounds (the interval "
-                f"includes 1{could})")
+                f"{cut} after {result['n']} of up to {planned} rounds (the interval includes 1{could})")
     words = {"faster": "faster", "slower": "slower", "equivalent": f"equivalent (within +-{result.get('margin', MARGIN):.0%})",
              "no different": "no different (within noise" + (
                  f"; it could have detected a gain of {gain:.0%} or more)" if gain is not None else ")")}

@@ -422,3 +422,13 @@ def test_an_interruption_between_a_round_and_its_look_keeps_rounds_and_order_in_
     partial = caught.value.partial
     assert len(partial["rounds"]) == len(partial["order"]) == 5 and partial["stopped"] == stopped
     assert (partial["verdict"] == "faster") == (stopped == "decided")
+
+
+@pytest.mark.parametrize("stopped, words", [("budget", "undecided, its time budget spent after 6 of up to 14 rounds"),
+                                            ("interrupted", "undecided, interrupted after 6 of up to 14 rounds"),
+                                            ("max_rounds", "no different (within noise")])
+def test_a_comparison_stopped_short_of_its_design_is_undecided_not_no_different(stopped, words):
+    rng = random.Random(2)
+    a = [100 * rng.lognormvariate(0, 0.2) for _ in range(6)]
+    result = dict(compare.sequential_ratio(a, [x * rng.lognormvariate(0, 0.2) for x in a], 5, 14), stopped=stopped)
+    assert result["verdict"] == "no different" and words in compare.describe(result)
