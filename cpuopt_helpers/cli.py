@@ -857,11 +857,10 @@ def _tune(args) -> int:
     if args.script:
         reading = scripts.Reading(args.metric, args.metric_lower)
         facts = system.collect_facts()
-        result = tune.tune(scripts.SCRIPT, args.budget_min, facts=facts, progress=not args.json, script=command,
-                           reading=reading, runner=scripts.stored_runner(command, reading, facts, ResultStore()),
-                           instances=args.allow_instances)
-        print(json.dumps(result, indent=2) if args.json else tune.format_tune(result))
-        return 0
+        return tuned(lambda: tune.tune(
+            scripts.SCRIPT, args.budget_min, facts=facts, progress=not args.json, script=command, reading=reading,
+            runner=scripts.stored_runner(command, reading, facts, ResultStore()), instances=args.allow_instances),
+            args.json)
     if args.metric or args.metric_lower:
         raise CpuoptError("--metric reads a --script's output; a workload reports its own samples/s")
     from cpuopt_helpers import launch
@@ -871,9 +870,22 @@ def _tune(args) -> int:
     ladder = store.ladder(facts.fingerprint, args.workload, args.preset)
     runner = scripts.storing(lambda config: launch.run(config, facts), store, f"cli-tune-{args.workload}",
                              "cli-tune")
-    result = tune.tune(args.workload, args.budget_min, args.preset, facts, ladder, runner=runner,
-                       progress=not args.json)
-    print(json.dumps(result, indent=2) if args.json else tune.format_tune(result))
+    return tuned(lambda: tune.tune(args.workload, args.budget_min, args.preset, facts, ladder, runner=runner,
+                                   progress=not args.json), args.json)
+
+
+def tuned(search, as_json: bool) -> int:
+    """Run ``search()`` (``tune.tune``) and print its recommendation; interrupted, print what it
+    measured so far (a ranking, and the confirmation's rounds where it had begun), then stop."""
+    from cpuopt_helpers import tune
+
+    try:
+        result = search()
+    except KeyboardInterrupt as exc:
+        if getattr(exc, "partial", None):
+            print(json.dumps(exc.partial, indent=2) if as_json else tune.format_partial(exc.partial), flush=True)
+        raise
+    print(json.dumps(result, indent=2) if as_json else tune.format_tune(result))
     return 0
 
 

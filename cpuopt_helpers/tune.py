@@ -145,9 +145,15 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: Facts |
         runner = runner or (lambda c: launch.run(c, facts))
     default, candidates = starting_candidates(workload, preset, facts, ladder, script, instances)
     search = Search(runner, time.monotonic() + budget_min * 60, workload, progress)
-    best = search.run(default, candidates)
-    outcome = confirm_against_defaults(search, default, best)
-    search.bar.close()
+    try:
+        best = search.run(default, candidates)
+        outcome = confirm_against_defaults(search, default, best)
+    except KeyboardInterrupt as exc:  # what it measured so far, for `cpuopt tune` to say before it stops
+        exc.partial = {"workload": workload, "candidates": search.table(),
+                       "confirmation": getattr(exc, "partial", None)}
+        raise
+    finally:
+        search.bar.close()
     recommended, rounds = outcome["recommended"], outcome["rounds"]
     command = shlex.join(script) if script else None
     lines = planning.command_lines(recommended, planning.Machine.this(), script)
@@ -159,8 +165,7 @@ def tune(workload: str, budget_min: float, preset: str = "quick", facts: Facts |
             "samples_per_s": {k: statistics.median([v for v in vs if v]) if any(vs) else None
                               for k, vs in outcome["speeds"].items()},
             "launch_command": lines["launch"], "shell_command": lines["shell"],
-            "candidates": [{"label": label(search.by_hash[h]), "runs": len(v), "samples_per_s": statistics.median(v)}
-                           for h, v in search.samples.items()],
+            "candidates": search.table(),
             "failed": [{"label": k, "reason": v} for k, v in search.failures.items() if k not in
                        {label(search.by_hash[h]) for h in search.samples}],
             "runs": len(search.run_s) + sum(2 if outcome["challenger_is_run_cpu"] else 3 for _ in rounds),
@@ -219,6 +224,11 @@ class Search:
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+    def table(self) -> list[dict]:
+        """Every candidate that ran: its label, runs and median samples/s, the fastest first."""
+        return [{"label": label(self.by_hash[h]), "runs": len(self.samples[h]),
+                 "samples_per_s": statistics.median(self.samples[h])} for h in self.ranked(self.samples)]
 
     def room(self, runs: int) -> bool:
         """Time for ``runs`` more runs, keeping time for the final interleaved rounds."""
@@ -310,6 +320,17 @@ def label(config: RunConfig) -> str:
     from cpuopt_helpers import scripts
 
     return scripts.label(config) if config.workload == scripts.SCRIPT else config.label()
+
+
+def format_partial(p: dict) -> str:
+    """An interrupted search in words: its ranking so far (no verdict), and its confirmation's rounds if begun."""
+    rows = p["candidates"]
+    lines = [f"tune {p['workload']} interrupted: {len(rows)} candidate(s) ran; a ranking from its runs so far, "
+             "not a verdict (nothing was confirmed):"]
+    lines += [f"  {r['label']}: {r['samples_per_s']:.1f} samples/s (median of {r['runs']} run(s))" for r in rows[:5]]
+    if p.get("confirmation"):
+        lines.append(f"  its confirmation against PyTorch's defaults so far: {compare.describe(p['confirmation'])}")
+    return "\n".join(lines)
 
 
 def format_tune(t: dict) -> str:

@@ -135,3 +135,25 @@ def test_the_search_includes_zentorch_on_an_amd_cpu_where_it_fits_this_torch(mon
     monkeypatch.setattr(runtimes, "zentorch_status", lambda vendor: {"usable": False, "amd": True})
     assert "zentorch" not in [c.compile for c in tune.search_space(default, facts.replace(cpu_vendor="AuthenticAMD"),
                                                                    image_like=True)]
+
+
+@pytest.mark.parametrize("confirming", [False, True])
+def test_an_interrupted_search_says_its_ranking_so_far_and_its_confirmation_if_begun(this_facts, confirming, capsys):
+    """Ctrl-C during the search: the ranking so far (no verdict); during the final rounds (where run_cpu's
+    defaults run too): those rounds as well. `cpuopt tune` prints it before it stops."""
+    from cpuopt_helpers import cli
+
+    inner, calls = fake_runner({("channels_last", True): 1.5}), []
+
+    def runner(config):
+        calls.append(config)
+        if (sum(c.launcher == "run_cpu" for c in calls) > 2) if confirming else len(calls) > 4:
+            raise KeyboardInterrupt
+        return inner(config)
+
+    with pytest.raises(KeyboardInterrupt):
+        cli.tuned(lambda: tune.tune("cnn", budget_min=60, facts=this_facts, runner=runner, progress=False), False)
+    out = capsys.readouterr().out
+    assert out.startswith("tune cnn interrupted: ") and "not a verdict" in out
+    assert 1 <= out.count(" samples/s (median of ") <= 5
+    assert ("its confirmation against PyTorch's defaults so far" in out) == confirming
