@@ -498,15 +498,20 @@ def _compare(args) -> int:
         say=rounds_to_stderr(args.json)), f"{configs[1].label()} over {configs[0].label()}", args.json)
 
 
-def compared(comparison, title: str, as_json: bool, **extra) -> int:
-    """Run ``comparison()`` (``results.run_comparison``) and report it; interrupted (Ctrl-C, SIGTERM),
-    report the rounds it completed, then let the interruption end the command."""
+def saying_partial(run, say):
+    """``run()``; interrupted (Ctrl-C, SIGTERM), ``say`` what it measured so far (the ``partial`` the
+    interruption carries), then let the interruption end the command."""
     try:
-        result = comparison()
+        return run()
     except KeyboardInterrupt as exc:
         if getattr(exc, "partial", None):
-            report_comparison(dict(exc.partial, **extra), title, as_json)
+            say(exc.partial)
         raise
+
+
+def compared(comparison, title: str, as_json: bool, **extra) -> int:
+    """Run ``comparison()`` (``results.run_comparison``) and report it, or the rounds it completed."""
+    result = saying_partial(comparison, lambda partial: report_comparison(dict(partial, **extra), title, as_json))
     return report_comparison(dict(result, **extra), title, as_json)
 
 
@@ -875,16 +880,12 @@ def _tune(args) -> int:
 
 
 def tuned(search, as_json: bool) -> int:
-    """Run ``search()`` (``tune.tune``) and print its recommendation; interrupted, print what it
-    measured so far (a ranking, and the confirmation's rounds where it had begun), then stop."""
+    """Run ``search()`` (``tune.tune``) and print its recommendation, or what it measured so far (a
+    ranking, and the confirmation's rounds where it had begun)."""
     from cpuopt_helpers import tune
 
-    try:
-        result = search()
-    except KeyboardInterrupt as exc:
-        if getattr(exc, "partial", None):
-            print(json.dumps(exc.partial, indent=2) if as_json else tune.format_partial(exc.partial), flush=True)
-        raise
+    result = saying_partial(search, lambda partial: print(
+        json.dumps(partial, indent=2) if as_json else tune.format_partial(partial), flush=True))
     print(json.dumps(result, indent=2) if as_json else tune.format_tune(result))
     return 0
 
