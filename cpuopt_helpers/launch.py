@@ -477,6 +477,28 @@ def instance_dirs(root: str, count: int) -> list[str]:
     return dirs
 
 
+# Run before a user's program (`cpuopt launch`, a compare --script arm): it asks Linux to send it SIGTERM
+# when cpuopt dies (PR_SET_PDEATHSIG, kept across exec), then becomes the program. A cpuopt killed outright
+# (`kill -9`, the OOM killer) cannot stop what it started, which runs in a session of its own.
+GUARD = """import ctypes, os, sys
+ctypes.CDLL(None).prctl(1, 15)
+if os.getppid() != int(sys.argv[1]):
+    os._exit(1)
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    print(f"cpuopt: cannot run {sys.argv[2]}: {exc.strerror}", file=sys.stderr)
+    os._exit(127)
+"""
+
+
+def ending_with_this(argv: list[str]) -> list[str]:
+    """``argv`` run through GUARD, so it ends (SIGTERM) if this process dies; as it is off Linux."""
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    return [sys.executable, "-I", "-S", "-c", GUARD, str(os.getpid()), *argv]
+
+
 def run_command_plan(plan: LaunchPlan, log_dir: str, echo=sys.stdout, grace_s: float = 5.0, node: str = "",
                      timeout_s: float | None = None, cwds: list[str] | None = None) -> dict:
     """Run a user command plan: each instance's output to its own log (and echoed with a prefix);
@@ -485,7 +507,8 @@ def run_command_plan(plan: LaunchPlan, log_dir: str, echo=sys.stdout, grace_s: f
     instance's working directory (``instance_dirs``), else this one's.
 
     When an instance fails, the others are stopped (SIGTERM, then SIGKILL after a grace
-    period). Returns {"returncode", "instances": [{index, cores, returncode, log}], "failed"}.
+    period); when this process dies, each instance gets SIGTERM (``ending_with_this``).
+    Returns {"returncode", "instances": [{index, cores, returncode, log}], "failed"}.
     """
     import threading
 
@@ -495,7 +518,7 @@ def run_command_plan(plan: LaunchPlan, log_dir: str, echo=sys.stdout, grace_s: f
         path = os.path.join(log_dir, log_name(inst.index, node))
         f = open(path, "wb")
         files.append((f, path))
-        proc = subprocess.Popen(list(inst.argv), env=dict(os.environ, **inst.env), stdout=subprocess.PIPE,
+        proc = subprocess.Popen(ending_with_this(inst.argv), env=dict(os.environ, **inst.env), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                 cwd=cwds[inst.index] if cwds else None)
         keep_niceness(proc.pid)

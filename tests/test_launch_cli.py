@@ -177,6 +177,42 @@ def test_a_worker_ends_with_a_launcher_killed_outright():
 
 
 @pytest.mark.slow
+def test_a_launched_program_ends_with_cpuopt_killed_outright(tmp_path):
+    """Your program under `cpuopt launch` runs in a session of its own: killed outright, cpuopt cannot
+    stop it, so Linux ends it (launch.ending_with_this). Without the guard it sleeps on for a minute."""
+    import signal
+    import time
+
+    marker = tmp_path / "alive"
+    script = f"import pathlib, time\npathlib.Path({str(marker)!r}).write_text('x')\ntime.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-m", "cpuopt_helpers", "launch", "--log-dir", str(tmp_path), "--",
+                             sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marker.exists(), "the instance never started"
+    programs = [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(marker).encode() in _cmdline(p)]
+    assert programs and all(b"prctl" not in _cmdline(p) for p in programs)  # the guard became the program
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(_cmdline(p) for p in programs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_cmdline(p) for p in programs), "the program outlived cpuopt launch"
+
+
+def test_a_guarded_program_that_does_not_exist_says_so_and_exits_127():
+    from cpuopt_helpers import launch
+
+    proc = subprocess.run(launch.ending_with_this(["no-such-program-here", "--flag"]), capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 127 and proc.stderr.strip() == (
+        "cpuopt: cannot run no-such-program-here: No such file or directory"), proc.stderr
+    echo = subprocess.run(launch.ending_with_this(["echo", "a b", "--c"]), capture_output=True, text=True, timeout=30)
+    assert echo.returncode == 0 and echo.stdout == "a b --c\n"  # its arguments as given
+
+
+@pytest.mark.slow
 def test_an_interrupted_workbook_run_stops_its_notebooks_workers(tmp_path):
     """SIGTERM (or Ctrl-C) to `cpuopt workbook run`: the notebook stops, and so do the kernel and the
     workers it started (found by the build folder they inherit), none measuring on into the next run."""
