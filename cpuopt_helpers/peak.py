@@ -165,23 +165,34 @@ def clock_ghz(cpuinfo: str, root: str = "/", measure=None) -> tuple[float | None
         return None, "unknown: neither sysfs nor /proc/cpuinfo gives a clock"
 
 
-def theoretical(cpuinfo: str, cores: int, root: str = "/") -> dict:
+def theoretical(cpuinfo: str, cores: int, root: str = "/", clock: tuple[float, str] | None = None) -> dict:
     """The theoretical peak of ``cores`` cores: per dtype GFLOP/s (None where unknown), with what it
-    rests on. The clock is measured only for this machine (``root`` "/"), and only where sysfs shows none."""
+    rests on. ``clock``: (GHz, where it was read), as ``stored_clock`` gives it; else the clock is read
+    now, and measured only for this machine (``root`` "/"), and only where sysfs shows none."""
     core, where = identify(cpuinfo)
     flags = set((_field(cpuinfo, "flags") or "").split())
     flop = per_cycle(core, flags)
-    ghz, clock_from = clock_ghz(cpuinfo, root, measured_clock_ghz if root == "/" else None)
+    ghz, clock_from = clock or clock_ghz(cpuinfo, root, measured_clock_ghz if root == "/" else None)
     gflops = {dtype: (f * ghz * cores if f and ghz else None) for dtype, f in flop.items()}
     return {"cpu": where, "core": core.name if core else "unknown: not in cpuopt's table (peak.CORES)",
             "source": core.source if core else None, "flop_per_cycle_per_core": flop, "clock_ghz": ghz,
             "clock_source": clock_from, "cores": cores, "theoretical_gflops": gflops}
 
 
+def stored_clock(roofline: dict | None) -> tuple[float, str] | None:
+    """The clock read when these ceilings were measured (``roofline.measure``), so that every page
+    and notebook of a run states one theoretical peak: a clock measured in a VM moves a few percent
+    between readings. None where the ceilings carry no clock (measured by an older cpuopt)."""
+    if not (roofline or {}).get("clock_ghz"):
+        return None
+    return roofline["clock_ghz"], f"{roofline['clock_source']}, with the GEMM ceilings"
+
+
 def peak_report(cpuinfo: str, cores: int, roofline: dict | None, root: str = "/") -> dict:
     """`cpuopt doctor --json`'s ``peak``: per dtype the theoretical and the measured GFLOP/s (notebook
-    00's GEMM ceiling, None where not measured yet), and the measured share of the theoretical."""
-    theory = theoretical(cpuinfo, cores, root)
+    00's GEMM ceiling, None where not measured yet), and the measured share of the theoretical; the
+    theoretical at the clock read with the ceilings, where they carry one."""
+    theory = theoretical(cpuinfo, cores, root, stored_clock(roofline))
     measured = {"fp32": (roofline or {}).get("gemm_gflops_best"), "bf16": (roofline or {}).get("gemm_gflops_bf16_best")}
     per_dtype = {d: {"theoretical_gflops": theory["theoretical_gflops"][d], "measured_gflops": measured[d],
                      "measured_share": (measured[d] / theory["theoretical_gflops"][d]

@@ -128,8 +128,9 @@ def measure_here(size: int, copy_bytes: int, repeats: int) -> dict:
 
 
 def measure(preset: str = "quick", threads: int | None = None, timeout_s: float = 300) -> dict:
-    """Measure the ceilings in a fresh process pinned to the first `threads` cores."""
-    from cpuopt_helpers import system
+    """Measure the ceilings in a fresh process pinned to the first `threads` cores, with the clock
+    the theoretical peak is taken at (``clock_ghz``, ``clock_source``: ``peak.stored_clock``)."""
+    from cpuopt_helpers import peak, system
     from cpuopt_helpers.errors import CpuoptError
     from cpuopt_helpers.runtimes import run_json_module
 
@@ -138,8 +139,10 @@ def measure(preset: str = "quick", threads: int | None = None, timeout_s: float 
     topo = system.topology()
     threads = threads or topo.physical_cores
     cores = sorted(topo.core_order()[:threads])
-    return run_json_module("cpuopt_helpers.roofline", ["--preset", preset], "roofline measurement", threads=threads,
-                           cores=cores, timeout_s=timeout_s)
+    value = run_json_module("cpuopt_helpers.roofline", ["--preset", preset], "roofline measurement", threads=threads,
+                            cores=cores, timeout_s=timeout_s)
+    ghz, source = peak.clock_ghz(system.read_cpuinfo(), "/", peak.measured_clock_ghz)
+    return {**value, "clock_ghz": ghz, "clock_source": source}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,6 +90,7 @@ def test_system_check_records_the_roofline(quick_run):
     assert roof["gemm_gflops_best"] > 1 and roof["copy_gbs_best"] > 0.1
     assert (out / "figures" / "00_roofline.png").stat().st_size > 1000
     assert roof.get("gemm_gflops_bf16_best") is None or roof["gemm_gflops_bf16_best"] > 0
+    assert roof["clock_source"] and (roof["clock_ghz"] is None or 0.5 < roof["clock_ghz"] < 7)  # the peak's clock
 
 
 def test_baseline_measures_every_workload_and_hands_on(quick_run):

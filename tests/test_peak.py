@@ -93,3 +93,15 @@ def test_the_measured_ceiling_is_the_best_over_sizes_and_paths():
     assert set(measured["gemm_paths"]) == {"mm 64", "mm 128", "conv1x1 128"}  # two sizes, two paths
     assert all(rate > 0 for rate in measured["gemm_paths"].values())
     assert measured["write_gbs"] > 0 and measured["fresh_write_gbs"] > 0  # the two write rates (notebook 00)
+
+
+def test_every_reader_of_stored_ceilings_takes_the_peak_at_the_clock_read_with_them(tmp_path, monkeypatch):
+    """A clock measured in a VM moves a few percent between readings: notebook 01, 02, 09 and the
+    page of one run state one theoretical peak, the one at the clock stored with the ceilings."""
+    monkeypatch.setattr(peak, "measured_clock_ghz", lambda: 1 / 0)  # nothing is measured again
+    stored = {"gemm_gflops_best": 128.0, "clock_ghz": 3.2, "clock_source": "measured here: dependent adds"}
+    report = peak.peak_report(cpuinfo(peak.AMD, 25, 17), 2, stored)  # root "/": would measure, without the clock
+    assert report["clock_ghz"] == 3.2 and report["fp32"]["theoretical_gflops"] == pytest.approx(32 * 3.2 * 2)
+    assert report["clock_source"] == "measured here: dependent adds, with the GEMM ceilings"
+    older = peak.peak_report(cpuinfo(peak.AMD, 25, 17, mhz=2400.0), 2, {"gemm_gflops_best": 128.0}, root=str(tmp_path))
+    assert older["clock_ghz"] == 2.4  # ceilings from an older cpuopt carry no clock: read now

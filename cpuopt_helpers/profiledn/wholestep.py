@@ -684,7 +684,8 @@ def machine_ceilings(preset: str = "quick", roofline_file: str | None = None) ->
 
     def ceilings(value: dict, source: str) -> Ceilings:  # the theoretical peak of the cores it measured on
         cores = int(value.get("threads") or facts.physical_cores)
-        return Ceilings.from_roofline(value, source, peak.theoretical(system.read_cpuinfo(), cores)["theoretical_gflops"])
+        theory = peak.theoretical(system.read_cpuinfo(), cores, clock=peak.stored_clock(value))
+        return Ceilings.from_roofline(value, source, theory["theoretical_gflops"])
 
     for name in dict.fromkeys([preset, "full", "standard", "quick"]):
         value = store.get_fact(machine, f"roofline/{name}")
