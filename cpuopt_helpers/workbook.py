@@ -186,6 +186,21 @@ def check_parameters(books: list[Path], parameters: dict, notebook_parameters: d
                 raise CpuoptError(f"notebook {number} has no parameter {name}; it takes {', '.join(takes[number])}")
 
 
+def local_kernels():
+    """The kernel manager papermill starts each notebook's kernel with: its sockets are local files
+    (ZeroMQ ipc), not TCP ports on localhost that any user of a shared server can reach, and the
+    kernel does not warn, once a notebook, that its TCP traffic is unencrypted."""
+    from jupyter_client import AsyncKernelManager
+    from traitlets import default
+
+    class LocalKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _transport_default(self) -> str:
+            return "ipc"
+
+    return LocalKernelManager
+
+
 def _execute(books: list[Path], out_dir: Path, preset: str, parameters: dict | None, progress: bool,
              notebook_parameters: dict[str, dict]) -> list[dict]:
     import papermill
@@ -202,7 +217,7 @@ def _execute(books: list[Path], out_dir: Path, preset: str, parameters: dict | N
             chosen = {k: v for k, v in chosen.items() if k in takes}  # each notebook gets the ones it has
             papermill.execute_notebook(str(book), str(target), parameters=chosen,
                                        kernel_name=KERNEL, language="python", cwd=str(book.parent),
-                                       progress_bar=progress)
+                                       progress_bar=progress, kernel_manager_class=local_kernels())
             report.append({"notebook": book.name, "status": "ok", "seconds": time.monotonic() - start,
                            "output": str(target), "error": ""})
         except papermill.PapermillExecutionError as exc:
