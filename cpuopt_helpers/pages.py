@@ -21,7 +21,7 @@ def results_markdown(store: ResultStore, facts: Facts, preset: str = "standard")
     """The README's generated block: per workload the configuration its ladder confirmed, its
     speedup over PyTorch's defaults with the interval (the top against the defaults in fresh
     paired rounds where the run measured it; else the product of the rungs, labelled so) and the
-    line that trains with it, stamped with the machine, the day and the code that measured."""
+    `cpuopt bench` line that measures it again, stamped with the machine, the day and the code that measured."""
     from cpuopt_helpers import ladder
 
     machine = facts.fingerprint
@@ -30,7 +30,7 @@ def results_markdown(store: ResultStore, facts: Facts, preset: str = "standard")
     if not names or not runs:
         raise CpuoptError(f"no {preset} ladder for this machine in {store.path}; run `make run` first")
     lines = [_stamp(facts, runs, preset, run_commit(store, machine, preset)), "",
-             "| workload | confirmed configuration | over PyTorch's defaults | train with it |", "|---|---|---|---|"]
+             "| workload | confirmed configuration | over PyTorch's defaults | measure it yourself |", "|---|---|---|---|"]
     for name in names:
         rungs = ladder.rungs(store, machine, name, preset, facts.physical_cores or 1)
         if rungs:
