@@ -246,6 +246,18 @@ def test_primitive_roofline_from_a_log():
         t.loc["matmul", "achieved_gflops"] / 250.0)
 
 
+def test_a_primitive_called_many_times_over_several_steps_runs_at_its_calls_work_over_their_time():
+    """Three calls a step over two steps, 0.01 ms each: the work of six calls in 0.06 ms, not one call's."""
+    import pandas as pd
+
+    df = pd.DataFrame({"kind": ["matmul"] * 6, "prop": ["forward_training"] * 6, "data_type": ["f32"] * 6,
+                       "time_ms": [0.01] * 6, "problem": ["4x16:16x8"] * 6})
+    row = wholestep.primitive_roofline(df, CEIL, steps=2).iloc[0]
+    call = 2 * 4 * 16 * 8
+    assert row["achieved_gflops"] == pytest.approx(call / 0.01e-3 / 1e9)  # as one call alone runs
+    assert (row["calls"], row["ms"], row["gflop"]) == (3, pytest.approx(0.03), pytest.approx(3 * call / 1e9))
+
+
 def test_cli_whole_step_on_a_trace(tmp_path, capsys):
     roof = tmp_path / "roofline.json"
     roof.write_text(json.dumps({"gemm_gflops_best": 100.0, "copy_gbs_best": 10.0}))

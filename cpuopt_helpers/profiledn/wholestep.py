@@ -612,7 +612,8 @@ def primitive_roofline(exec_df: pd.DataFrame, ceilings: Ceilings, steps: int | N
 
     FLOPs for convolutions (``parse_conv``), matmul and inner product; bytes from the problem's
     tensor sizes (source, weights, destination) and the line's data type. Other kinds: bytes
-    from the problem's dims (read once, written once).
+    from the problem's dims (read once, written once). Each is a call's, times the calls of the
+    log; ``gflop``, ``mb``, ``calls`` and ``ms`` a step's (the log's over ``steps``).
     """
     if exec_df.empty:
         return pd.DataFrame()
@@ -648,6 +649,8 @@ def primitive_roofline(exec_df: pd.DataFrame, ceilings: Ceilings, steps: int | N
                 b = 2.0 * math.prod(dims[0]) * size
         flops.append(f)
         moved.append(b)
+    flops = [f * n if f else None for f, n in zip(flops, g["calls"])]  # a call's work, times the calls timed
+    moved = [b * n if b else None for b, n in zip(moved, g["calls"])]
     g["gflop"] = [f / 1e9 / steps if f else None for f in flops]
     g["mb"] = [b / 1e6 / steps if b else None for b in moved]
     seconds = g["time_ms"] / 1e3
