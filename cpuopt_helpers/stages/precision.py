@@ -33,8 +33,8 @@ table = choosing.settings_table
 def accuracy_table(runs: list[dict]) -> pd.DataFrame:
     """Final test accuracy and loss of each precision mode on the digits."""
     return pd.DataFrame([{"mode": r["mode"], "final_accuracy": r["final_accuracy"], "final_loss": r["final_loss"],
-                          "best_accuracy": max(h["accuracy"] for h in r["history"]), "epochs": r["epochs"]}
-                         for r in runs]).set_index("mode")
+                          "best_accuracy": max(h["accuracy"] for h in r["history"]), "epochs": r["epochs"],
+                          "test_samples": r.get("test_samples")} for r in runs]).set_index("mode")
 
 
 def gate_findings(gate: dict) -> list[Finding]:
@@ -53,12 +53,16 @@ def findings(table: pd.DataFrame, plan: Plan) -> list[Finding]:
 
 
 def accuracy_findings(accuracy: pd.DataFrame) -> list[Finding]:
-    """Each precision mode's final accuracy on the digits against fp32's."""
+    """Each precision mode's final accuracy on the digits against fp32's (one seed each), with the
+    test images it is a share of where the run says how many."""
     if "fp32" not in accuracy.index:
         return []
     base = float(accuracy.loc["fp32", "final_accuracy"])
+    images = accuracy["test_samples"].iloc[0] if "test_samples" in accuracy else None
+    images = int(images) if images == images and images is not None else None  # NaN: not said
     return [Finding("", "precision", "digits accuracy", {"mode": mode, "accuracy": float(row.final_accuracy),
-                                                         "fp32_accuracy": base, "loss": float(row.final_loss)})
+                                                         "fp32_accuracy": base, "loss": float(row.final_loss),
+                                                         "test_samples": images})
             for mode, row in accuracy.iterrows() if mode != "fp32"]
 
 
