@@ -62,7 +62,16 @@ def _stamp(facts: Facts, runs: list[dict], preset: str, commit: str | None = Non
 
 
 def _answer_row(workload: str, rungs) -> str:
-    """One workload's answer: the configuration, its headline over the defaults, the command."""
+    """One workload's answer as a row of the README's table."""
+    setting, over, command = answer(rungs)
+    escaped = command.replace("|", "\\|")  # a pipe inside a table cell
+    return f"| {workload} | {setting} | {over} | `{escaped}` |"
+
+
+def answer(rungs) -> tuple[str, str, str]:
+    """A ladder's answer, as the README and the run's report give it: the configuration to train
+    with, its headline over PyTorch's defaults (the top against them in fresh paired rounds where
+    measured), and the `cpuopt bench` line that measures it again."""
     from cpuopt_helpers import ladder
     from cpuopt_helpers.planning import command_lines
 
@@ -77,8 +86,7 @@ def _answer_row(workload: str, rungs) -> str:
     over = (f"{end.describe()}, the top against the defaults in fresh paired rounds" if end else
             f"{compare.describe(top.vs_baseline)}, from the rungs' own confirmations" if changed
             else "nothing confirmed faster than the defaults")
-    command = command_lines(RunConfig.from_dict(trains))["bench"].replace("|", "\\|")
-    return f"| {workload} | {setting} | {over} | `{command}` |"
+    return setting, over, command_lines(RunConfig.from_dict(trains))["bench"]
 
 
 def _baseline_lines(table, facts: Facts, roof: dict) -> list[str]:

@@ -70,23 +70,17 @@ def results_rows(store: ResultStore) -> list[dict]:
 
 
 def answer_rows(store: ResultStore, facts: Facts) -> list[list[str]]:
-    """Per ladder in the store: workload, preset, what its last rung changed, the speedup
-    over PyTorch's defaults (chained from the confirmed rungs, with its interval), the command."""
-    from cpuopt_helpers import compare, ladder
-    from cpuopt_helpers.config import RunConfig
-    from cpuopt_helpers.planning import command_lines
+    """Per ladder in the store: workload, preset and its answer as the README gives it
+    (``pages.answer``: the configuration, the headline over PyTorch's defaults, the command)."""
+    from cpuopt_helpers import ladder, pages
 
     machine = facts.fingerprint
     rows = []
     for name in store.fact_names(machine, "ladder/"):
         _, workload, preset = name.split("/")
         rungs = ladder.rungs(store, machine, workload, preset, facts.physical_cores or 1)
-        if not rungs:
-            continue
-        changes = [r.change for r in rungs[1:] if not r.kept]
-        best = "; ".join(changes) if changes else "PyTorch's defaults (nothing was confirmed faster)"
-        speedup = compare.describe(rungs[-1].vs_baseline) if changes else "1.00x"
-        rows.append([workload, preset, best, speedup, command_lines(RunConfig.from_dict(rungs[-1].config))['bench']])
+        if rungs:
+            rows.append([workload, preset, *pages.answer(rungs)])
     return rows
 
 
@@ -174,7 +168,7 @@ def _write_report(build: Path, facts: Facts, store: ResultStore | None, title: s
 <h1>{html.escape(title)}</h1>
 <p>{len(notebooks)} executed notebooks, {len(figures)} figures, {sum(r['runs'] for r in rows)} measured runs.</p>
 <h2>The answer</h2>
-{_table(["workload", "preset", "best confirmed configuration", "over PyTorch's defaults", "train with"], answers)
+{_table(["workload", "preset", "confirmed configuration", "over PyTorch's defaults", "measure it yourself"], answers)
  if answers else '<p>No ladder in the store yet: run the notebooks (make run).</p>'}
 <h2>Machine</h2>
 {_table(["fact", "value"], [list(r) for r in _facts_rows(facts)])}

@@ -209,6 +209,10 @@ def test_the_readme_block_is_one_answer_a_workload(tmp_path):
     assert "1.10x (95% CI: 1.02-1.20, 5 rounds): faster, from the rungs' own confirmations" in rows["rnn"]  # not fresh
     assert "| PyTorch's defaults | nothing confirmed faster than the defaults |" in rows["retinanet"]
     assert "commit" not in lines[0]  # no run kept its commit in this store
+    from cpuopt_helpers.report import answer_rows
+
+    for workload, preset, setting, over, command in answer_rows(session.store, facts):  # the run's report says the same
+        assert preset == "quick" and f"| {setting} | {over} | `{command}` |" in rows[workload]
     session.store.put_fact("m", pages.RUN_FACT.format(preset="quick"), {"commit": "abc1234"})  # as `workbook run` does
     block = pages.results_markdown(session.store, facts, "quick")
     assert block.splitlines()[0].endswith(", commit abc1234.")
