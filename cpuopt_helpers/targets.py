@@ -111,7 +111,9 @@ def needed_share(target: Target, m: Measured) -> float | None:
 
 def status(target: Target, path: str | None, m: Measured) -> str:
     """'met', 'not met', 'too few rounds' (a ratio compared in fewer rounds than it needs), 'no result',
-    or 'other path' (a target for another kind of CPU: not checked here)."""
+    or 'other path' (a target for another kind of CPU: not checked here). A ratio whose interval lies
+    wholly below the target is 'not met' in any number of rounds: more rounds narrow it, around a
+    ratio it already places below."""
     if path != target.path:
         return "other path"
     if target.figure == "per_core":
@@ -120,7 +122,8 @@ def status(target: Target, path: str | None, m: Measured) -> str:
     if c.get("ratio") is None:
         return "no result"
     if (c.get("n") or 0) < target.rounds:
-        return "too few rounds"
+        high = c.get("ci_high")
+        return "not met" if high is not None and high == high and high < target.value else "too few rounds"
     low = c.get("ci_low")
     met = (c["ratio"] >= target.value and c.get("verdict") == "faster"
            and (target.lower is None or (low is not None and low >= target.lower)))

@@ -470,6 +470,9 @@ def _target(v: dict, c) -> str:
                 + (f", the interval's lower end at {v['lower']:.1f} or more" if v["lower"] else ""))
         unit, got = "x", f"measured {compare.describe(c.to_dict() if c else None)}"
     said = f"Target for {v['path_name']} CPUs {at}: {want}. "
+    if c is not None and v["status"] == "not met" and v["figure"] != "per_core" and c.n < v["rounds"]:
+        got += (f"; in {c.n} rounds, fewer than the {v['rounds']} it needs, but the interval's upper end is already "
+                f"below {v['value']:.1f}x")
     said += {"met": f"Met: {got}.", "not met": f"Not met: {got}.", "no result": f"Not checked: {got}.",
              "too few rounds": f"Not checked: {got}; the target needs {v['rounds']} paired rounds.",
              "other path": f"Not checked here (this CPU: {v['here']}); {got}."}[v["status"]]

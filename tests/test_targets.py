@@ -24,6 +24,7 @@ def test_each_study_has_the_targets_of_its_preset_and_class_count_only():
     (2.9, 2.8, 10, "faster", "not met"),
     (3.1, float("nan"), 10, "faster", "not met"),  # no interval: no lower end to check
     (3.1, 2.8, 5, "faster", "too few rounds"),  # the target needs 10 paired rounds
+    (2.0, 1.85, 5, "faster", "not met"),  # its interval (1.85-2.2) wholly below 3.0: in any number of rounds
     (3.1, 2.8, 10, "no different", "not met"),
 ])
 def test_the_amx_ratio_is_met_only_with_its_lower_end_in_enough_rounds_and_a_faster_verdict(ratio, low, n, verdict,
