@@ -268,7 +268,7 @@ def run_sweep(configs: Iterable, store: ResultStore, runner: Callable[[object], 
     the store, so a sweep killed half-way picks up where it stopped; rows of other sweeps
     are never used. A failed run is stored as a failure row; the sweep goes on.
     """
-    from tqdm.auto import tqdm
+    from cpuopt_helpers.progress import bar as progress_bar
 
     configs = list(configs)
     code = code_version()
@@ -281,7 +281,7 @@ def run_sweep(configs: Iterable, store: ResultStore, runner: Callable[[object], 
         random.Random(f"{sweep}/{r}").shuffle(order)
         jobs += [(r, position, arm) for position, arm in enumerate(order)]
     out = []
-    bar = tqdm(jobs, desc=tag or "sweep", unit="run", disable=not progress)
+    bar = progress_bar(iterable=jobs, desc=tag or "sweep", unit="run", disable=not progress)
     for round_, position, arm in bar:
         config = configs[arm]
         if (arm, round_) in stored:
@@ -351,16 +351,17 @@ def apart_sentence(runs: list[dict]) -> str:
         return ""
     shortest = min(min(s["round_trip_ns"]) for s, flag in zip(states, flags) if flag is not None)
     mixed, pairs, arm_apart = mixed_pairs(runs)
-    return (f" In {len(trips)} of {sum(f is not None for f in flags)} runs the round trip between two of its "
+    probed = sum(f is not None for f in flags)
+    return (f" In {len(trips)} of the {probed} runs probed the round trip between two of its "
             f"CPUs (the worker's probe, before and after its timed steps) was {APART:g}x the same pair's "
             f"shortest or more (shortest {shortest:.0f} ns, up to {max(trips):.0f} ns): on a VM, most likely "
             "its host had put those CPUs apart (other core complexes or sockets), where steps can run slower "
             "(data/vcpu_placement) and paired ratios come out noisier"
             + (f"; of {pairs} pairs of runs whose ratio is paired (an arm and its baseline in one round, both "
-               f"probed on a quiet machine), {mixed} had one run apart and the other not, the arm's run in {arm_apart} "
-               "of them and the baseline's in the rest (where the host moves the CPUs whichever arm runs, either is "
-               "as likely); a move during the timed steps goes unseen by the probe, so these counts are lower "
-               "bounds" if pairs else "") + ".")
+               f"probed on a quiet machine), {mixed} had one run apart and the other not, the arm's run in "
+               f"{arm_apart} of them and the baseline's in {mixed - arm_apart} (where the host moves the CPUs "
+               "whichever arm runs, either is as likely); a move during the timed steps goes unseen by the probe, "
+               "so these counts are lower bounds" if pairs else "") + ".")
 
 
 def loaded_sentence(results: list[dict]) -> str | None:
@@ -454,13 +455,13 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
     rounds (complete ones count; an incomplete one stays stored, unpaired). The progress bar
     shows the running ratio; ``say`` gets one line per round (`cpuopt compare --json` prints
     them to stderr)."""
-    from tqdm.auto import tqdm
+    from cpuopt_helpers.progress import bar as progress_bar
 
     sweep = ab_sweep(store, a, b, tag, machine, min_rounds, max_rounds)
     done, times = stored_rounds(_stored(store, sweep) if resume else {}), RunTimes()
     seed = int(sweep[:8], 16)
-    bar = tqdm(total=max_rounds, initial=len(done), desc=f"{tag or 'compare'} A/B", unit="round",
-               disable=not progress)
+    bar = progress_bar(total=max_rounds, initial=len(done), desc=f"{tag or 'compare'} A/B", unit="round",
+                       disable=not progress)
     runs = []
 
     def measure(arm: str, round_: int) -> float | None:

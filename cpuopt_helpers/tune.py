@@ -199,7 +199,7 @@ class Search:
     then the winners' changes combined. Keeps every run's samples/s and every failure."""
 
     def __init__(self, runner, deadline: float, workload: str, progress: bool):
-        from tqdm.auto import tqdm
+        from cpuopt_helpers.progress import bar
 
         self.runner, self.deadline = runner, deadline
         self.failures: dict[str, str] = {}  # label -> why its last run failed
@@ -207,7 +207,7 @@ class Search:
         self.samples: dict[str, list[float]] = {}
         self.by_hash: dict[str, RunConfig] = {}
         self.run_s: list[float] = []
-        self.bar = tqdm(desc=f"tune {workload}", unit="run", disable=not progress)
+        self.bar = bar(desc=f"tune {workload}", unit="run", disable=not progress)
 
     def measure(self, config: RunConfig) -> None:
         start = time.monotonic()

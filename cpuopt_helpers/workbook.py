@@ -10,6 +10,7 @@ from pathlib import Path
 from cpuopt_helpers import compare
 from cpuopt_helpers.config import PRESETS
 from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.progress import HEADLESS
 from cpuopt_helpers.results import build_dir
 from cpuopt_helpers.session import parameter_list
 
@@ -129,8 +130,9 @@ def run_workbook(preset: str = "standard", only: list[str] | None = None, out: s
     check_parameters(books, parameters or {}, notebook_parameters or {})
     check_kernel()
     out_dir = Path(out).resolve() if out else build_dir().resolve()
-    saved = {k: os.environ.get(k) for k in ("CPUOPT_BUILD", "CPUOPT_RESULTS", "PYTHONPATH")}
+    saved = {k: os.environ.get(k) for k in ("CPUOPT_BUILD", "CPUOPT_RESULTS", "PYTHONPATH", HEADLESS)}
     os.environ["CPUOPT_BUILD"] = str(out_dir)  # the kernels inherit it: figures and store land there
+    os.environ[HEADLESS] = "1"  # no progress bars left in the executed notebooks (progress.bar)
     # the kernels run in notebooks/: a user's package.module:function beside the caller stays importable
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), saved["PYTHONPATH"]) if p)
     if out:

@@ -21,7 +21,7 @@ LAYERS = (
     # foundations: no import of the package beyond these
     {"cpuopt_helpers", "errors", "compare", "stats", "throughput", "flops", "rank_exec", "kernels", "kernels.focal_loss",
      "kernels.detection_loss", "kernels.lamb", "kernels.conv_paths", "workloads", "profiledn.parse",
-     "profiledn.benchdnn", "peak", "power"},
+     "profiledn.benchdnn", "peak", "power", "progress"},
     {"config", "system"},  # what a run is; what the machine is
     # records and their words; where a run ran; interpreters; a oneDNN log's and a trace's findings (records)
     {"decisions", "wording", "provenance", "runtimes", "profiledn.breakdown", "profiledn.trace"},

@@ -79,6 +79,9 @@ def test_every_notebook_runs_on_the_quick_preset(quick_run):
     assert all(r["status"] == "ok" for r in report), workbook.format_report(report)
     for r in report:
         assert (out / "notebooks" / r["notebook"]).exists()
+        text = (out / "notebooks" / r["notebook"]).read_text()
+        assert "TqdmWarning" not in text and not any(f"{u}/s]" in text for u in ("it", "run", "round")), (
+            f"{r['notebook']}: progress bars left in the executed notebook (progress.bar)")
 
 
 def test_system_check_records_the_roofline(quick_run):

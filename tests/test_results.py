@@ -60,7 +60,7 @@ def test_runs_whose_cores_the_host_moved_apart_are_said():
     steady = loaded_sentence([run([220.0, 340.0]), run([260.0, 250.0]), run(None)])  # one core complex, noisy
     assert steady.endswith("the hypervisor took a median 0.0% of a run's CPU time, at most 0.0%.")
     moved = loaded_sentence([run([230.0, 250.0]), run([240.0, 470.0]), run([500.0, 520.0]), run(None)])
-    assert "In 2 of 3 runs the round trip between two of its CPUs" in moved
+    assert "In 2 of the 3 runs probed the round trip between two of its CPUs" in moved
     assert "was 1.6x the same pair's shortest or more (shortest 230 ns, up to 520 ns): on a VM, most likely" in moved
     assert moved.endswith("steps can run slower (data/vcpu_placement) and paired ratios come out noisier.")
     # bare metal: an unpinned arm times CPUs 0 and 1 on two sockets, a pinned one two cores of one: no claim
@@ -99,7 +99,7 @@ def test_pairs_of_runs_whose_two_runs_sat_apart_and_together_are_counted_from_th
     said = loaded_sentence(runs)
     assert said.endswith("paired ratios come out noisier; of 5 pairs of runs whose ratio is paired (an arm and "
                          "its baseline in one round, both probed on a quiet machine), 4 had one run apart and the "
-                         "other not, the arm's run in 3 of them and the baseline's in the rest (where the host moves "
+                         "other not, the arm's run in 3 of them and the baseline's in 1 (where the host moves "
                          "the CPUs whichever arm runs, either is as likely); a move during the timed steps goes "
                          "unseen by the probe, so these counts are lower bounds.")
     alone = [r for r in runs if r["sweep"] in ("cli", "")]
@@ -251,7 +251,7 @@ def test_comparison_stores_rounds_and_resumes_them(tmp_path, capsys):
 
     out = run_comparison(a, b, store, runner, tag="c", machine="m1", progress=False)
     assert out["verdict"] == "faster" and out["n"] == 5 and len(calls) == 10
-    assert "In 2 of 10 runs the round trip between two of its CPUs" in out["machine_sentence"]
+    assert "In 2 of the 10 runs probed the round trip between two of its CPUs" in out["machine_sentence"]
     report_comparison(out, "b over a", False)
     assert "\n  machine: The machine was quiet: none of the 10 runs" in capsys.readouterr().out
     assert len({r["sweep"] for r in store.results(tag="c")}) == 1

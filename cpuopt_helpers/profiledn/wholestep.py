@@ -649,8 +649,7 @@ def primitive_roofline(exec_df: pd.DataFrame, ceilings: Ceilings, steps: int | N
                 b = 2.0 * math.prod(dims[0]) * size
         flops.append(f)
         moved.append(b)
-    flops = [f * n if f else None for f, n in zip(flops, g["calls"])]  # a call's work, times the calls timed
-    moved = [b * n if b else None for b, n in zip(moved, g["calls"])]
+    flops, moved = ([x * n if x else None for x, n in zip(xs, g["calls"])] for xs in (flops, moved))  # x the calls
     g["gflop"] = [f / 1e9 / steps if f else None for f in flops]
     g["mb"] = [b / 1e6 / steps if b else None for b in moved]
     seconds = g["time_ms"] / 1e3
