@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -20,9 +21,27 @@ def figures_dir() -> Path:
     return path
 
 
+@functools.lru_cache(maxsize=1)
+def _machine() -> str:
+    from cpuopt_helpers import system
+
+    return f"{system.parse_cpu_model(system.read_cpuinfo())}, {system.topology().physical_cores} physical cores"
+
+
+def stamp() -> str:
+    """Where, when and with what code a figure was measured: the CPU and its cores, the day (UTC),
+    cpuopt's commit. Saved into the figure, so that a figure copied away still says it."""
+    from datetime import datetime, timezone
+
+    from cpuopt_helpers.provenance import own_commit
+
+    return f"{_machine()} · {datetime.now(timezone.utc):%Y-%m-%d} · cpuopt commit {own_commit()}"
+
+
 def save_figure(fig, name: str) -> Path:
-    """Save a figure as PNG under the figures folder and return its path."""
+    """Save a figure as PNG under the figures folder, stamped (``stamp``), and return its path."""
     path = figures_dir() / f"{name}.png"
+    fig.text(0.995, 0.0, stamp(), ha="right", va="top", fontsize=7, color="#707070")
     fig.savefig(path, dpi=120, bbox_inches="tight")
     log.info("figure saved to %s", path)
     return path
@@ -171,17 +190,28 @@ def settings_figure(tables: dict, title: str, value: str = "ratio"):
             low = t[f"{value}_low"] if f"{value}_low" in t else t[value] * float("nan")
             high = t[f"{value}_high"] if f"{value}_high" in t else t[value] * float("nan")
             err = [(t[value] - low).fillna(0), (high - t[value]).fillna(0)]  # no interval below the minimum rounds
-            verdicts = t["verdict"] if "verdict" in t else [None] * len(t)
-            colors = [{"faster": "#55A868", "slower": "#C44E52"}.get(v, "#8C8C8C") for v in verdicts]
-            ax.barh(labels, t[value], xerr=err, color=colors, capsize=3)
+            verdicts = list(t["verdict"]) if "verdict" in t else [None] * len(t)
+            colors = [VERDICT_COLORS.get(v, "#8C8C8C") for v in verdicts]
+            ax.barh(labels, t[value], xerr=err if low.notna().any() else None, color=colors, capsize=3)
             ax.axvline(1.0, color="black", lw=0.8)
             ax.invert_yaxis()
             ax.tick_params(axis="y", labelsize=8)
-        ax.set_xlabel("throughput / baseline, paired rounds\n(green faster, red slower; " + rounds_note(t) + ")")
+        ax.set_xlabel(f"throughput / baseline, paired rounds\n({settings_key(t)})")
         ax.set_title(name, fontsize=10)
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+VERDICT_COLORS = {"faster": "#55A868", "slower": "#C44E52"}
+
+
+def settings_key(table) -> str:
+    """The caption's key: the colours only where some bar has a verdict that colours it, then
+    what the bars' intervals rest on."""
+    verdicts = set(table["verdict"]) if "verdict" in table else set()
+    key = "green faster, red slower, grey undecided; " if verdicts & set(VERDICT_COLORS) else ""
+    return key + rounds_note(table)
 
 
 def rounds_note(table, value: str = "ratio") -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import subprocess
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -195,3 +196,29 @@ def code_version(root: Path | None = None) -> dict:
         sources = {f.relative_to(root).as_posix(): f.read_text(errors="replace") for f in files}
         _code_versions[key] = {"package": package_version(), "measuring_hash": measuring_hash(sources)}
     return dict(_code_versions[key])
+
+
+# ------------------------------------------------------------------ this code's commit
+
+ROOT = Path(__file__).resolve().parents[1]
+NOT_A_CHECKOUT = "not a git checkout"
+
+
+def _git(folder: Path, *args: str) -> str | None:
+    """``git -C FOLDER ARGS``'s output, stripped; None where git or the checkout is missing."""
+    try:
+        done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def own_commit(root: Path = ROOT) -> str:
+    """This code's commit: ``abc1234``, ``abc1234 with uncommitted changes``, or ``not a git
+    checkout`` (also where the package lies inside some other repository's tree)."""
+    top = _git(root, "rev-parse", "--show-toplevel")
+    short = _git(root, "rev-parse", "--short", "HEAD")
+    if not top or not short or Path(top).resolve() != Path(root).resolve():
+        return NOT_A_CHECKOUT
+    dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
+    return f"{short} with uncommitted changes" if dirty else short

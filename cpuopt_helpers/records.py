@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
 from cpuopt_helpers.pages import cpu_slug, isa_slug, words_link
-from cpuopt_helpers.provenance import code_version
+from cpuopt_helpers.provenance import NOT_A_CHECKOUT, ROOT, _git, code_version, own_commit  # noqa: F401 (records' own)
 from cpuopt_helpers.system import Facts, collect_facts
 
-ROOT = Path(__file__).resolve().parents[1]
-NOT_A_CHECKOUT = "not a git checkout"
 
 
 class Row(NamedTuple):
@@ -37,26 +34,6 @@ class Row(NamedTuple):
     value: str
     interval: str = ""
     rounds: str = ""
-
-
-def _git(folder: Path, *args: str) -> str | None:
-    """``git -C FOLDER ARGS``'s output, stripped; None where git or the checkout is missing."""
-    try:
-        done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
-def own_commit(root: Path = ROOT) -> str:
-    """This code's commit: ``abc1234``, ``abc1234 with uncommitted changes``, or ``not a git
-    checkout`` (also where the package lies inside some other repository's tree)."""
-    top = _git(root, "rev-parse", "--show-toplevel")
-    short = _git(root, "rev-parse", "--short", "HEAD")
-    if not top or not short or Path(top).resolve() != Path(root).resolve():
-        return NOT_A_CHECKOUT
-    dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
-    return f"{short} with uncommitted changes" if dirty else short
 
 
 def git_identity(folder: Path, tracked: str | None = None) -> dict:

@@ -14,3 +14,36 @@ def test_the_settings_caption_says_how_many_rounds_its_intervals_rest_on():
                           "comparison": [{"n": 5}, {"n": 8}, {"n": 2}]})
     assert rounds_note(mixed) == "intervals from 5-8 rounds"
     assert rounds_note(mixed.iloc[:1]) == "intervals from 5 rounds"
+
+
+def test_the_key_names_colours_only_where_a_verdict_colours_a_bar():
+    import math
+
+    import pandas as pd
+
+    from cpuopt_helpers.plots import settings_key
+
+    screened = pd.DataFrame({"ratio": [1.3, 0.9], "ratio_low": [math.nan] * 2, "verdict": ["screened, 1 round"] * 2})
+    assert settings_key(screened) == "no interval: screened only"  # every bar grey: no colour key
+    decided = pd.DataFrame({"ratio": [1.3], "ratio_low": [1.2], "verdict": ["faster"], "comparison": [{"n": 5}]})
+    assert settings_key(decided) == "green faster, red slower, grey undecided; intervals from 5 rounds"
+
+
+def test_a_saved_figure_says_where_when_and_with_what_code_it_was_measured(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from cpuopt_helpers import plots, system
+    from cpuopt_helpers.provenance import own_commit
+
+    monkeypatch.setenv("CPUOPT_BUILD", str(tmp_path))
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4])
+    path = plots.save_figure(fig, "t")
+    said = [t.get_text() for t in fig.texts]
+    assert path.stat().st_size > 1000 and len(said) == 1
+    assert said[0].startswith(system.parse_cpu_model(system.read_cpuinfo()))
+    assert f"cpuopt commit {own_commit()}" in said[0] and " · 20" in said[0]  # the day, as 2026-12-06
+    plt.close(fig)
