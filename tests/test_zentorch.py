@@ -113,3 +113,16 @@ def test_notebook_05_compares_zentorch_with_eager_and_inductor_or_says_why_not()
     assert (said.kind, said.values) == ("zentorch not measured", not_tried)
     assert Finding("cnn", "extensions", "zentorch not measured", {"reason": None}).sentence == \
         "cnn: zentorch: not measured here (ZENTORCH = False)."
+
+
+def test_notebook_05_says_an_installed_zentorch_was_left_out_by_its_parameter():
+    from cpuopt_helpers.stages import extensions
+
+    ipex = {"available": False, "reason": "IPEX=0"}
+    ready = {"version": "2.13.0", "usable": True, "amd": True, "reason": ""}
+    assert extensions.runtimes_measured(ipex, ready, False) == (
+        False, ["IPEX runtime skipped: IPEX=0; the torch 2.8 and IPEX rows are left out",
+                "zentorch: 2.13.0 installed, not measured here (ZENTORCH = False)"])  # not an empty "zentorch: "
+    assert extensions.runtimes_measured(ipex, ready, "auto")[1][-1] == "zentorch: measured: 2.13.0"
+    intel = dict(ready, amd=False, reason="not tried: this CPU is GenuineIntel")
+    assert extensions.runtimes_measured(ipex, intel, False)[1][-1] == "zentorch: not tried: this CPU is GenuineIntel"

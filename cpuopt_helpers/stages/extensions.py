@@ -49,7 +49,12 @@ def runtimes_measured(ipex: dict, zentorch: dict, asked) -> tuple[bool, list[str
              if ipex["available"] else f"IPEX runtime skipped: {ipex['reason']}; the torch 2.8 and IPEX rows are left out"]
     if asked is True and not zentorch["usable"]:
         lines.append(f"zentorch asked for (ZENTORCH = True) but it cannot run: {zentorch['reason']}")
-    lines.append(f"zentorch: {'measured: ' + str(zentorch['version']) if use else zentorch['reason']}")
+    if use:
+        lines.append(f"zentorch: measured: {zentorch['version']}")
+    elif zentorch["usable"] and not zentorch["reason"]:  # installed, and left out by the notebook's parameter (the standard preset's choice)
+        lines.append(f"zentorch: {zentorch['version']} installed, not measured here (ZENTORCH = {asked!r})")
+    else:
+        lines.append(f"zentorch: {zentorch['reason']}")
     return use, lines
 
 
