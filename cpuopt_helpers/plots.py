@@ -301,7 +301,8 @@ def waterfall(tables: dict, finals: dict | None = None):
     """Per workload: each rung's confirmed gain on the previous one (its interval as an error
     bar), chained; then the ladder's end measured against its start in fresh paired rounds.
     A rung that left the ladder where it was gets a grey tick at its level and no label (its
-    neighbours' labels would otherwise run into each other); panels widen with their rungs."""
+    neighbours' labels would otherwise run into each other); a rung tried as one block, with no
+    gain of its own (NaN), points to the end vs start; panels widen with their rungs."""
     sns.set_theme(style="whitegrid", context="notebook")
     tables = {w: t for w, t in tables.items() if len(t)}
     widths = [max(4.6, 0.4 * (len(t) + 1)) for t in tables.values()] or [4.6]
@@ -313,6 +314,10 @@ def waterfall(tables: dict, finals: dict | None = None):
             new = top = row.cumulative_speedup  # top: where its label goes, above its error bar
             if i == 0:
                 ax.bar(i, new, color="#4C72B0")
+            elif new != new:  # tried as one block (make run's RetinaNet recipe): its gain is the end vs start
+                ax.text(i, level, "one block:\nsee end\nvs start", ha="center", va="bottom", fontsize=7)
+                labels.append(row.step)
+                continue
             elif new == level:  # kept the rung below: nothing to draw but where it stands
                 ax.hlines(new, i - 0.4, i + 0.4, color="#999999", lw=1.5)
             else:

@@ -305,3 +305,7 @@ def test_the_ladder_figure_labels_only_the_rungs_that_moved_the_ladder():
     assert texts == ["1.00x", "1.03x", "1.17x", "1.83x", "2.06x", "1.85x"]  # the start, four moves, the end
     assert len(fig.axes[0].collections) >= len(levels) - 5  # a tick for each rung that kept the level
     assert fig.axes[0].get_position().width > fig.axes[1].get_position().width  # more rungs, a wider panel
+    block = pd.DataFrame({"step": ["baseline", "the paper's recipe"], "cumulative_speedup": [1.0, float("nan")],
+                          "vs_previous_low": [None, None], "vs_previous_high": [None, None], "confirmed": [None, False]})
+    texts = [t.get_text() for t in plots.waterfall({"retinanet": block}, {"retinanet": final}).axes[0].texts]
+    assert texts == ["1.00x", "one block:\nsee end\nvs start", "1.85x"]  # not a flat tick that reads "kept"

@@ -688,6 +688,9 @@ def test_make_runs_retinanet_ladder_is_the_papers_recipe_named_and_confirmed_onc
         top = RunConfig.from_dict(rows[1].config)
         assert dict(top.options) == dict(plan.named["all fixes"].options) and top.dtype == ("bf16" if fast else "fp32")
         assert top.compile is None  # torch.compile: make case-study's climb weighs its compile time
+        table = summary.ladder_table(session.store, "m", "retinanet", "standard", None, 1.0, 2)
+        assert table["cumulative_speedup"].iloc[0] == 1.0  # the recipe has no gain of its own: its headline says
+        assert table["cumulative_speedup"].iloc[1] != table["cumulative_speedup"].iloc[1]  # NaN, not a kept 1.0
 
 
 def test_notebook_09_checks_retinanets_targets_on_its_headline_at_its_class_count():

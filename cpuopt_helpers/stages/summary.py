@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from cpuopt_helpers import stats, targets
 from cpuopt_helpers.config import RunConfig
-from cpuopt_helpers.decisions import Comparison, Finding
+from cpuopt_helpers.decisions import RECIPE, Comparison, Finding
 
 
 def ladder_findings(table: pd.DataFrame, workload: str = "") -> list[Finding]:
@@ -47,6 +49,8 @@ def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict
             if any(r.get("achieved_gflops") for r in measured) else None
         evidence = rung.vs_previous.to_dict() if rung.vs_previous else {}
         chained = rung.vs_baseline
+        if rung.step == RECIPE and not (rung.kept or evidence):  # tried as one block: the headline (``ends``) says
+            chained = {"ratio": math.nan, "ci_low": math.nan, "ci_high": math.nan}
         ceiling = ceiling_gflops(roofline or {}, config.dtype) if roofline else None
         rows.append({"step": rung.step, "change": rung.change, "kept": rung.kept,
                      "samples_per_s": sps, "runs": len(measured), "achieved_gflops": gflops,
