@@ -317,9 +317,13 @@ def _ratio_goal(v: dict) -> str:
 
 
 def _of_theory(share) -> str:
-    """The share of the theoretical peak beside a share of the measured ceiling."""
-    return (f" and {share:.0%} of the theoretical peak" if share is not None else
-            " (the theoretical peak is unknown here)")
+    """The share of the theoretical peak beside a share of the measured ceiling; above all of it, what
+    that says: no core computes faster than its peak, so the clock it was taken at was lower than the
+    cores ran at (a clock measured in a VM; a turbo above sysfs's maximum)."""
+    if share is None:
+        return " (the theoretical peak is unknown here)"
+    return f" and {share:.0%} of the theoretical peak" + (
+        " (above it: the cores ran faster than the clock the peak was taken at)" if share > 1 else "")
 
 
 _FIX_WORDS = {

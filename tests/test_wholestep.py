@@ -383,6 +383,10 @@ def test_gemm_rows_give_the_theoretical_peak_beside_the_measured_ceiling():
     assert f"and {said.values['of_theoretical']:.0%} of the theoretical peak" in said.sentence
     unknown = next(f for f in wholestep.wholestep_findings(wholestep.whole_step(TRACE, CEIL)) if f.kind == "whole step gemm")
     assert unknown.values["of_theoretical"] is None and "the theoretical peak is unknown here" in unknown.sentence
+    low = wholestep.Ceilings({"fp32": 100.0}, 10.0, 2, "test", {"fp32": 1.0})  # a peak taken at far too low a clock
+    above = next(f for f in wholestep.wholestep_findings(wholestep.whole_step(TRACE, low)) if f.kind == "whole step gemm")
+    assert "of the theoretical peak (above it: the cores ran faster than the clock the peak was taken at)" in \
+        above.sentence
 
 
 def compiled_step_events(scale: float = 1.0) -> list[dict]:
