@@ -90,18 +90,21 @@ def _baseline(v: dict, c) -> str:
 
 
 def _epochs(v: dict, c) -> str:
-    if v["epochs"] is not None:
-        return f"global batch {v['global_batch']}: {v['epochs']} epochs to {v['target']:.0%} test accuracy"
-    return f"global batch {v['global_batch']}: did not reach {v['target']:.0%} (final {v['final_accuracy']:.1%})"
+    if v["epochs"] is not None:  # the first epoch at the target; a later one may fall below it again
+        final = f", final {v['final_accuracy']:.1%}" if v.get("final_accuracy") is not None else ""
+        return (f"global batch {v['global_batch']}: {v['epochs']} epochs to {v['target']:.0%} test accuracy "
+                f"(first reached{final}; one seed)")
+    return (f"global batch {v['global_batch']}: did not reach {v['target']:.0%} (final {v['final_accuracy']:.1%}; "
+            "one seed)")
 
 
 def _larger_batch(v: dict, c) -> str:
     small, large = v["small_epochs"], v["large_epochs"]
     trend = "more" if large > small else "fewer" if large < small else "as many"
-    return (f"a {v['factor']}x larger global batch needed {trend} epochs ({small} -> {large}): adding ranks at a "
-            "fixed per-rank batch grows the global batch, so "
-            + ("lower the per-rank batch as ranks are added." if trend == "more" else
-               "on this dataset that cost did not show."))
+    return (f"a {v['factor']}x larger global batch needed {trend} epochs ({small} -> {large}, one seed each): adding "
+            "ranks at a fixed per-rank batch grows the global batch, so "
+            + ("where this holds for your model, lower the per-rank batch as ranks are added." if trend == "more"
+               else "on this dataset that cost did not show."))
 
 
 def _compile_breakeven(v: dict, c) -> str:
