@@ -73,8 +73,10 @@ def roofline_figure(roofline: dict):
     (each page faulted in), where measured."""
     sns.set_theme(style="whitegrid", context="notebook")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 2.8))
-    ax1.bar(["fp32 GEMM"], [roofline["gemm_gflops_best"]], color="#4C72B0")
-    ax1.set_ylabel("GFLOP/s")
+    gemm = {"fp32 GEMM": roofline["gemm_gflops_best"], "bf16 GEMM": roofline.get("gemm_gflops_bf16_best")}
+    gemm = {k: v for k, v in gemm.items() if v}
+    ax1.bar(list(gemm), list(gemm.values()), color=["#4C72B0", "#8172B2"][:len(gemm)])
+    ax1.set_ylabel("GFLOP/s (best)")
     bars = {"copy\n(read + write)": roofline["copy_gbs_best"], "write,\nmapped memory": roofline.get("write_gbs"),
             "write, fresh\n(page faults)": roofline.get("fresh_write_gbs")}
     bars = {k: v for k, v in bars.items() if v}

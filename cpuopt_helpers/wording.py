@@ -231,7 +231,7 @@ def _log_reorders(v: dict, c) -> str:
     if roles and max(roles, key=roles.get) == "weights":
         return said + ("; most move weights into the kernels' blocked layout, again at every call since training "
                        "changes them: channels-last does not remove those, keeping the weights in that layout does "
-                       "(IPEX's weight prepacking, notebook 05).")
+                       "(IPEX's weight prepacking; notebook 05 measures IPEX as a whole, not this alone).")
     return said + "; a consistent layout (channels-last for CNNs) may remove many of them."
 
 
