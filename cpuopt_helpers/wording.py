@@ -532,6 +532,10 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
                                       "asking for it trains with the fallback (its result says so)."),
     # stages.summary: notebook 09's headline of each ladder, and whether its runs time enough steps
     "ladder headline": _headline,
+    "baseline spread": lambda v, c: (
+        f"{v['workload']}: PyTorch's defaults ran at {v['low']:.1f}-{v['high']:.1f} samples/s over the {v['runs']} "
+        f"runs of them stored on this machine (median {v['median']:.1f}): absolute rates moved this much between "
+        "notebooks and rounds, which is why every verdict here is a ratio of runs paired in one round."),
     # targets.findings: the case study's targets for this CPU's kind, each with its verdict
     "target": _target,
     "steady window": lambda v, c: (

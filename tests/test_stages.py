@@ -352,6 +352,12 @@ def test_the_headline_is_the_top_against_the_defaults_in_fresh_rounds_and_is_kep
     assert headline.sentence.startswith("cnn: the ladder's top over PyTorch's defaults, in 5 fresh paired rounds: 1.20x")
     nothing, = summary.headline_findings(tables(), {}, 2.0)
     assert nothing.comparison is None and nothing.sentence.startswith("cnn: nothing was handed on beyond")
+    for i, speed in enumerate((42.0, 50.0, 48.0)):  # the defaults' runs in three notebooks, the rate moving
+        session.store.save_result({"config": start.to_dict(), "config_hash": start.config_hash(), "status": "ok",
+                                   "samples_per_s": speed, "system": "m", "created_at": f"2026-12-01T10:0{i}:00+00:00"})
+    _, spread = summary.headline_findings(tables(), finals, 2.0)
+    assert spread.sentence.startswith("cnn: PyTorch's defaults ran at 42.0-50.0 samples/s over the 3 runs of them "
+                                      "stored on this machine (median 48.0)")
 
 
 def test_a_stage_rerun_alone_starts_from_its_own_base_and_keeps_the_ladders_order(tmp_path):

@@ -52,8 +52,10 @@ def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict
         if rung.step == RECIPE and not (rung.kept or evidence):  # tried as one block: the headline (``ends``) says
             chained = {"ratio": math.nan, "ci_low": math.nan, "ci_high": math.nan}
         ceiling = ceiling_gflops(roofline or {}, config.dtype) if roofline else None
+        speeds = [r["samples_per_s"] for r in measured]
         rows.append({"step": rung.step, "change": rung.change, "kept": rung.kept,
                      "samples_per_s": sps, "runs": len(measured), "achieved_gflops": gflops,
+                     "samples_low": min(speeds, default=None), "samples_high": max(speeds, default=None),
                      "vs_previous": evidence.get("ratio"), "vs_previous_low": evidence.get("ci_low"),
                      "vs_previous_high": evidence.get("ci_high"), "verdict": evidence.get("verdict"),
                      "cumulative_speedup": chained["ratio"], "cumulative_low": chained["ci_low"],
@@ -112,7 +114,15 @@ def headline_findings(tables: dict, finals: dict, price_per_hour: float) -> list
                   "price_per_hour": price_per_hour, "ceiling": last.ceiling, "peak_share": _number(last.peak_share),
                   "theoretical_share": _number(last.get("theoretical_share"))}
         found.append(Finding(w, "summary", "ladder headline", values, Comparison.from_dict(finals.get(w))))
+        first = t.iloc[0]
+        if first.runs >= 3 and first.samples_high > SPREAD * first.samples_low:  # rates that moved between notebooks
+            found.append(Finding(w, "summary", "baseline spread", {
+                "runs": int(first.runs), "median": float(first.samples_per_s), "low": float(first.samples_low),
+                "high": float(first.samples_high)}))
     return found
+
+
+SPREAD = 1.1  # the defaults' fastest run over their slowest beyond which notebook 09 says the rates moved
 
 
 def target_findings(tables: dict, finals: dict, preset: str, bf16: dict) -> list[Finding]:
