@@ -365,6 +365,10 @@ def launch_plan(args):
     if not command:
         raise CpuoptError("no command given; write it after --, e.g. "
                           "cpuopt launch --allocator jemalloc -- python train.py")
+    if not args.dry_run:  # a dry run only prints the plan, for another machine too
+        from cpuopt_helpers.launch import findable
+
+        findable(command[0], dict(os.environ))
     machine = machine_for(args)
     config = launch_config(args)
     if args.nproc_per_node is not None:

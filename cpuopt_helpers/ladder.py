@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig, normalise, setting_hash, setting_label
-from cpuopt_helpers.decisions import Comparison, Rung
+from cpuopt_helpers.decisions import RECIPE, Comparison, Rung
 from cpuopt_helpers.planning import command_lines
 
 DEFAULTS_LABEL = "PyTorch's defaults"
@@ -82,12 +82,16 @@ def format_rungs(workload: str, rows: list[Rung]) -> list[str]:
         head = f"  {r.step:<17} {r.change}"
         if r.vs_previous:
             head += f"; vs the rung before {r.vs_previous.describe()}"
-        if not (r.kept or r.first):
+        if r.step == RECIPE and not (r.kept or r.vs_previous):  # make run's RetinaNet: its gain is the top's below
+            head += "; tried as one block, with no comparison of its own"
+        elif not (r.kept or r.first):
             head += f"; vs the baseline {compare.describe(r.vs_baseline)}"
         lines.append(head)
     end = top_end_to_end(rows)
     if end:
         lines.append(f"  the top against PyTorch's defaults, in fresh paired rounds: {end.describe()}")
+    elif rows and rows[-1].step == RECIPE:
+        lines.append("  the top against PyTorch's defaults: not compared yet (notebook 09 compares it)")
     if rows:
-        lines.append(f"  train with: {command_lines(RunConfig.from_dict(rows[-1].config))['bench']}")
+        lines.append(f"  measure it again: {command_lines(RunConfig.from_dict(rows[-1].config))['bench']}")
     return lines

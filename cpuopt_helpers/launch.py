@@ -45,6 +45,7 @@ from importlib import metadata
 
 from cpuopt_helpers import stats
 from cpuopt_helpers.config import PLACEMENT_FIELDS, RunConfig
+from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.planning import LaunchPlan, Machine, build_plan
 from cpuopt_helpers.provenance import (PREVIOUS_RUN_MEMORY_S, _load1, _read_text, code_version, machine_state,
                                        measuring_env, others_pct, run_threads, steal_pct, usable_cpus)
@@ -492,6 +493,22 @@ except OSError as exc:
 """
 
 
+def findable(program: str, env: dict, cwd: str | None = None) -> None:
+    """Refuse (one line, exit 2) a ``program`` that ``env``'s PATH (or, with a slash, ``cwd``) does not
+    give, before anything starts: behind GUARD, or numactl, it would fail in each instance instead."""
+    where = (os.path.join(cwd or os.getcwd(), program) if os.sep in program
+             else shutil.which(program, path=env.get("PATH", os.defpath)))
+    if not (where and os.path.isfile(where) and os.access(where, os.X_OK)):
+        raise CpuoptError(f"cannot run {program}: no such program "
+                          f"{'at that path' if os.sep in program else 'on PATH'}; give its path, or install it")
+
+
+def _all_findable(plan: LaunchPlan, cwds: list[str] | None) -> None:
+    """``findable`` for what each instance starts (numactl, taskset or the program), before any starts."""
+    for inst in plan.instances:
+        findable(inst.argv[0], dict(os.environ, **inst.env), cwds[inst.index] if cwds else None)
+
+
 def ending_with_this(argv: list[str]) -> list[str]:
     """``argv`` run through GUARD, so it ends (SIGTERM) if this process dies; as it is off Linux."""
     if not sys.platform.startswith("linux"):
@@ -507,12 +524,14 @@ def run_command_plan(plan: LaunchPlan, log_dir: str, echo=sys.stdout, grace_s: f
     instance's working directory (``instance_dirs``), else this one's.
 
     When an instance fails, the others are stopped (SIGTERM, then SIGKILL after a grace
-    period); when this process dies, each instance gets SIGTERM (``ending_with_this``).
+    period); when this process dies, each instance's program gets SIGTERM (``ending_with_this``; what
+    it started itself ends only where it stops it, as torchrun does its ranks).
     Returns {"returncode", "instances": [{index, cores, returncode, log}], "failed"}.
     """
     import threading
 
     os.makedirs(log_dir, exist_ok=True)
+    _all_findable(plan, cwds)
     procs, pumps, files = [], [], []
     for inst in plan.instances:
         path = os.path.join(log_dir, log_name(inst.index, node))

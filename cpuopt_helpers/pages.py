@@ -84,6 +84,7 @@ def answer(rungs) -> tuple[str, str, str]:
         if not (end and end.pays):  # not confirmed faster: the defaults stay what to train with
             setting, trains = f"PyTorch's defaults ({setting}: not confirmed faster)", rungs[0].config
     over = (f"{end.describe()}, the top against the defaults in fresh paired rounds" if end else
+            "not compared with the defaults yet (notebook 09 compares it)" if changed and top.step == RECIPE else
             f"{compare.describe(top.vs_baseline)}, from the rungs' own confirmations" if changed
             else "nothing confirmed faster than the defaults")
     return setting, over, command_lines(RunConfig.from_dict(trains))["bench"]

@@ -29,8 +29,9 @@ def _machine() -> str:
 
 
 def stamp() -> str:
-    """Where, when and with what code a figure was measured: the CPU and its cores, the day (UTC),
-    cpuopt's commit. Saved into the figure, so that a figure copied away still says it."""
+    """Where, when and with what code a figure was drawn: the CPU and its cores, the day (UTC),
+    cpuopt's commit. A notebook draws its figures from the runs it has just measured (08 and 09 also
+    from stored ones); saved into the figure, so that a figure copied away still says it."""
     from datetime import datetime, timezone
 
     from cpuopt_helpers.provenance import own_commit
@@ -191,10 +192,13 @@ def settings_figure(tables: dict, title: str, value: str = "ratio"):
             labels = [s[:42] for s in t["setting"]]
             low = t[f"{value}_low"] if f"{value}_low" in t else t[value] * float("nan")
             high = t[f"{value}_high"] if f"{value}_high" in t else t[value] * float("nan")
-            err = [(t[value] - low).fillna(0), (high - t[value]).fillna(0)]  # no interval below the minimum rounds
             verdicts = list(t["verdict"]) if "verdict" in t else [None] * len(t)
             colors = [VERDICT_COLORS.get(v, "#8C8C8C") for v in verdicts]
-            ax.barh(labels, t[value], xerr=err if low.notna().any() else None, color=colors, capsize=3)
+            ax.barh(labels, t[value], color=colors)
+            known = (low.notna() & high.notna()).to_numpy()  # no interval below the minimum rounds: no caps
+            if known.any():
+                ax.errorbar(t[value][known], [y for y, k in zip(range(len(t)), known) if k], fmt="none",
+                            xerr=[(t[value] - low)[known], (high - t[value])[known]], ecolor="black", capsize=3, lw=1)
             ax.axvline(1.0, color="black", lw=0.8)
             ax.invert_yaxis()
             ax.tick_params(axis="y", labelsize=8)
@@ -212,7 +216,7 @@ def settings_key(table) -> str:
     """The caption's key: the colours only where some bar has a verdict that colours it, then
     what the bars' intervals rest on."""
     verdicts = set(table["verdict"]) if "verdict" in table else set()
-    key = "green faster, red slower, grey undecided; " if verdicts & set(VERDICT_COLORS) else ""
+    key = "green faster, red slower, grey undecided or screened; " if verdicts & set(VERDICT_COLORS) else ""
     return key + rounds_note(table)
 
 
@@ -317,7 +321,8 @@ def waterfall(tables: dict, finals: dict | None = None):
             if i == 0:
                 ax.bar(i, new, color="#4C72B0")
             elif new != new:  # tried as one block (make run's RetinaNet recipe): its gain is the end vs start
-                ax.text(i, level, "one block:\nsee end\nvs start", ha="center", va="bottom", fontsize=7)
+                said = "one block:\nsee end\nvs start" if (finals or {}).get(name) else "one block:\nnot compared\nyet"
+                ax.text(i, level, said, ha="center", va="bottom", fontsize=7)
                 labels.append(row.step)
                 continue
             elif new == level:  # kept the rung below: nothing to draw but where it stands

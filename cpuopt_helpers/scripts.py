@@ -27,6 +27,7 @@ wall time: copies / wall time).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shlex
 import sys
@@ -59,6 +60,7 @@ def parse_command(text: str) -> list[str]:
         raise CpuoptError("--script needs a command, e.g. --script 'python train.py --epochs 1'")
     if words[0] in ("python", "python3"):
         words[0] = sys.executable
+    launch.findable(words[0], dict(os.environ))  # a program not there: said once, before any round
     return words
 
 

@@ -188,10 +188,14 @@ def check_parameters(books: list[Path], parameters: dict, notebook_parameters: d
                 raise CpuoptError(f"notebook {number} has no parameter {name}; it takes {', '.join(takes[number])}")
 
 
-def local_kernels():
+def local_kernels(folder: str):
     """The kernel manager papermill starts each notebook's kernel with: its sockets are local files
     (ZeroMQ ipc), not TCP ports on localhost that any user of a shared server can reach, and the
-    kernel does not warn, once a notebook, that its TCP traffic is unencrypted."""
+    kernel does not warn, once a notebook, that its TCP traffic is unencrypted. The files lie in
+    ``folder``, this run's own, under a name for each kernel: never in the notebooks' folder, where
+    two runs' kernels would take each other's sockets, and never in one a run cannot write."""
+    import uuid
+
     from jupyter_client import AsyncKernelManager
     from traitlets import default
 
@@ -200,36 +204,47 @@ def local_kernels():
         def _transport_default(self) -> str:
             return "ipc"
 
+        @default("ip")
+        def _ip_default(self) -> str:
+            return os.path.join(folder, uuid.uuid4().hex[:12])
+
     return LocalKernelManager
 
 
 def _execute(books: list[Path], out_dir: Path, preset: str, parameters: dict | None, progress: bool,
              notebook_parameters: dict[str, dict]) -> list[dict]:
-    import papermill
+    import tempfile
+
     from tqdm.auto import tqdm
 
     report = []
-    for book in tqdm(books, desc="workbook", unit="notebook", disable=not progress):
-        target = out_dir / "notebooks" / book.name
-        start = time.monotonic()
-        try:
-            chosen = {"PRESET": preset, **PRESET_PARAMETERS.get(preset, {}).get(book.name[:2], {}), **(parameters or {}),
-                      **notebook_parameters.get(book.name[:2], {})}
-            takes = declared_parameters(book)
-            chosen = {k: v for k, v in chosen.items() if k in takes}  # each notebook gets the ones it has
-            papermill.execute_notebook(str(book), str(target), parameters=chosen,
-                                       kernel_name=KERNEL, language="python", cwd=str(book.parent),
-                                       progress_bar=progress, kernel_manager_class=local_kernels())
-            report.append({"notebook": book.name, "status": "ok", "seconds": time.monotonic() - start,
-                           "output": str(target), "error": ""})
-        except papermill.PapermillExecutionError as exc:
-            report.append({"notebook": book.name, "status": "failed", "seconds": time.monotonic() - start,
-                           "output": str(target),
-                           "error": f"cell {exc.exec_count}: {exc.ename}: {exc.evalue}"})
-        except Exception as exc:  # the kernel died or could not start: report and go on
-            report.append({"notebook": book.name, "status": "failed", "seconds": time.monotonic() - start,
-                           "output": str(target), "error": f"{type(exc).__name__}: {exc}"})
+    with tempfile.TemporaryDirectory(prefix="cpuopt-kernels-") as sockets:
+        for book in tqdm(books, desc="workbook", unit="notebook", disable=not progress):
+            report.append(_execute_one(book, out_dir, preset, parameters, progress, notebook_parameters,
+                                       local_kernels(sockets)))
     return report
+
+
+def _execute_one(book: Path, out_dir: Path, preset: str, parameters: dict | None, progress: bool,
+                 notebook_parameters: dict[str, dict], kernels) -> dict:
+    """One notebook through papermill (``kernels``: its kernel manager): its line of the report."""
+    import papermill
+
+    target = out_dir / "notebooks" / book.name
+    start = time.monotonic()
+    line = {"notebook": book.name, "status": "ok", "output": str(target), "error": ""}
+    try:
+        chosen = {"PRESET": preset, **PRESET_PARAMETERS.get(preset, {}).get(book.name[:2], {}), **(parameters or {}),
+                  **notebook_parameters.get(book.name[:2], {})}
+        takes = declared_parameters(book)
+        chosen = {k: v for k, v in chosen.items() if k in takes}  # each notebook gets the ones it has
+        papermill.execute_notebook(str(book), str(target), parameters=chosen, kernel_name=KERNEL, language="python",
+                                   cwd=str(book.parent), progress_bar=progress, kernel_manager_class=kernels)
+    except papermill.PapermillExecutionError as exc:
+        line.update(status="failed", error=f"cell {exc.exec_count}: {exc.ename}: {exc.evalue}")
+    except Exception as exc:  # the kernel died or could not start: report and go on
+        line.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+    return {**line, "seconds": time.monotonic() - start}
 
 
 def format_report(report: list[dict]) -> str:

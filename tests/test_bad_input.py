@@ -33,6 +33,11 @@ BAD = [  # (arguments, with {tmp} for the test's folder; words of the one line e
     (["launch", "--log-dir", "/proc/nope", *CMD], "cannot use /proc/nope"),
     (["launch", "--instance-dirs", "{tmp}/afile", *CMD], "Not a directory"),
     (["launch", "--ninstances", "0", *CMD], "instances must be at least 1"),
+    (["launch", "--", "no-such-program-here"], "cannot run no-such-program-here: no such program on PATH"),
+    (["launch", "--", "{tmp}/nope.sh"], "no such program at that path"),
+    (["launch", "--", "{tmp}/train.py"], "no such program at that path"),  # there, but not executable
+    (["compare", "--script", "no-such-program-here", "--a", "--threads 1", "--b", "--threads 2"],
+     "cannot run no-such-program-here"),
     (["launch", "--ninstances", "4096", *CMD], "4096 instances need at least 4096 cores"),
     (["launch", "--ninstances", "4096", *CMD], "use --ninstances"),  # launch's flags, not bench's --instances
     (["launch", "--ninstances", "2", "--ncores-per-instance", "2", *CMD],

@@ -211,7 +211,9 @@ def test_the_readme_block_is_one_answer_a_workload(tmp_path):
     assert "commit" not in lines[0]  # no run kept its commit in this store
     from cpuopt_helpers.report import answer_rows
 
-    for workload, preset, setting, over, command in answer_rows(session.store, facts):  # the run's report says the same
+    answers = answer_rows(session.store, facts)
+    assert len(answers) == 3
+    for workload, preset, setting, over, command in answers:  # the run's report says the same
         assert preset == "quick" and f"| {setting} | {over} | `{command}` |" in rows[workload]
     session.store.put_fact("m", pages.RUN_FACT.format(preset="quick"), {"commit": "abc1234"})  # as `workbook run` does
     block = pages.results_markdown(session.store, facts, "quick")

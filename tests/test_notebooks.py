@@ -77,6 +77,7 @@ def test_every_notebook_runs_on_the_quick_preset(quick_run):
     out, report = quick_run
     assert [r["notebook"] for r in report if not r["notebook"].startswith("00")] == EXECUTED
     assert all(r["status"] == "ok" for r in report), workbook.format_report(report)
+    assert not list(workbook.NOTEBOOKS.glob("kernel-*")), "kernel sockets left beside the notebooks"
     for r in report:
         assert (out / "notebooks" / r["notebook"]).exists()
         text = (out / "notebooks" / r["notebook"]).read_text()

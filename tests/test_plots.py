@@ -26,7 +26,7 @@ def test_the_key_names_colours_only_where_a_verdict_colours_a_bar():
     screened = pd.DataFrame({"ratio": [1.3, 0.9], "ratio_low": [math.nan] * 2, "verdict": ["screened, 1 round"] * 2})
     assert settings_key(screened) == "no interval: screened only"  # every bar grey: no colour key
     decided = pd.DataFrame({"ratio": [1.3], "ratio_low": [1.2], "verdict": ["faster"], "comparison": [{"n": 5}]})
-    assert settings_key(decided) == "green faster, red slower, grey undecided; intervals from 5 rounds"
+    assert settings_key(decided) == "green faster, red slower, grey undecided or screened; intervals from 5 rounds"
 
 
 def test_a_saved_figure_says_where_when_and_with_what_code_it_was_measured(tmp_path, monkeypatch):
@@ -47,3 +47,21 @@ def test_a_saved_figure_says_where_when_and_with_what_code_it_was_measured(tmp_p
     assert said[0].startswith(system.parse_cpu_model(system.read_cpuinfo()))
     assert f"cpuopt commit {own_commit()}" in said[0] and " · 20" in said[0]  # the day, as 2026-12-06
     plt.close(fig)
+
+
+def test_caps_are_drawn_on_the_bars_with_an_interval_only():
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+
+    from cpuopt_helpers import plots
+
+    mixed = pd.DataFrame({"setting": ["a", "b", "c"], "ratio": [1.3, 1.1, 0.9], "ratio_low": [1.2, math.nan, math.nan],
+                          "ratio_high": [1.4, math.nan, math.nan], "verdict": ["faster", "screened", "screened"],
+                          "comparison": [{"n": 5}, None, None]})
+    ax = plots.settings_figure({"cnn": mixed}, "t").axes[0]
+    bars = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
+    assert len(bars) == 1 and len(bars[0].lines[2][0].get_segments()) == 1  # one bar's interval, one line
