@@ -156,7 +156,6 @@ def test_termination_stops_the_instances_as_ctrl_c_does(sig, tmp_path):
 def test_a_worker_ends_with_a_launcher_killed_outright():
     """`kill -9`, the OOM killer, a notebook kernel that died: the launcher cannot stop its workers, which
     run in sessions of their own, so each worker asked Linux to end it with its launcher."""
-    import signal
     import time
 
     proc = subprocess.Popen([sys.executable, "-m", "cpuopt_helpers", "bench", "--workload", "cnn", "--steps", "99999",
@@ -168,19 +167,27 @@ def test_a_worker_ends_with_a_launcher_killed_outright():
                    and b"cpuopt_helpers.worker" in _cmdline(p) and b"99999" in _cmdline(p)]
     assert workers, "the worker never started"
     time.sleep(2)  # past its start, where it asks
+    assert not _alive_after_killing(proc, workers), "a worker outlived its launcher"
+
+
+def _alive_after_killing(proc: subprocess.Popen, started: list[Path]) -> list[Path]:
+    """Kill ``proc`` outright (SIGKILL: nothing of it runs after) and give Linux 30 s to end what it
+    started: those still running then."""
+    import signal
+    import time
+
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     deadline = time.monotonic() + 30
-    while any(_cmdline(w) for w in workers) and time.monotonic() < deadline:
+    while any(_cmdline(p) for p in started) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(_cmdline(w) for w in workers), "a worker outlived its launcher"
+    return [p for p in started if _cmdline(p)]
 
 
 @pytest.mark.slow
 def test_a_launched_program_ends_with_cpuopt_killed_outright(tmp_path):
     """Your program under `cpuopt launch` runs in a session of its own: killed outright, cpuopt cannot
     stop it, so Linux ends it (launch.ending_with_this). Without the guard it sleeps on for a minute."""
-    import signal
     import time
 
     marker = tmp_path / "alive"
@@ -193,12 +200,7 @@ def test_a_launched_program_ends_with_cpuopt_killed_outright(tmp_path):
     assert marker.exists(), "the instance never started"
     programs = [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(marker).encode() in _cmdline(p)]
     assert programs and all(b"prctl" not in _cmdline(p) for p in programs)  # the guard became the program
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    deadline = time.monotonic() + 30
-    while any(_cmdline(p) for p in programs) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(_cmdline(p) for p in programs), "the program outlived cpuopt launch"
+    assert not _alive_after_killing(proc, programs), "the program outlived cpuopt launch"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the guard is Linux's PR_SET_PDEATHSIG")
