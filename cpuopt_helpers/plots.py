@@ -184,12 +184,14 @@ def settings_figure(tables: dict, title: str, value: str = "ratio"):
     """Per workload: each setting's throughput relative to the baseline, coloured by its verdict."""
     sns.set_theme(style="whitegrid", context="notebook")
     n = max(1, len(tables))
-    height = max(2.8, 0.38 * max((len(t) for t in tables.values()), default=4) + 1.2)
+    lines = max((sum(bar_label(str(x)).count("\n") + 1.3 for x in t.get("setting", [])) for t in tables.values()),
+                default=5)  # a label's lines and the gap between bars
+    height = max(2.8, 0.3 * lines + 1.2)
     fig, axes = plt.subplots(1, n, figsize=(5.2 * n, height), squeeze=False)
     for ax, (name, t) in zip(axes[0], tables.items()):
         t = t.dropna(subset=[value]) if value in t else t.iloc[0:0]
         if len(t):
-            labels = [s[:42] for s in t["setting"]]
+            labels = [bar_label(s) for s in t["setting"]]
             low = t[f"{value}_low"] if f"{value}_low" in t else t[value] * float("nan")
             high = t[f"{value}_high"] if f"{value}_high" in t else t[value] * float("nan")
             verdicts = list(t["verdict"]) if "verdict" in t else [None] * len(t)
@@ -210,6 +212,14 @@ def settings_figure(tables: dict, title: str, value: str = "ratio"):
 
 
 VERDICT_COLORS = {"faster": "#55A868", "slower": "#C44E52"}
+
+
+def bar_label(setting: str, width: int = 40) -> str:
+    """A setting on two lines at most, cut at a word with an ellipsis where longer (not mid-word)."""
+    import textwrap
+
+    lines = textwrap.wrap(setting, width) or [""]
+    return "\n".join(lines[:2]) + ("…" if len(lines) > 2 else "")
 
 
 def settings_key(table) -> str:

@@ -65,3 +65,12 @@ def test_caps_are_drawn_on_the_bars_with_an_interval_only():
     ax = plots.settings_figure({"cnn": mixed}, "t").axes[0]
     bars = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
     assert len(bars) == 1 and len(bars[0].lines[2][0].get_segments()) == 1  # one bar's interval, one line
+
+
+def test_a_long_setting_is_wrapped_not_cut_mid_word():
+    from cpuopt_helpers.plots import bar_label
+
+    assert bar_label("dtype=bf16") == "dtype=bf16"
+    assert bar_label("frozen stages' backward computed (the paper's unfixed build)") == \
+        "frozen stages' backward computed (the\npaper's unfixed build)"
+    assert bar_label("a " * 60).endswith("…") and bar_label("a " * 60).count("\n") == 1
