@@ -189,6 +189,12 @@ class Rung:
     kept: bool = False
     first: bool = False
 
+    @property
+    def one_block(self) -> bool:
+        """make run's RetinaNet recipe, tried as one block: no comparison of its own (the top's
+        against PyTorch's defaults, notebook 09's headline, says what it gained)."""
+        return self.step == RECIPE and not (self.kept or self.vs_previous)
+
     def to_dict(self) -> dict:
         return {"step": self.step, "change": self.change, "config": self.config, "kept": self.kept,
                 "vs_previous": self.vs_previous.to_dict() if self.vs_previous else None,

@@ -82,7 +82,7 @@ def format_rungs(workload: str, rows: list[Rung]) -> list[str]:
         head = f"  {r.step:<17} {r.change}"
         if r.vs_previous:
             head += f"; vs the rung before {r.vs_previous.describe()}"
-        if r.step == RECIPE and not (r.kept or r.vs_previous):  # make run's RetinaNet: its gain is the top's below
+        if r.one_block:  # make run's RetinaNet recipe: its gain is the top's below
             head += "; tried as one block, with no comparison of its own"
         elif not (r.kept or r.first):
             head += f"; vs the baseline {compare.describe(r.vs_baseline)}"

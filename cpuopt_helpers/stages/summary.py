@@ -9,7 +9,7 @@ import pandas as pd
 
 from cpuopt_helpers import stats, targets
 from cpuopt_helpers.config import RunConfig
-from cpuopt_helpers.decisions import RECIPE, Comparison, Finding
+from cpuopt_helpers.decisions import Comparison, Finding
 
 
 def ladder_findings(table: pd.DataFrame, workload: str = "") -> list[Finding]:
@@ -49,7 +49,7 @@ def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict
             if any(r.get("achieved_gflops") for r in measured) else None
         evidence = rung.vs_previous.to_dict() if rung.vs_previous else {}
         chained = rung.vs_baseline
-        if rung.step == RECIPE and not (rung.kept or evidence):  # tried as one block: the headline (``ends``) says
+        if rung.one_block:  # no gain of its own: the headline (``ends``) says
             chained = {"ratio": math.nan, "ci_low": math.nan, "ci_high": math.nan}
         ceiling = ceiling_gflops(roofline or {}, config.dtype) if roofline else None
         speeds = [r["samples_per_s"] for r in measured]
