@@ -570,7 +570,8 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "no ddp layout": lambda v, c: f"{v['what']}: no DDP layout fits here; one rank on all cores is kept.",
     "ddp not screened faster": lambda v, c: (
         f"{v['what']}: {_where(v)} screened at {v['ddp_sps']:.1f} samples/s against one rank's "
-        f"{v['single_sps']:.1f}; one rank on all cores is kept."),
+        f"{v['single_sps']:.1f} (screening only, no verdict: no faster layout to confirm); one rank on all "
+        "cores is kept."),
     "ddp confirmed": lambda v, c: (
         f"{v['what']}: {_where(v)} over one rank x {v['single_threads']} threads, in fresh rounds: {c.describe()}"
         + _handed_on(c, "one rank on all cores is kept")),
@@ -623,7 +624,8 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "allocators missing": lambda v, c: "Not measured (not installed): " + ", ".join(v["missing"]) + ".",
     # stages.extensions: IPEX in its own runtime, this torch's replacements, compile times, zentorch
     "no runtime result": lambda v, c: f"{v['workload']}: no configuration produced a result.",
-    "ipex over its torch": lambda v, c: f"{v['workload']}: IPEX over its own stock torch 2.8: {describe(c)}.",
+    "ipex over its torch": lambda v, c: (f"{v['workload']}: IPEX over its own stock torch 2.8"
+                                        f"{', in fresh paired rounds' if v.get('confirmed') else ''}: {describe(c)}."),
     "stock over ipex": lambda v, c: f"{v['workload']}: stock torch (this venv) over torch 2.8 + IPEX: {describe(c)}.",
     "fastest upstream": lambda v, c: (f"{v['workload']}: fastest with this torch in screening: {v['name']} at "
                                       f"{v['samples_per_s']:.1f} samples/s, {describe(c)} against stock."),
@@ -727,6 +729,10 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
         f"{v['workload']}: oneDNN primitives account for {v['coverage']:.0%} of the logged run's steps "
         f"({v['calls_per_step']:.0f} calls per {_ms(v['step_ms'])} step)"
         + (f"; efficiency ratio {v['efficiency']:.0%}" if v["efficiency"] is not None else "") + "."),
+    "profile logged faster": lambda v, c: (
+        f"{v['workload']}: the logged run's step ({_ms(v['traced_step_ms'])}) was faster than the plain run's "
+        f"({_ms(v['step_ms'])}), though logging only adds work: in one run each the machine's noise outweighed "
+        "the log's cost, and the efficiency ratio (over the plain step) is uncertain by as much."),
     "profile outside onednn": lambda v, c: (
         f"For {', '.join(v['profiles'])} most of the step runs outside oneDNN (GEMMs through MKL, PyTorch's own "
         "kernels): the oneDNN log alone does not explain it; the framework profiler trace does."),

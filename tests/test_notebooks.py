@@ -240,7 +240,9 @@ def test_ipex_runtimes_and_upstream_replacements_side_by_side(quick_run):
         assert len(ipex_rows) and all(str(v).startswith("2.8") for v in ipex_rows["versions.ipex"])
         assert all(str(v).startswith("2.8") for v in ipex_rows["versions.torch"])  # in IPEX's own runtime
         assert (ipex_rows.loss_last < ipex_rows.loss_first * 1.5).all()  # it trains
-        assert "IPEX over its own stock torch 2.8:" in text and "over torch 2.8 + IPEX:" in text
+        assert "IPEX over its own stock torch 2.8, in fresh paired rounds:" in text and "over torch 2.8 + IPEX:" in text
+        confirmation = store.load(tag="05_ipex/ipex")  # the fresh rounds, both arms in IPEX's runtime
+        assert len(confirmation) >= 2 and set(confirmation["config.runtime"]) == {"ipex"}
     else:
         assert "IPEX runtime skipped:" in text
     assert "fastest with this torch in screening:" in text and "compiled in" in text

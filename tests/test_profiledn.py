@@ -382,6 +382,22 @@ def test_trace_summary_fragmentation_and_onednn_share(tmp_path):
         trace.summarize_trace(tmp_path / "missing.json")
 
 
+def test_compiled_graphs_are_summed_under_a_readable_name():
+    """torch.compile names a span per graph hash and per frame: the top operators say what they are."""
+    import pandas as pd
+
+    from cpuopt_helpers.profiledn import trace
+
+    ops = pd.DataFrame([{"name": "## Call CompiledFxGraph fl3jqhws4fmx ##", "count": 2, "self_cpu_ms": 3.0},
+                        {"name": "aten::convolution_backward", "count": 4, "self_cpu_ms": 5.0},
+                        {"name": "## Call CompiledFxGraph ab12 ##", "count": 2, "self_cpu_ms": 4.0},
+                        {"name": "Torch-Compiled Region: 0/1", "count": 2, "self_cpu_ms": 0.5}])
+    named = trace.readable_operators(ops)
+    assert list(named["name"]) == ["compiled graphs (Inductor's generated kernels)", "aten::convolution_backward",
+                                   "compiled regions (Dynamo's entry and guards)"]
+    assert list(named["self_cpu_ms"]) == [7.0, 5.0, 0.5] and list(named["count"]) == [4, 4, 2]
+
+
 def test_projection_above_one_is_worded_as_kernel_bound():
     prims = pd.DataFrame({"kind": ["convolution"], "calls": [10], "time_ms": [20.0], "mean_ms": [2.0]})
     proj = replay.projection(prims, [{"replayed": True, "replay_ms": 3.0, "note": ""}], steps=1, step_ms=25.0)
@@ -464,6 +480,21 @@ def made_profile(label, log, step_ms, projection=None, summary=None, steps=2):
                            f"{log}", parse(log), projection, summary)
 
 
+def test_a_logged_step_faster_than_the_plain_one_is_said_to_be_noise():
+    """Verbose logging only adds work: a logged run 5% or more faster than the plain run says the
+    noise of one run each outweighed it, and the efficiency ratio is as uncertain."""
+    from cpuopt_helpers.profiledn import capture
+
+    profile = made_profile("cnn", "onednn_312_cnn_two_steps.log", 40.0)
+    assert "profile logged faster" not in [f.kind for f in capture.profiling_findings([profile])]
+    profile.plain["step_ms"]["median"] = 42.0  # 5% slower than the logged run: within the margin
+    assert "profile logged faster" not in [f.kind for f in capture.profiling_findings([profile])]
+    profile.plain["step_ms"]["median"] = 50.0
+    said = next(f for f in capture.profiling_findings([profile]) if f.kind == "profile logged faster")
+    assert said.values == {"step_ms": 50.0, "traced_step_ms": 40.0}
+    assert said.sentence.startswith("cnn: the logged run's step (40.0 ms) was faster than the plain run's (50.0 ms)")
+
+
 def profiles_and_comparisons():
     """Two profiles of fixture logs (a projection, a trace summary), one that failed, and the
     comparison of the first with its bf16 channels-last log."""
@@ -542,7 +573,10 @@ def profiledn_findings() -> list:
     prims = pd.DataFrame({"kind": ["convolution"], "calls": [10], "time_ms": [20.0], "mean_ms": [2.0]})
     alike = replay.projection(prims, [{"replayed": True, "replay_ms": 3.0, "kernel_replay_ms": 2.2, "note": ""}],
                               steps=1, step_ms=25.0)
+    noisy = made_profile("cnn", "onednn_312_cnn_two_steps.log", 40.0)
+    noisy.plain["step_ms"]["median"] = 50.0  # the logged run faster than the plain one
     return (capture.answer(profiles, comparisons) + profiledn.findings(log.iloc[:0])
+            + [f for f in capture.profiling_findings([noisy]) if f.kind == "profile logged faster"]
             + replay.projection_findings(alike, "cnn") + trace.trace_findings(wide, "rnn")
             + wholestep.wholestep_findings(whole, "fixture") + wholestep.wholestep_findings(light)
             + account.findings(account.phase_table(whole, CEIL), whole, "fixture")

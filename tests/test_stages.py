@@ -1,6 +1,7 @@
 """Sweep plans for notebooks 03/04 and the statistics that choose what is handed on."""
 
 import math
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -275,6 +276,34 @@ def test_case_study_takes_the_fixes_a_user_workload_declares_and_names_the_other
     assert "declares no frozen_bn option" in missing[0] and "declares no focal option" in missing[1]
 
 
+def test_ipex_is_confirmed_against_its_own_torch_in_fresh_rounds_and_said_so():
+    """Notebook 05's question gets a verdict: IPEX against the torch 2.8 it runs in, confirmed by
+    the comparison rule where both screened; the screen alone stays 'screened only'."""
+    base = RunConfig(threads=2)
+    configs = {"torch (stock)": base, extensions.IPEX_STOCK: base.replace(runtime="ipex"),
+               extensions.IPEX: base.replace(runtime="ipex", ipex=True)}
+    results = [result(c, 0, sps, arm=i) for i, (c, sps) in enumerate(zip(configs.values(), (100.0, 80.0, 90.0)))]
+    for r in results:
+        r.update(step_ms={"median": 10.0})
+    plan, asked = Plan.of(configs), []
+    confirmed = {"ratio": 1.12, "ci_low": 1.05, "ci_high": 1.2, "n": 8, "verdict": "faster", "label": "95% CI"}
+    table = extensions.table(results, plan)
+    session = SimpleNamespace(confirm=lambda *args: asked.append(args) or confirmed)
+    got = extensions.confirm_ipex(session, table, plan, 8, 8, 4.0)
+    assert got == confirmed
+    assert asked == [(configs[extensions.IPEX_STOCK], configs[extensions.IPEX], "05_ipex/ipex", 8, 8, 4.0, True)]
+    found = {f.kind: f for f in extensions.findings(table, plan, results, got)}
+    assert found["ipex over its torch"].comparison.n == 8
+    assert found["ipex over its torch"].sentence == ("cnn: IPEX over its own stock torch 2.8, in fresh paired rounds: "
+                                                     "1.12x (95% CI: 1.05-1.20, 8 rounds): faster.")
+    screened, = extensions.ipex_own_findings(results, plan)
+    assert screened.sentence == "cnn: IPEX over its own stock torch 2.8: 1.12x (screened only, 1 round)."
+    failed = [r for r in results if not r["config"]["ipex"]]  # IPEX's arm failed in screening: nothing to confirm
+    assert extensions.confirm_ipex(session, extensions.table(failed, plan), plan, 8, 8) is None
+    assert extensions.confirm_ipex(session, table, Plan.of({"torch (stock)": base}), 8, 8) is None  # no IPEX runtime
+    assert len(asked) == 1
+
+
 def test_runtime_findings_when_stock_torch_beats_every_replacement():
     base = RunConfig(threads=2)
     configs = {"torch (stock)": base, "channels-last": base.replace(channels_last=True),
@@ -490,6 +519,12 @@ def test_frozen_layers_and_the_paper_table_are_worded_from_the_runs():
     assert "`make case-study` measures it" in table.loc["conv + frozen BN + ReLU fused", "why"]
     assert "0.03 GB move, 2.8 GB/s of the 20.0 GB/s copy bandwidth" in table.loc["fused Lamb", "why"]
     assert table.loc["overall", "here, worded"] == "not measured" and "make case-study" in table.loc["overall", "why"]
+    recipe = base.replace(dtype="bf16")  # with the recipe (the fixes in bf16), the overall row is the recipe's
+    results += [dict(result(recipe, i, 15.0, arm=len(arms)), step_ms={"median": 1000 / 15.0}) for i in range(5)]
+    table = case_study.paper_table(results, arms | {case_study.RECIPE: recipe}, focal, lamb, None, 20.0, "quick")
+    table = table.set_index("fix")
+    assert table.loc["overall", "here"] == pytest.approx(1.5, rel=0.01)
+    assert "notebook 09 confirms it" in table.loc["overall", "why"]
 
 
 def test_baseline_findings_compare_workloads_with_the_ceiling_only_when_there_are_several():

@@ -18,6 +18,9 @@ from cpuopt_helpers.profiledn.replay import projection_findings
 from cpuopt_helpers.profiledn.trace import trace_findings
 
 
+LOGGED_FASTER = 0.05  # a logged step this much faster than the plain one is said: one run each, noise won
+
+
 @dataclass
 class Profile:
     """One workload's profile: what ran, what the log says, and the projection."""
@@ -97,6 +100,9 @@ def profiling_findings(profiles: list[Profile]) -> list[Finding]:
         found.append(Finding(name, STAGE, "profile coverage", {
             "coverage": float(row.coverage), "calls_per_step": float(row.onednn_calls_per_step),
             "step_ms": float(row.step_ms), "efficiency": float(row.efficiency) if pd.notna(row.efficiency) else None}))
+        if row.traced_step_ms < row.step_ms * (1 - LOGGED_FASTER):  # logging costs time: noise is larger here
+            found.append(Finding(name, STAGE, "profile logged faster", {
+                "step_ms": float(row.step_ms), "traced_step_ms": float(row.traced_step_ms)}))
     if len(table) and (table["coverage"] < 0.3).any():
         found.append(Finding("", STAGE, "profile outside onednn",
                              {"profiles": list(table.index[table["coverage"] < 0.3])}))

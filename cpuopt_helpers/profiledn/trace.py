@@ -111,12 +111,30 @@ def load_ops(path: str | Path) -> tuple[pd.DataFrame, int]:
                           "with `cpuopt bench --trace`") from None
 
 
+# the spans torch.compile's code runs in, each named by a frame number or a hash: said as what they are
+COMPILED_NAMES = {"Torch-Compiled Region": "compiled regions (Dynamo's entry and guards)",
+                  "## Call CompiledFxGraph": "compiled graphs (Inductor's generated kernels)"}
+COMPILED_PREFIXES = tuple(COMPILED_NAMES)
+
+
+def readable_operators(ops: pd.DataFrame) -> pd.DataFrame:
+    """Operator totals with torch.compile's regions and graphs (one span name per frame or hash)
+    each summed under one readable name, largest self time first."""
+    def name(op: str) -> str:
+        return next((words for prefix, words in COMPILED_NAMES.items() if op.startswith(prefix)), op)
+
+    named = ops.assign(name=ops["name"].map(name))
+    summed = named.groupby("name", as_index=False, sort=False).sum(numeric_only=True)
+    return summed.sort_values("self_cpu_ms", ascending=False).reset_index(drop=True)
+
+
 def summarize_trace(path: str | Path, top: int = 10) -> dict:
     """Top operators by self CPU time, the share outside oneDNN, and span fragmentation."""
     spans = load_spans(path)
     if spans.empty:
         raise CpuoptError(f"trace {path} holds no operator spans")
     ops, steps = load_ops(path)
+    ops = readable_operators(ops)
     total_self = ops["self_cpu_ms"].sum()
     ops["share"] = ops["self_cpu_ms"] / total_self
     onednn = ops["name"].str.contains(ONEDNN_OPS)

@@ -37,7 +37,7 @@ from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.flops import attention_flops, conv_flops, rnn_layer_flops
 from cpuopt_helpers.profiledn.breakdown import STAGE
 from cpuopt_helpers.profiledn.parse import parse_conv, parse_dims
-from cpuopt_helpers.profiledn.trace import load_events
+from cpuopt_helpers.profiledn.trace import COMPILED_PREFIXES, load_events
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,6 @@ REDUCTIONS = {
 CAUSES = ["compute", "memory", "no work", "unknown", "between ops"]
 # the spans torch.compile's regions run in (Dynamo's frame, AOTAutograd's functions, the compiled graph)
 COMPILED_SPANS = {"CompiledFunction", "CompiledFunctionBackward"}
-COMPILED_PREFIXES = ("Torch-Compiled Region", "## Call CompiledFxGraph")
 COMPILED_CODE = "compiled code"  # a compiled region's own kernels: its time less the calls it makes
 PHASES = ["forward", "loss", "backward", "optimizer"]
 

@@ -19,26 +19,44 @@ NOTHING_COMPILED_S = 1.0  # a cold compile faster than this generated no kernel 
 
 
 ZENTORCH = "torch.compile (zentorch)"
+IPEX, IPEX_STOCK = "torch 2.8 + IPEX", "torch 2.8 (stock)"  # the IPEX runtime's two arms
 EXTENSION_FACT = "vendor_extension/findings"  # what notebook 05 measured of the vendor's extension (`cpuopt doctor`)
 
 
-def extension_findings(table: pd.DataFrame, plan: Plan, results: list[dict], zentorch: dict) -> list[Finding]:
+def extension_findings(table: pd.DataFrame, plan: Plan, results: list[dict], zentorch: dict,
+                       ipex_confirmed: dict | None = None) -> list[Finding]:
     """What notebook 05 measured of a vendor's extension, for `cpuopt doctor`: IPEX against its
     own torch, and zentorch against stock eager and Inductor, its loss, or why it was not measured."""
-    return ipex_own_findings(results, plan) + zentorch_findings(table, plan, results, zentorch)
+    return ipex_own_findings(results, plan, ipex_confirmed) + zentorch_findings(table, plan, results, zentorch)
 
 
 def _note(workload: str, kind: str, comparison=None, **values) -> Finding:
     return Finding(workload, "extensions", kind, values, as_comparison(comparison))
 
 
-def ipex_own_findings(results: list[dict], plan: Plan) -> list[Finding]:
-    """IPEX against the stock torch 2.8 it runs in (empty where the IPEX runtime was not measured)."""
+def ipex_own_findings(results: list[dict], plan: Plan, confirmed: dict | None = None) -> list[Finding]:
+    """IPEX against the stock torch 2.8 it runs in: ``confirmed`` (``confirm_ipex``'s fresh rounds)
+    where given, else the screening rounds (empty where the IPEX runtime was not measured)."""
     configs, workload = plan.named, plan.workload
-    if "torch 2.8 + IPEX" not in configs:
+    if IPEX not in configs:
         return []
     h = {n: c.config_hash() for n, c in configs.items()}
-    return [_note(workload, "ipex over its torch", paired(results, h["torch 2.8 (stock)"], h["torch 2.8 + IPEX"]))]
+    return [_note(workload, "ipex over its torch", confirmed or paired(results, h[IPEX_STOCK], h[IPEX]),
+                  confirmed=bool(confirmed))]
+
+
+def confirm_ipex(session, table: pd.DataFrame, plan: Plan, min_rounds: int, max_rounds: int,
+                 budget_min: float | None = None, resume: bool = True) -> dict | None:
+    """Notebook 05's question, answered by the comparison rule: IPEX against the stock torch 2.8
+    it runs in, in fresh paired rounds (``session.confirm``, tagged ``05_ipex/ipex``). None where
+    the IPEX runtime was not measured, or either arm produced no screening result."""
+    if IPEX not in plan.named:
+        return None
+    rows = [plan.row(table, name) for name in (IPEX_STOCK, IPEX)]
+    if any(row.empty or pd.isna(row.iloc[0]["samples_per_s"]) for row in rows):
+        return None
+    return session.confirm(plan.named[IPEX_STOCK], plan.named[IPEX], "05_ipex/ipex", min_rounds, max_rounds,
+                           budget_min, resume)
 
 
 def runtimes_measured(ipex: dict, zentorch: dict, asked) -> tuple[bool, list[str]]:
@@ -72,8 +90,8 @@ def configs(base: RunConfig, facts: Facts, image_like: bool = True, ipex_availab
                                                             optimizer="sgd", optimizer_impl="default")
     configs = {"torch (stock)": base}
     if ipex_available:
-        configs["torch 2.8 (stock)"] = base.replace(runtime="ipex")
-        configs["torch 2.8 + IPEX"] = base.replace(runtime="ipex", ipex=True)
+        configs[IPEX_STOCK] = base.replace(runtime="ipex")
+        configs[IPEX] = base.replace(runtime="ipex", ipex=True)
     if image_like and not base.channels_last:
         configs["channels-last"] = base.replace(channels_last=True)
     for mode in compile_modes:
@@ -100,23 +118,24 @@ def breakeven_steps(compile_s: float, eager_step_ms: float, compiled_step_ms: fl
     return compile_s / saving_s if saving_s > 0 else None
 
 
-def findings(table: pd.DataFrame, plan: Plan, results: list[dict]) -> list[Finding]:
-    """Notebook 05's answer for one workload, from its measurements."""
+def findings(table: pd.DataFrame, plan: Plan, results: list[dict], ipex_confirmed: dict | None = None) -> list[Finding]:
+    """Notebook 05's answer for one workload, from its measurements (IPEX against its own torch:
+    ``confirm_ipex``'s result where it ran)."""
     configs, workload = plan.named, plan.workload
     if table.empty or "ratio" not in table:  # nothing ran, or only failures (their rows say how)
         return [_note(workload, "no runtime result")]
     h = {n: c.config_hash() for n, c in configs.items()}
-    found = ipex_own_findings(results, plan)
-    if "torch 2.8 + IPEX" in h:
-        found.append(_note(workload, "stock over ipex", paired(results, h["torch 2.8 + IPEX"], h["torch (stock)"])))
-    other = {h[n] for n in ("torch 2.8 (stock)", "torch 2.8 + IPEX", "AdamW (default)", "AdamW fused") if n in h}
+    found = ipex_own_findings(results, plan, ipex_confirmed)
+    if IPEX in h:
+        found.append(_note(workload, "stock over ipex", paired(results, h[IPEX], h["torch (stock)"])))
+    other = {h[n] for n in (IPEX_STOCK, IPEX, "AdamW (default)", "AdamW fused") if n in h}
     upstream = table[~table["config_hash"].isin(other) & ~table["is_baseline"]].dropna(subset=["ratio"])
     best = upstream.sort_values("ratio", ascending=False).iloc[0] if len(upstream) else None
     if best is not None:
         found.append(_note(workload, "fastest upstream", best["comparison"], name=best["name"],
                            samples_per_s=float(best["samples_per_s"])))
-        if "torch 2.8 + IPEX" in h:
-            found.append(_note(workload, "upstream over ipex", paired(results, h["torch 2.8 + IPEX"],
+        if IPEX in h:
+            found.append(_note(workload, "upstream over ipex", paired(results, h[IPEX],
                                                                       best["config_hash"]), name=best["name"]))
     if "AdamW fused" in h and "AdamW (default)" in h:
         found.append(_note(workload, "fused adamw", paired(results, h["AdamW (default)"], h["AdamW fused"])))
