@@ -219,9 +219,9 @@ def _execute(books: list[Path], out_dir: Path, preset: str, parameters: dict | N
 
     report = []
     with tempfile.TemporaryDirectory(prefix="cpuopt-kernels-") as sockets:
+        kernels = local_kernels(sockets)  # one manager class; each kernel it starts takes its own socket name
         for book in tqdm(books, desc="workbook", unit="notebook", disable=not progress):
-            report.append(_execute_one(book, out_dir, preset, parameters, progress, notebook_parameters,
-                                       local_kernels(sockets)))
+            report.append(_execute_one(book, out_dir, preset, parameters, progress, notebook_parameters, kernels))
     return report
 
 
