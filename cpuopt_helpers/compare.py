@@ -325,6 +325,12 @@ def _verdict(rounds: list, seed: int, min_rounds: int, max_rounds: int, confiden
     return result
 
 
+def gain_words(gain: float) -> str:
+    """``detectable_gain`` in words: 'a gain of 7% or more'; beyond doubling, where a percentage of
+    thousands reads as a measurement, what it means: the noise drowns any plausible gain."""
+    return f"a gain of {gain:.0%} or more" if gain < 1 else "only a gain above 2x (the noise seen was that large)"
+
+
 def describe(result: dict | None, what: str = "") -> str:
     """'1.12x (95% CI: 1.03-1.22, 8 rounds): faster' - the one way a comparison is worded."""
     if not result or not result.get("n"):
@@ -337,7 +343,7 @@ def describe(result: dict | None, what: str = "") -> str:
     if result["verdict"] == "too few rounds":  # a confirmation cut short says what its minimum would detect
         needed = result.get("min_rounds", MIN_ROUNDS)
         gain = detectable_gain(dict(result, n=needed)) if result["n"] >= 3 else None  # an sd from 3 rounds at least
-        more = f"; at the noise seen, {needed} rounds could detect a gain of {gain:.0%} or more" if gain is not None else ""
+        more = f"; at the noise seen, {needed} rounds could detect {gain_words(gain)}" if gain is not None else ""
         return (f"{head} ({result['n']} round{'s' * (result['n'] != 1)}, fewer than the {needed} a verdict needs"
                 f"{more}): too few rounds")
     label = result.get("label", "95% CI")
@@ -345,12 +351,12 @@ def describe(result: dict | None, what: str = "") -> str:
     cut = {"interrupted": "interrupted", "budget": "its time budget spent"}.get(result.get("stopped"))
     planned = result.get("max_rounds", MAX_ROUNDS)
     if cut and result["verdict"] == "no different" and result["n"] < planned:  # stopped short of its design
-        could = f"; these {result['n']} rounds could detect a gain of {gain:.0%} or more" if gain is not None else ""
+        could = f"; these {result['n']} rounds could detect {gain_words(gain)}" if gain is not None else ""
         return (f"{head} ({label}: {result['ci_low']:.2f}-{result['ci_high']:.2f}, {result['n']} rounds): undecided, "
                 f"{cut} after {result['n']} of up to {planned} rounds (the interval includes 1{could})")
     words = {"faster": "faster", "slower": "slower", "equivalent": f"equivalent (within +-{result.get('margin', MARGIN):.0%})",
              "no different": "no different (within noise" + (
-                 f"; it could have detected a gain of {gain:.0%} or more)" if gain is not None else ")")}
+                 f"; it could have detected {gain_words(gain)})" if gain is not None else ")")}
     return (f"{head} ({label}: {result['ci_low']:.2f}-{result['ci_high']:.2f}, {result['n']} rounds): "
             f"{words[result['verdict']]}")
 

@@ -307,6 +307,10 @@ def test_a_confirmation_cut_short_says_what_its_minimum_rounds_could_detect():
     at_five = compare.detectable_gain(dict(cut, n=5))
     assert at_five > 0 and f"at the noise seen, 5 rounds could detect a gain of {at_five:.0%} or more" in \
         compare.describe(cut)
+    noisy = dict(cut, sd=1.5)  # paired log ratios this spread: beyond doubling, said as what it means
+    assert compare.detectable_gain(dict(noisy, n=5)) > 1
+    assert "5 rounds could detect only a gain above 2x (the noise seen was that large)" in compare.describe(noisy)
+    assert compare.gain_words(0.07) == "a gain of 7% or more"
     screened = compare.paired_ratio([10, 11, 12], [11, 12, 12])  # a screening: ranks, claims no detectable gain
     assert "could detect" not in compare.describe(screened)
     # a sweep's rounds (choosing.paired, the settings table) say they only screened: no verdict, no power
