@@ -13,6 +13,7 @@ import socket
 import sys
 
 from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.system import format_cpu_list
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,9 +112,10 @@ def script_launch_config(name: str, options: str, command: list[str], physical_c
         args = parser.parse_args(shlex.split(options))
     except ValueError as exc:
         raise CpuoptError(f"{name} {options!r} is not a valid option string: {exc}") from None
-    except CpuoptError as exc:
+    except CpuoptError as exc:  # said without the arm parser's "(see ... --help)": it has no help of its own
         flags = ", ".join(a.option_strings[0] for a in parser._actions)
-        raise CpuoptError(f"{name} {options!r}: {exc}; with --script the arms take launch options: {flags}") from None
+        said = str(exc).split(" (see `")[0]
+        raise CpuoptError(f"{name} {options!r}: {said}; with --script the arms take launch options: {flags}") from None
     changes = dict(knob_values(args, "launch"), instances=args.ninstances)  # several copies: opt-in by naming them
     if args.cores:
         cores, per = split_cores(args.cores, args.ninstances, None)
@@ -174,16 +176,22 @@ def add_bench_parser(sub, knobs: tuple = ()) -> None:
     bench.add_argument("--json", action="store_true", help="print the RunResult as JSON")
 
 
+def spellings(flag: str) -> list[str]:
+    """A launch flag as torchrun and run_cpu take it: --nproc-per-node and --nproc_per_node."""
+    underscored = "--" + flag[2:].replace("-", "_")
+    return [flag] if underscored == flag else [flag, underscored]
+
+
 def add_launch_parser(sub, knobs: tuple = ()) -> None:
     launch = sub.add_parser("launch", help="run any command with cpuopt's threads, pinning, allocator and OpenMP",
                             usage="cpuopt launch [options] -- COMMAND ...")
     launch.add_argument("--ninstances", type=int, default=1, help="instances of the command, on disjoint cores")
-    launch.add_argument("--ncores-per-instance", type=int, help="cores (and threads) per instance")
+    launch.add_argument(*spellings("--ncores-per-instance"), type=int, help="cores (and threads) per instance")
     launch.add_argument("--cores", help="cores to use, e.g. 0-3,8-11 (split evenly between instances)")
-    launch.add_argument("--nproc-per-node", type=int,
+    launch.add_argument(*spellings("--nproc-per-node"), type=int,
                         help="run the script under torchrun with N ranks here, each pinned to its own cores")
     for flag, what in TORCHRUN_FLAGS:
-        launch.add_argument(flag, help=what)
+        launch.add_argument(*spellings(flag), help=what)
     add_knob_options(launch, "launch", knobs)
     launch.add_argument("--log-dir", default="build/launch", help="one log per instance here (default build/launch)")
     launch.add_argument("--instance-dirs", metavar="DIR", help="run instance N in DIR/instance_N (created), so that "
@@ -201,7 +209,7 @@ TORCHRUN_FLAGS = (("--nnodes", "machines in the job (torchrun)"), ("--node-rank"
 
 def add_compare_parser(sub) -> None:
     cmp = sub.add_parser("compare", help="adaptive A/B of two bench option strings: ratio b/a, interval, verdict")
-    cmp.add_argument("--workload", default="cnn", help="cnn, transformer, rnn, retinanet, or package.module:function")
+    cmp.add_argument("--workload", help="cnn, transformer, rnn, retinanet, or package.module:function (default cnn)")
     cmp.add_argument("--preset", default="quick", help="quick | standard | full (default quick)")
     cmp.add_argument("--a", required=True, help="bench options of arm a, e.g. '' (PyTorch's defaults)")
     cmp.add_argument("--b", required=True, help="bench options of arm b, e.g. '--allocator tcmalloc'")
@@ -214,7 +222,7 @@ def add_compare_parser(sub) -> None:
 
 def add_tune_parser(sub) -> None:
     tune = sub.add_parser("tune", help="search the best configuration for a workload within a time budget")
-    tune.add_argument("--workload", default="cnn", help="cnn, transformer, rnn, retinanet, or package.module:function")
+    tune.add_argument("--workload", help="cnn, transformer, rnn, retinanet, or package.module:function (default cnn)")
     tune.add_argument("--preset", default="quick", help="quick | standard | full (default quick; standard starts "
                       "from the ladder make run stored)")
     tune.add_argument("--budget-min", type=minutes, default=10, help="minutes the search may take (default 10)")
@@ -258,12 +266,13 @@ def add_profile_parser(sub) -> None:
     prof.add_argument("--preset", default="quick", help="with --workload: quick | standard | full (default quick)")
     prof.add_argument("--roofline", metavar="FILE", help="with --whole-step: the ceilings as JSON (`python -m "
                       "cpuopt_helpers.roofline` output); default: this machine's stored roofline, measured if none")
-    prof.add_argument("--top", type=int, default=15, help="with --whole-step: operator rows printed (default 15)")
+    prof.add_argument("--top", type=int, help="with --whole-step: operator rows printed (default 15)")
     prof.add_argument("--json", action="store_true", help="print the breakdown as JSON")
 
 
 def add_workbook_parser(sub) -> None:
-    wb = sub.add_parser("workbook", help="execute the notebooks with papermill")
+    wb = sub.add_parser("workbook", help="run the notebooks with papermill, build the run's report, write the "
+                        "README's results block")
     wb_sub = wb.add_subparsers(dest="wb_command", required=True, parser_class=_Parser, metavar="ACTION")
     wb_run = wb_sub.add_parser("run", help="run the notebooks in order")
     wb_run.add_argument("--preset", default="standard", help="quick | standard | full (default standard)")
@@ -300,7 +309,7 @@ def launch_config(args):
     from cpuopt_helpers.config import RunConfig
 
     cores, threads = None, args.ncores_per_instance
-    if args.cores:
+    if args.cores is not None:  # --cores '' is no core list, not all of them
         ranks = bool(args.nproc_per_node and args.nproc_per_node > 0)
         cores, threads = split_cores(args.cores, args.nproc_per_node if ranks else args.ninstances, threads,
                                      "ranks" if ranks else "instances")
@@ -329,7 +338,8 @@ def in_launch_words(exc: CpuoptError, instances: str = "--ninstances",
     import re
 
     words = {"instances": instances, "threads": threads}
-    return CpuoptError(re.sub(r"--(instances|threads)\b", lambda m: words[m.group(1)], str(exc)))
+    text = str(exc).replace(", or --oversubscribe to measure that", "")  # a bench option, not a launch one
+    return CpuoptError(re.sub(r"--(instances|threads)\b", lambda m: words[m.group(1)], text))
 
 
 def _launch(args) -> int:
@@ -348,8 +358,8 @@ def _launch(args) -> int:
     cwds = launch.instance_dirs(args.instance_dirs, len(plan.instances)) if args.instance_dirs else None
     outcome = launch.run_command_plan(plan, args.log_dir, node=node, cwds=cwds)
     for inst in outcome["instances"]:
-        print(f"cpuopt: instance {inst['index']} on cores {inst['cores']}: exit code {inst['returncode']}, "
-              f"log {inst['log']}", file=sys.stderr)
+        print(f"cpuopt: instance {inst['index']} on cores {format_cpu_list(inst['cores'])}: exit code "
+              f"{inst['returncode']}, log {inst['log']}", file=sys.stderr)
     if outcome["failed"] is not None:
         print(f"cpuopt: instance {outcome['failed']} failed with exit code {outcome['returncode']}; "
               "the other instances were stopped", file=sys.stderr)
@@ -371,6 +381,10 @@ def launch_plan(args):
         findable(command[0], dict(os.environ))
     machine = machine_for(args)
     config = launch_config(args)
+    given = [flag for flag, _ in TORCHRUN_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None]
+    if given and args.nproc_per_node is None:
+        raise CpuoptError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} torchrun's: add "
+                          "--nproc-per-node N to run the script under torchrun with N ranks here")
     if args.nproc_per_node is not None:
         if args.nproc_per_node <= 0:
             raise CpuoptError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
@@ -429,21 +443,28 @@ def _bench(args) -> int:
     return 0 if result["status"] == "ok" else 1
 
 
-def _ladder(args) -> int:
-    from cpuopt_helpers import ladder, planning, system
-    from cpuopt_helpers.config import RunConfig
-    from cpuopt_helpers.results import ResultStore
-
+def known_preset(preset: str) -> str:
     from cpuopt_helpers.config import PRESETS
 
-    if args.preset not in PRESETS:
-        raise CpuoptError(f"unknown preset {args.preset!r}; use one of {', '.join(PRESETS)}")
+    if preset not in PRESETS:
+        raise CpuoptError(f"unknown preset {preset!r}; use one of {', '.join(PRESETS)}")
+    return preset
+
+
+def _ladder(args) -> int:
+    from cpuopt_helpers import ladder, planning, system
+    from cpuopt_helpers.config import RunConfig, check_workload_spec
+    from cpuopt_helpers.results import ResultStore
+
+    known_preset(args.preset)
     store, facts = ResultStore(), system.collect_facts()
     machine = facts.fingerprint
     names = ladder.workloads(store, machine, args.preset, args.workload)
     found = {w: ladder.rungs(store, machine, w, args.preset, facts.physical_cores) for w in names}
     found = {w: rows for w, rows in found.items() if rows}
     if not found:
+        if args.workload:
+            check_workload_spec(args.workload)  # a misspelt name is said so, not "no ladder for it"
         raise CpuoptError(f"no ladder for {args.workload or 'any workload'} on the {args.preset} preset on this machine "
                           f"in {store.path}; run the notebooks first (make run, or --preset quick after make test)")
     if args.json:
@@ -464,10 +485,9 @@ def _compare(args) -> int:
     from cpuopt_helpers.config import check_outputs
     from cpuopt_helpers.results import ResultStore, run_comparison
 
+    one_subject(args)
     if args.script is not None:  # `--script ''` is refused there, not compared as the workload
         return _compare_script(args)
-    if args.metric or args.metric_lower:
-        raise CpuoptError("--metric reads a --script's output; a workload reports its own samples/s")
     configs = []
     for name, options in (("--a", args.a), ("--b", args.b)):
         try:
@@ -527,7 +547,7 @@ def _readme(args) -> int:
     from cpuopt_helpers.results import ResultStore, build_dir
 
     store, facts = ResultStore(), system.collect_facts()
-    section = pages.results_markdown(store, facts, args.preset)
+    section = pages.results_markdown(store, facts, known_preset(args.preset))
     if args.check:
         problem = pages.check_readme(Path(args.check), section)
         print(f"cpuopt: {problem}; `cpuopt workbook readme --write {args.check}` regenerates it" if problem else
@@ -633,7 +653,7 @@ def format_result(r: dict) -> str:
                      f"{r['page_faults_per_step']:,.0f} page faults a step")
     lines += [f"  fell back: {f['what']} ran {f['fell_back_to']} ({f['reason']})" for f in r.get("fallbacks") or []]
     for i in r["instances"]:
-        lines.append(f"  instance {i['index']}: cores {i['cores']} ({i['pinned_by']}), "
+        lines.append(f"  instance {i['index']}: cores {format_cpu_list(i['cores'])} ({i['pinned_by']}), "
                      f"{i['torch_threads']} threads, {i['samples_per_s']:.1f} samples/s"
                      + (f", LD_PRELOAD={i['ld_preload']}" if i["ld_preload"] else ""))
     lines += [f"  warning: {w}" for w in r["warnings"]]
@@ -650,8 +670,14 @@ def _profile(args) -> int:
                           f"got {args.step_ms}")
     if args.threads is not None and not 1 <= args.threads <= (os.cpu_count() or 1):
         raise CpuoptError(f"--threads must be 1 to {os.cpu_count()} (this machine's logical CPUs), got {args.threads}")
+    if args.top is not None and (args.top <= 0 or not args.whole_step):
+        raise CpuoptError(f"--top {args.top}: give a positive count of operator rows, with --whole-step"
+                          if args.whole_step else "--top is for --whole-step (its operator rows)")
+    args.top = args.top or 15
     if args.whole_step:
         return _whole_step(args)
+    if args.step_ms is not None and not args.project:
+        raise CpuoptError("--step-ms is for --project (the measured step the efficiency ratio divides by)")
     if args.workload:
         raise CpuoptError("--workload is for --whole-step (capture and project a step); a log is profiled as it is")
     if not args.log:
@@ -850,13 +876,25 @@ def print_whole_step(args, out: dict, result: dict, ceilings, plain_ms: float | 
         print(f"- {line}")
 
 
+def one_subject(args) -> None:
+    """compare and tune measure a workload or a script, never both (--workload: cnn where neither is given)."""
+    if args.script is not None and args.workload is not None:
+        raise CpuoptError(f"give --workload or --script, not both: the script {args.script!r} is measured as it is, "
+                          f"and --workload {args.workload} would not be")
+    if (args.metric or args.metric_lower) and args.script is None:
+        raise CpuoptError("--metric reads a --script's output; a workload reports its own samples/s")
+    args.workload = args.workload or "cnn"
+
+
 def _tune(args) -> int:
     from cpuopt_helpers import scripts, system, tune
     from cpuopt_helpers.results import ResultStore
 
+    one_subject(args)
     if args.allow_instances and not args.script:
         raise CpuoptError("--allow-instances is for --script (a workload's search always includes several ranks)")
     command = scripts.parse_command(args.script) if args.script is not None else None  # `--script ''` refused
+    reading = scripts.Reading(args.metric, args.metric_lower)  # a bad --metric is refused in a dry run too
     if args.dry_run or args.topology:
         machine = machine_for(args)  # --topology without --dry-run is refused here
         facts = tune.machine_facts(machine) if machine.source else system.collect_facts()
@@ -864,14 +902,11 @@ def _tune(args) -> int:
         print(json.dumps(rows, indent=2) if args.json else tune.format_search_plan(rows, machine))
         return 0
     if args.script:
-        reading = scripts.Reading(args.metric, args.metric_lower)
         facts = system.collect_facts()
         return tuned(lambda: tune.tune(
             scripts.SCRIPT, args.budget_min, facts=facts, progress=not args.json, script=command, reading=reading,
             runner=scripts.stored_runner(command, reading, facts, ResultStore()), instances=args.allow_instances),
             args.json)
-    if args.metric or args.metric_lower:
-        raise CpuoptError("--metric reads a --script's output; a workload reports its own samples/s")
     from cpuopt_helpers import launch
 
     facts = system.collect_facts()
@@ -908,6 +943,8 @@ def _workbook(args) -> int:
 
     out = Path(args.out).resolve() if args.out else build_dir().resolve()
     if args.wb_command == "report":
+        if not out.exists():  # a report of nothing, in a folder made for it, would hide a mistyped --out
+            raise CpuoptError(f"--out {args.out}: no such folder; give the folder a run wrote (default build/)")
         print(f"report: {build_report(out, system.collect_facts())}")
         return 0
     only = [n for part in args.only for n in part.split(",") if n] if args.only is not None else None
@@ -972,7 +1009,12 @@ def main(argv: list[str] | None = None) -> int:
     if os.getcwd() not in sys.path:  # the `cpuopt` script, unlike `python -m`, does not look in the
         sys.path.append(os.getcwd())  # current folder, where a user's package.module:function sits
     try:
-        args = build_parser().parse_args(_glue_option_strings(sys.argv[1:] if argv is None else list(argv)))
+        words = _glue_option_strings(sys.argv[1:] if argv is None else list(argv))
+        args, extra = build_parser().parse_known_args(words)
+        if extra:  # said with the subcommand's help, where the options it takes are
+            sub = [args.wb_command] if getattr(args, "wb_command", None) else []
+            where = " ".join(["cpuopt", args.command, *sub])
+            raise CpuoptError(f"unrecognized arguments: {' '.join(extra)} (see `{where} --help`)")
         commands = {"doctor": _doctor, "bench": _bench, "launch": _launch, "profile": _profile, "workbook": _workbook,
                     "tune": _tune, "compare": _compare, "ladder": _ladder}
         return commands[args.command](args)

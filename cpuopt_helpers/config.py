@@ -446,7 +446,7 @@ def check_layout(config: RunConfig, logical_cores: int, physical_cores: int) -> 
     if threads is None:
         threads = max(1, physical_cores // config.instances)
     if threads <= 0:
-        raise CpuoptError(f"threads must be at least 1, got {threads}")
+        raise CpuoptError(f"--threads must be at least 1, got {threads}")
     if threads > logical_cores and not config.oversubscribe:
         raise CpuoptError(f"--threads {threads} is more than the {logical_cores} logical cores here; "
                           f"use at most {logical_cores} (see `cpuopt doctor`), or --oversubscribe to measure that")

@@ -299,17 +299,17 @@ def build_plan(config: RunConfig, machine: Machine, base_env: dict | None = None
     topo = machine.topology
     if config.threads is None and not config.cores and config.launcher == "cpuopt":
         config = config.replace(threads=default_threads(topo, max(1, config.instances)))
+    known = {c.cpu for c in topo.cpus}
+    lacking = sorted({c for group in config.cores or () for c in group} - known)
+    if lacking:  # said before the thread counts, which cores the machine lacks would make wrong
+        raise CpuoptError(f"--cores names CPUs {system.format_cpu_list(lacking)} that this machine lacks; "
+                          f"use CPUs from {system.format_cpu_list(known)} (see `cpuopt doctor`)")
     config = validate(config, topo.logical_cores, topo.physical_cores, check_workload=command is None)
     python = python or check_runtime(config, command)
     if config.launcher == "run_cpu":  # measured as users run it: run_cpu decides everything itself
         return run_cpu_plan(config, topo, base_env, python, command)
-    cores = list(config.cores) if config.cores else assign_cores(
+    cores = list(config.cores) if config.cores else assign_cores(  # oversubscribed: instances share cores
         topo, config.instances, min(config.threads, topo.logical_cores // config.instances), config.affinity)
-    known = {c.cpu for c in topo.cpus}  # oversubscribed (more threads than cores): instances share
-    for group in cores:
-        if not set(group) <= known:
-            raise CpuoptError(f"cores {sorted(set(group) - known)} are not available here; "
-                              f"use cores from {sorted(known)}")
     env, warnings = plan_env(config, machine, base_env)
     if config.affinity == "none":
         pinning = "none"

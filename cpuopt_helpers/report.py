@@ -20,7 +20,7 @@ from pathlib import Path
 
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.results import ResultStore
-from cpuopt_helpers.system import Facts
+from cpuopt_helpers.system import Facts, numa_words
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1200px; color: #222; }
@@ -45,7 +45,7 @@ def _facts_rows(facts: Facts) -> list[tuple[str, str]]:
     isa = ", ".join(k for k, on in facts.isa.items() if on) or "none of those checked"
     return [("CPU", facts.cpu_model),
             ("cores", f"{facts.physical_cores} physical, {facts.logical_cores} logical, "
-                      f"{facts.sockets} socket(s), NUMA nodes {facts.numa_nodes}"),
+                      f"{facts.sockets} socket(s), {numa_words(facts.numa_nodes)}"),
             ("ISA", isa), ("memory", f"{facts.memory_gib} GiB"),
             ("software", f"python {v.get('python')}, torch {v.get('torch')}, oneDNN {v.get('onednn')}"),
             ("bf16", f"{'accelerated' if bf16.get('accelerated') else 'not accelerated'}: {bf16.get('reason', '')}"),

@@ -822,6 +822,13 @@ def collect_facts() -> Facts:
     return facts.replace(fingerprint=fingerprint(facts.to_dict()))
 
 
+def numa_words(nodes: dict) -> str:
+    """{'0': [0, 1], '1': [2, 3]} -> 'NUMA node 0: CPUs 0-1; node 1: CPUs 2-3'."""
+    if not nodes:
+        return "NUMA nodes unknown"
+    return "NUMA " + "; ".join(f"node {n}: CPUs {format_cpu_list(cpus)}" for n, cpus in nodes.items())
+
+
 def format_facts(facts: Facts) -> str:
     """The human-readable doctor report."""
     isa = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in facts.isa.items())
@@ -829,7 +836,7 @@ def format_facts(facts: Facts) -> str:
     lines = [
         f"CPU          {facts.cpu_model}",
         f"cores        {facts.physical_cores} physical, {facts.logical_cores} logical, "
-        f"{facts.sockets} socket(s), NUMA nodes {facts.numa_nodes}",
+        f"{facts.sockets} socket(s), {numa_words(facts.numa_nodes)}",
         *[f"{n['fact']:<12} {n['value']}\n{'':<12} -> {n['threads']}"
           for n in facts.topology.get("notes", [])],
         f"ISA          {isa}",

@@ -25,6 +25,11 @@ def files(tmp):
     (tmp / "meta.log").write_text("garbage\n")
     (tmp / "meta.log.meta.json").write_text(json.dumps({"steps": -4}))
     (tmp / "zero.json").write_text(json.dumps({"gemm_gflops_best": 0, "copy_gbs_best": 10}))
+    exec_line = ("onednn_verbose,v1,primitive,exec,cpu,convolution,jit:avx512_core,forward_training,src:f32::blocked:"
+                 "abcd::f0 wei:f32::blocked:abcd::f0 dst:f32::blocked:abcd::f0,,alg:convolution_direct,"
+                 "mb2_ic16oc16_ih7oh7kh5sh1dh0ph2_iw7ow7kw5sw1dw0pw2,{}\n")
+    (tmp / "quiet.log").write_text("onednn_verbose,v1,info,oneDNN v3.12.0\nthe program's own output\n")
+    (tmp / "corrupt.log").write_text("onednn_verbose,v1,info,oneDNN v3.12.0\n" + exec_line.format("abc") * 2)
 
 
 CMD = ["--", "python3", "-c", "pass"]
@@ -60,7 +65,7 @@ BAD = [  # (arguments, with {tmp} for the test's folder; words of the one line e
     (["workbook", "run", "--only", "01", "-p", "ROUNDS"], "expected 2 arguments"),
     (["profile", "{tmp}/nosuch.log"], "does not exist"),
     (["profile", "{tmp}/notalog.log"], "is not a verbose log"),
-    (["profile", "{tmp}/bad.log"], "none of its 2 lines is an executed primitive"),
+    (["profile", "{tmp}/bad.log"], "1 of its 2 lines is an executed primitive that cannot be read"),  # cut short
     (["profile", "--whole-step", "--workload", "cnn", "{tmp}/trace.json"], "not both"),
     (["profile", "{tmp}/meta.log"], "meta.log.meta.json is not what `cpuopt bench --onednn-verbose` writes"),
     (["profile", "{tmp}/bad.log", "--project", "--steps", "1", "--step-ms", "-5"], "--step-ms must be a positive"),
@@ -82,7 +87,7 @@ BAD = [  # (arguments, with {tmp} for the test's folder; words of the one line e
     (["tune", "--script", "", "--dry-run"], "--script needs a command"),
     (["workbook", "run", "--only", ","], "--only names no notebook"),
     (["profile", "--whole-step", "{tmp}/trace.json", "--csv", "{tmp}/x.csv"], "does not combine with --compare"),
-    (["ladder", "--workload", "nosuch"], "no ladder for nosuch"),
+    (["ladder", "--workload", "nosuch"], "unknown workload 'nosuch'"),
     (["tune", "--workload", "nosuch"], "unknown workload 'nosuch'"),
     (["tune", "--budget-min", "-1"], "argument --budget-min: must be a positive number of minutes, got '-1'"),
     (["tune", "--budget-min", "nan", "--dry-run"], "must be a positive number of minutes, got 'nan'"),
@@ -99,6 +104,30 @@ BAD = [  # (arguments, with {tmp} for the test's folder; words of the one line e
      "{tmp}/theirs/report.0 is a folder"),  # instance N writes FILE.N
     (["compare", "--a", "", "--b", "--trace {tmp}/nosuch/t.json"], "--b '--trace {tmp}/nosuch/t.json': --trace"),
     (["bench", "--timeout", "nan"], "timeout must be positive, got nan"),
+    # found by a newcomer's review of the command line (2026-12-06)
+    (["launch", "--cores", "0-4095", "--dry-run", *CMD], "--cores names CPUs"),  # not a thread count it never gave
+    (["launch", "--cores", "0-4095", "--dry-run", *CMD], "that this machine lacks; use CPUs from 0-"),
+    (["launch", "--ncores-per-instance", "4096", "--dry-run", *CMD], "--ncores-per-instance 4096 is more than"),
+    (["launch", "--ncores-per-instance", "-2", "--dry-run", *CMD], "--ncores-per-instance must be at least 1"),
+    (["launch", "--cores", "", "--dry-run", *CMD], "cannot read core list ''"),  # not all cores
+    (["launch", "--nnodes", "2", "--rdzv-endpoint", "h:1", "--dry-run", *CMD],
+     "--nnodes, --rdzv-endpoint are torchrun's: add --nproc-per-node N"),
+    (["compare", "--workload", "rnn", "--script", "python3 {tmp}/train.py", "--a", "", "--b", ""],
+     "give --workload or --script, not both"),
+    (["tune", "--workload", "rnn", "--script", "python3 {tmp}/train.py", "--dry-run"], "not both"),
+    (["tune", "--script", "python3 {tmp}/train.py", "--metric", "(", "--dry-run"], "is not a regular expression"),
+    (["tune", "--metric", "x", "--dry-run"], "--metric reads a --script's output"),
+    (["compare", "--script", "python3 {tmp}/train.py", "--a", "", "--b", "--bogus"],
+     "--b '--bogus': unrecognized arguments: --bogus; with --script the arms take launch options"),
+    (["bench", "--bogus"], "unrecognized arguments: --bogus (see `cpuopt bench --help`)"),
+    (["workbook", "run", "--bogus"], "(see `cpuopt workbook run --help`)"),
+    (["workbook", "readme", "--preset", "huge"], "unknown preset 'huge'"),
+    (["workbook", "report", "--out", "{tmp}/nosuch"], "--out {tmp}/nosuch: no such folder"),
+    (["profile", "{tmp}/bad.log", "--step-ms", "40"], "--step-ms is for --project"),
+    (["profile", "{tmp}/bad.log", "--top", "3"], "--top is for --whole-step"),
+    (["profile", "--whole-step", "{tmp}/trace.json", "--top", "0"], "give a positive count of operator rows"),
+    (["profile", "{tmp}/quiet.log"], "none of its 2 lines is an executed primitive; usually no op reached oneDNN"),
+    (["profile", "{tmp}/corrupt.log"], "2 of its 3 lines are executed primitives that cannot be read"),
 ]
 
 

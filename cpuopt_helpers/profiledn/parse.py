@@ -74,6 +74,11 @@ class ParsedLog:
             why = "it is empty"
         elif c["other"] == c["lines"]:
             why = f"none of its {c['lines']} lines is a oneDNN verbose line, so it is not a verbose log"
+        elif c.get("malformed"):  # exec lines there, none readable: a corrupt or edited log, not a quiet run
+            example = f" (the first: {self.malformed_examples[0][:80]!r})" if self.malformed_examples else ""
+            what = "is an executed primitive" if c["malformed"] == 1 else "are executed primitives"
+            why = (f"{c['malformed']} of its {c['lines']} lines {what} that cannot be read"
+                   f"{example}; the log is corrupt or was edited")
         else:
             why = (f"none of its {c['lines']} lines is an executed primitive; usually no op reached oneDNN "
                    "(fp32 GEMMs go to MKL), or verbose mode was off")
