@@ -70,6 +70,9 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	  if [ "$(VENV)" = .venv ] && [ -n "$${CONDA_PREFIX}$${VIRTUAL_ENV}" ]; then \
 	    echo "cpuopt: creating .venv; to install into the active environment instead: make $(or $(MAKECMDGOALS),setup) VENV=$${VIRTUAL_ENV:-$$CONDA_PREFIX}"; fi; \
 	  $(PYTHON) -m venv $(VENV); fi
+	@# constraints.txt's pins (numpy 2.4, pandas 3.1) need Python 3.11: said before pip fails on them
+	@if [ -n "$(CONSTRAINTS)" ] && ! $(PY) -c "import sys; sys.exit(sys.version_info < (3, 11))"; then \
+	  echo "cpuopt: $(VENV) has Python $$($(PY) -c 'import platform; print(platform.python_version())'); the pinned versions of $(CONSTRAINTS) need 3.11 or newer: remove $(VENV) and make again with PYTHON=python3.11 (or newer), or CONSTRAINTS= to install within pyproject.toml's ranges"; exit 1; fi
 	$(PIP_INSTALL) --no-deps $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH_RANGE)" 2>&1 | grep -v "^WARNING: Location" || true
 	$(PIP_INSTALL) -e '.[workbook,test]' 2>&1 | grep -v "^WARNING: Location" || true
 	@$(PY) -c "import cpuopt_helpers, torch, papermill, nbval" || { echo "cpuopt: installing the environment failed; see the pip output above"; exit 1; }

@@ -90,6 +90,15 @@ class RunConfig:
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     options: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
+    def __post_init__(self):
+        """env and options given as dicts (``RunConfig(options={"width": "2048"})``) are kept as the
+        sorted pairs a RunConfig holds, core sets as tuples: a config hashes the same however written."""
+        for key in ("env", "options"):
+            if isinstance(getattr(self, key), dict):
+                object.__setattr__(self, key, pairs(getattr(self, key)))
+        if self.cores is not None:
+            object.__setattr__(self, "cores", tuple(tuple(c) for c in self.cores))
+
     @classmethod
     def for_preset(cls, workload: str, preset: str, **fields) -> "RunConfig":
         """A config with the preset's step counts (a notebook's starting point)."""
@@ -100,11 +109,6 @@ class RunConfig:
 
     def replace(self, **changes) -> "RunConfig":
         """A copy with some fields changed (configs are never edited in place)."""
-        for key in ("env", "options"):
-            if key in changes and isinstance(changes[key], dict):
-                changes[key] = pairs(changes[key])
-        if changes.get("cores") is not None:
-            changes["cores"] = tuple(tuple(c) for c in changes["cores"])
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:

@@ -448,12 +448,18 @@ def call_model(model, inputs):
 
 
 def map_tensors(value, fn):
-    """``fn`` applied to every tensor in a tensor, tuple, list or dict (recursively), keeping the
-    container's type; anything else (an output object, a number) is returned as it is."""
+    """``fn`` applied to every tensor in a tensor, tuple, list, dict or dataclass instance (an
+    output object such as ``Output(logits)``), recursively, keeping the container's type; anything
+    else (another object, a number) is returned as it is."""
+    import dataclasses
+
     import torch
 
     if isinstance(value, torch.Tensor):
         return fn(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: map_tensors(getattr(value, f.name), fn)
+                                             for f in dataclasses.fields(value) if f.init})
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
         return type(value)(*(map_tensors(v, fn) for v in value))
     if type(value) in (tuple, list):

@@ -114,3 +114,13 @@ def test_a_config_stored_with_the_old_retinanet_variable_loads_with_options():
     assert dict(c.options) == {"focal": "fast", "frozen_bn": "fused"} and dict(c.env) == {"MALLOC_CONF": "x"}
     old["env"] = {"CPUOPT_RETINANET": ""}  # the old baseline: no variant at all
     assert RunConfig.from_dict(old) == RunConfig(workload="retinanet")
+
+
+def test_options_and_env_given_as_dicts_are_kept_as_pairs():
+    """own-model.md: `RunConfig(options={"width": "2048"})` sets a workload option, as --option does."""
+    given = RunConfig(options={"width": 2048}, env={"B": "2", "A": "1"}, cores=[[0, 1]])
+    assert given.options == (("width", "2048"),) and given.env == (("A", "1"), ("B", "2"))
+    assert given.cores == ((0, 1),)
+    assert given == RunConfig().replace(options={"width": "2048"}, env={"A": "1", "B": "2"}, cores=((0, 1),))
+    assert given.config_hash() == RunConfig.from_dict(given.to_dict()).config_hash()
+    assert "width=2048" in given.label()

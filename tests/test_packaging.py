@@ -284,3 +284,18 @@ def test_notebooks_in_git_carry_no_outputs():
         for cell in nb.cells:
             if cell.cell_type == "code" and "NBVAL_CHECK_OUTPUT" not in cell.source:
                 assert not cell.outputs and cell.execution_count is None, f"{path.name} carries outputs"
+
+
+def test_make_says_the_pins_need_python_3_11_before_pip_fails(make_here):
+    """constraints.txt pins numpy and pandas releases that need Python 3.11: an older Python is
+    refused in one line that says what to do, before pip fails on them in pages of output."""
+    env = make_here.tmp / "py310"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").write_text('#!/bin/bash\ncase "$*" in *version_info*) exit 1;; *python_version*) '
+                                        'echo 3.10.12;; esac\nexit 0\n')
+    (env / "bin" / "python").chmod(0o755)
+    proc, calls = make_here(f"{env}/.cpuopt-setup", f"VENV={env}")
+    assert proc.returncode != 0 and not (env / ".cpuopt-setup").exists()
+    assert f"cpuopt: {env} has Python 3.10.12; the pinned versions of constraints.txt need 3.11 or newer" in proc.stdout
+    proc, calls = make_here(f"{env}/.cpuopt-setup", f"VENV={env}", "CONSTRAINTS=")  # within pyproject's ranges
+    assert proc.returncode == 0, proc.stdout + proc.stderr

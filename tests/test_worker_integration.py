@@ -4,6 +4,7 @@ Every test here starts worker processes (slow) except the in-process check of a 
 FLOP count. Tests that only read different fields of the same run share it (module fixtures).
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -197,8 +198,15 @@ def test_outputs_of_any_kind_give_their_dtype_and_keep_their_shape():
     cast = worker.map_tensors({"a": (bf, [bf]), "n": 3}, lambda t: t.float())
     assert cast["a"][0].dtype == cast["a"][1][0].dtype == torch.float32 and cast["n"] == 3
     assert isinstance(cast["a"], tuple) and isinstance(cast["a"][1], list)
+    @dataclasses.dataclass(frozen=True)
+    class Out:  # own-model.md's output dataclass: its tensors cast, its type kept
+        logits: object
+        hidden: object = None
+
+    cast = worker.map_tensors(Out(bf, [bf]), lambda t: t.float())
+    assert isinstance(cast, Out) and cast.logits.dtype == cast.hidden[0].dtype == torch.float32
     opaque = Output(bf, None)
-    assert worker.map_tensors(opaque, lambda t: t.float()) is opaque  # an output object reaches the loss as it is
+    assert worker.map_tensors(opaque, lambda t: t.float()) is opaque  # any other object reaches the loss as it is
 
 
 @slow
