@@ -187,13 +187,15 @@ def add_launch_parser(sub, knobs: tuple = ()) -> None:
                             usage="cpuopt launch [options] -- COMMAND ...")
     launch.add_argument("--ninstances", type=int, default=1, help="instances of the command, on disjoint cores")
     launch.add_argument(*spellings("--ncores-per-instance"), type=int, help="cores (and threads) per instance")
-    launch.add_argument("--cores", help="cores to use, e.g. 0-3,8-11 (split evenly between instances)")
+    launch.add_argument("--cores", "--core-list", dest="cores",
+                        help="cores to use, e.g. 0-3,8-11 (split evenly between instances; run_cpu's --core-list)")
     launch.add_argument(*spellings("--nproc-per-node"), type=int,
                         help="run the script under torchrun with N ranks here, each pinned to its own cores")
     for flag, what in TORCHRUN_FLAGS:
         launch.add_argument(*spellings(flag), help=what)
     add_knob_options(launch, "launch", knobs)
-    launch.add_argument("--log-dir", default="build/launch", help="one log per instance here (default build/launch)")
+    launch.add_argument("--log-dir", "--log-path", dest="log_dir", default="build/launch",
+                        help="one log per instance here (default build/launch; run_cpu's --log-path)")
     launch.add_argument("--instance-dirs", metavar="DIR", help="run instance N in DIR/instance_N (created), so that "
                         "copies writing files never collide; words of the command naming a file here are made absolute")
     launch.add_argument("--dry-run", action="store_true", help="print the plan as shell commands and exit")
@@ -518,7 +520,7 @@ def _compare(args) -> int:
     return compared(lambda: run_comparison(
         configs[0], configs[1], ResultStore(), lambda c: launch.run(c, facts), tag="cli-compare",
         machine=facts.fingerprint, min_rounds=args.min_rounds, max_rounds=args.max_rounds,
-        budget_s=args.budget_min * 60 if args.budget_min else None, resume=False, progress=not args.json,
+        budget_s=args.budget_min * 60 if args.budget_min else None, resume=False, progress=not args.json and sys.stderr.isatty(),
         say=rounds_to_stderr(args.json)), f"{configs[1].label()} over {configs[0].label()}", args.json)
 
 
@@ -569,6 +571,11 @@ def rounds_to_stderr(as_json: bool):
     return (lambda line: print(line, file=sys.stderr, flush=True)) if as_json else None
 
 
+STOPPED = {"decided": "once the verdict was decided", "max_rounds": "at --max-rounds",
+           "budget": "when --budget-min was spent", "failed": "because an arm cannot run",
+           "interrupted": "when interrupted"}  # compare's ``stopped``, in words (--json keeps the word)
+
+
 def report_comparison(result: dict, title: str, as_json: bool) -> int:
     """A comparison as JSON or in words (ratio, interval, verdict, rounds, failed runs, the run an
     interruption cut short); exit 1 without a round, 2 where a worker refused its input."""
@@ -580,8 +587,9 @@ def report_comparison(result: dict, title: str, as_json: bool) -> int:
     else:
         print(f"b over a ({title}): {compare.describe(result)}", flush=True)
         failed = f" (and {result['failed_rounds']} with a failed run)" if result.get("failed_rounds") else ""
-        print(f"  rounds: {result['n']} with a result{failed}, order {' '.join(result['order']) or '(none ran)'}, "
-              f"stopped: {result['stopped']}")
+        why = STOPPED.get(result["stopped"], result["stopped"])
+        print(f"  rounds: {result['n']} with a result{failed}, order {' '.join(result['order']) or '(none ran)'}; "
+              f"stopped {why}")
         cut = result.get("cut_run")
         if cut:
             print(f"  the run cut short: arm {cut['arm']} had run {cut['ran_s']:.0f} s"
@@ -617,7 +625,7 @@ def _compare_script(args) -> int:
     return compared(lambda: run_comparison(
         a, b, ResultStore(), lambda c: scripts.run_script(c, command, reading, facts), tag="cli-compare-script",
         machine=facts.fingerprint, min_rounds=args.min_rounds, max_rounds=args.max_rounds,
-        budget_s=args.budget_min * 60 if args.budget_min else None, resume=False, progress=not args.json,
+        budget_s=args.budget_min * 60 if args.budget_min else None, resume=False, progress=not args.json and sys.stderr.isatty(),
         say=rounds_to_stderr(args.json)), f"{scripts.label(b)} over {scripts.label(a)}, {args.script}", args.json,
         script=args.script)
 
@@ -769,15 +777,22 @@ def project(args, meta: dict) -> dict:
             "projection_findings": [f.sentence for f in replay.projection_findings(proj)]}
 
 
+def readable(table):
+    """A table as people read it: shares as percentages, times to 0.01 ms (--json keeps every digit)."""
+    shares = [c for c in table.columns if "share" in str(c)]
+    return table.round(2).astype({c: object for c in shares}).assign(
+        **{str(c): table[c].map(lambda v: f"{v:.0%}" if v == v else "") for c in shares})
+
+
 def print_profile(args, out: dict, parsed, table) -> None:
     import pandas as pd
 
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.max_colwidth", 60):
         print(parsed.summary())
-        print(table.round(4).to_string())
+        print(readable(table).to_string())
         if args.compare:
             print(f"\nA = {args.log}, B = {args.compare}")
-            print(pd.DataFrame(out["compare"]).round(3).to_string(index=False))
+            print(readable(pd.DataFrame(out["compare"])).to_string(index=False))
     for key in ("findings", "compare_findings", "projection_findings", "trace_findings"):
         for line in out.get(key, []):
             print(f"- {line}")
@@ -904,7 +919,7 @@ def _tune(args) -> int:
     if args.script:
         facts = system.collect_facts()
         return tuned(lambda: tune.tune(
-            scripts.SCRIPT, args.budget_min, facts=facts, progress=not args.json, script=command, reading=reading,
+            scripts.SCRIPT, args.budget_min, facts=facts, progress=not args.json and sys.stderr.isatty(), script=command, reading=reading,
             runner=scripts.stored_runner(command, reading, facts, ResultStore()), instances=args.allow_instances),
             args.json)
     from cpuopt_helpers import launch
@@ -915,7 +930,7 @@ def _tune(args) -> int:
     runner = scripts.storing(lambda config: launch.run(config, facts), store, f"cli-tune-{args.workload}",
                              "cli-tune")
     return tuned(lambda: tune.tune(args.workload, args.budget_min, args.preset, facts, ladder, runner=runner,
-                                   progress=not args.json), args.json)
+                                   progress=not args.json and sys.stderr.isatty()), args.json)
 
 
 def tuned(search, as_json: bool) -> int:

@@ -305,8 +305,8 @@ KNOBS: tuple[Knob, ...] = (
          env=(("KMP_AFFINITY", KMP_AFFINITY, "intel OpenMP"),),
          env_of=lambda c: {"KMP_AFFINITY": KMP_AFFINITY} if _intel(c) and c.affinity != "none" else {}),
     Knob("kmp_blocktime", "--kmp-blocktime", "ms an Intel OpenMP thread spins (needs --omp-runtime intel)", int,
-         minimum=0, invalid="KMP_BLOCKTIME must be >= 0 ms, got {value}", launch=True, placement=True,
-         requires=lambda c: "KMP_BLOCKTIME only applies to Intel OpenMP; add --omp-runtime intel"
+         minimum=0, invalid="--kmp-blocktime must be 0 ms or more (KMP_BLOCKTIME), got {value}", launch=True, placement=True,
+         requires=lambda c: "--kmp-blocktime (KMP_BLOCKTIME) only applies to Intel OpenMP; add --omp-runtime intel"
          if c.kmp_blocktime is not None and not _intel(c) else "",
          env=(("KMP_BLOCKTIME", "the config's value, else 1 (run_cpu's default)", "intel OpenMP"),),
          env_of=lambda c: {"KMP_BLOCKTIME": str(1 if c.kmp_blocktime is None else c.kmp_blocktime)} if _intel(c) else {}),
@@ -346,7 +346,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("trace_shapes", "--no-trace-shapes", "with --trace: a light trace without the operators' input shapes "
          "(times only: recording shapes slows every call)", bool, placement=True),
     Knob("timeout_s", "--timeout", "seconds before the run is stopped", float, minimum=1e-9,
-         invalid="timeout must be positive, got {value}", placement=True),
+         invalid="--timeout must be a positive number of seconds, got {value}", placement=True),
     Knob("cores", "", "", placement=True),
     Knob("seed", "", ""),
 )

@@ -214,7 +214,8 @@ def assign_cores(topology: system.Topology, instances: int, threads: int,
 def _library(machine: Machine, kind: str) -> str:
     path = machine.libraries.get(kind)
     if not path:
-        raise CpuoptError(f"{kind} library not found on this machine; install it: {system.INSTALL_HINTS[kind]} "
+        what = {"iomp": "Intel OpenMP (libiomp5.so) for --omp-runtime intel"}.get(kind, f"{kind} (--allocator {kind})")
+        raise CpuoptError(f"{what} is not installed on this machine; install it: {system.INSTALL_HINTS[kind]} "
                           "(then `cpuopt doctor` shows it)")
     return path
 

@@ -103,7 +103,7 @@ BAD = [  # (arguments, with {tmp} for the test's folder; words of the one line e
     (["bench", "--instances", "2", "--threads", "1", "--onednn-verbose", "{tmp}/theirs/report"],
      "{tmp}/theirs/report.0 is a folder"),  # instance N writes FILE.N
     (["compare", "--a", "", "--b", "--trace {tmp}/nosuch/t.json"], "--b '--trace {tmp}/nosuch/t.json': --trace"),
-    (["bench", "--timeout", "nan"], "timeout must be positive, got nan"),
+    (["bench", "--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
     # found by a newcomer's review of the command line (2026-12-06)
     (["launch", "--cores", "0-4095", "--dry-run", *CMD], "--cores names CPUs"),  # not a thread count it never gave
     (["launch", "--cores", "0-4095", "--dry-run", *CMD], "that this machine lacks; use CPUs from 0-"),

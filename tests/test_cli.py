@@ -242,3 +242,17 @@ def test_under_taskset_doctor_and_bench_use_the_one_cpu_left():
     assert bench.returncode == 0, bench.stderr
     (inst,) = json.loads(bench.stdout)["instances"]
     assert inst["affinity"] == [1] and inst["torch_threads"] == 1 and inst["omp_num_threads"] == "1"
+
+
+def test_tables_and_stops_are_printed_as_people_read_them(capsys):
+    """`cpuopt profile`'s tables give shares as percentages and times to 0.01 ms; `cpuopt compare`
+    says why its rounds stopped in words (--json keeps the raw values)."""
+    import pandas as pd
+
+    table = pd.DataFrame({"calls": [98], "time_ms": [576.58601], "share": [0.72371]}, index=["reorder"])
+    shown = cli.readable(table)
+    assert shown.loc["reorder", "share"] == "72%" and shown.loc["reorder", "time_ms"] == 576.59
+    result = {"ratio": 1.0, "ci_low": 0.9, "ci_high": 1.1, "n": 14, "verdict": "no different", "label": "95% CI",
+              "order": ["AB"] * 14, "stopped": "max_rounds", "failures": [], "failed_rounds": 0}
+    cli.report_comparison(result, "a test", as_json=False)
+    assert "; stopped at --max-rounds" in capsys.readouterr().out

@@ -65,7 +65,8 @@ def test_tcmalloc_and_intel_openmp_preload_in_order():
 
 
 def test_missing_allocator_is_a_clear_error():
-    with pytest.raises(CpuoptError, match="jemalloc library not found.*apt-get install libjemalloc2"):
+    with pytest.raises(CpuoptError, match=r"jemalloc \(--allocator jemalloc\) is not installed on this machine; "
+                                          r"install it: apt-get install libjemalloc2"):
         plan(RunConfig(allocator="jemalloc"), libs={"jemalloc": None, "tcmalloc": None, "iomp": None})
     with pytest.raises(CpuoptError, match="pip install intel-openmp"):
         plan(RunConfig(omp_runtime="intel"), libs={"iomp": None})
