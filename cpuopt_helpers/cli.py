@@ -520,7 +520,7 @@ def _compare(args) -> int:
     return compared(lambda: run_comparison(
         configs[0], configs[1], ResultStore(), lambda c: launch.run(c, facts), tag="cli-compare",
         machine=facts.fingerprint, min_rounds=args.min_rounds, max_rounds=args.max_rounds,
-        budget_s=args.budget_min * 60 if args.budget_min else None, resume=False, progress=not args.json and sys.stderr.isatty(),
+        budget_s=args.budget_min * 60 if args.budget_min else None, resume=False, progress=shows_progress(args),
         say=rounds_to_stderr(args.json)), f"{configs[1].label()} over {configs[0].label()}", args.json)
 
 
@@ -569,6 +569,11 @@ def rounds_to_stderr(as_json: bool):
     """With --json, stdout holds the result alone: each round's line goes to stderr as it lands
     (without it, the progress bar shows the running ratio)."""
     return (lambda line: print(line, file=sys.stderr, flush=True)) if as_json else None
+
+
+def shows_progress(args) -> bool:
+    """A progress bar for a person at a terminal: not with --json, not into a log or a pipe."""
+    return not args.json and sys.stderr.isatty()
 
 
 STOPPED = {"decided": "once the verdict was decided", "max_rounds": "at --max-rounds",
@@ -625,7 +630,7 @@ def _compare_script(args) -> int:
     return compared(lambda: run_comparison(
         a, b, ResultStore(), lambda c: scripts.run_script(c, command, reading, facts), tag="cli-compare-script",
         machine=facts.fingerprint, min_rounds=args.min_rounds, max_rounds=args.max_rounds,
-        budget_s=args.budget_min * 60 if args.budget_min else None, resume=False, progress=not args.json and sys.stderr.isatty(),
+        budget_s=args.budget_min * 60 if args.budget_min else None, resume=False, progress=shows_progress(args),
         say=rounds_to_stderr(args.json)), f"{scripts.label(b)} over {scripts.label(a)}, {args.script}", args.json,
         script=args.script)
 
@@ -919,7 +924,7 @@ def _tune(args) -> int:
     if args.script:
         facts = system.collect_facts()
         return tuned(lambda: tune.tune(
-            scripts.SCRIPT, args.budget_min, facts=facts, progress=not args.json and sys.stderr.isatty(), script=command, reading=reading,
+            scripts.SCRIPT, args.budget_min, facts=facts, progress=shows_progress(args), script=command, reading=reading,
             runner=scripts.stored_runner(command, reading, facts, ResultStore()), instances=args.allow_instances),
             args.json)
     from cpuopt_helpers import launch
@@ -930,7 +935,7 @@ def _tune(args) -> int:
     runner = scripts.storing(lambda config: launch.run(config, facts), store, f"cli-tune-{args.workload}",
                              "cli-tune")
     return tuned(lambda: tune.tune(args.workload, args.budget_min, args.preset, facts, ladder, runner=runner,
-                                   progress=not args.json and sys.stderr.isatty()), args.json)
+                                   progress=shows_progress(args)), args.json)
 
 
 def tuned(search, as_json: bool) -> int:

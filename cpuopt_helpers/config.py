@@ -305,7 +305,8 @@ KNOBS: tuple[Knob, ...] = (
          env=(("KMP_AFFINITY", KMP_AFFINITY, "intel OpenMP"),),
          env_of=lambda c: {"KMP_AFFINITY": KMP_AFFINITY} if _intel(c) and c.affinity != "none" else {}),
     Knob("kmp_blocktime", "--kmp-blocktime", "ms an Intel OpenMP thread spins (needs --omp-runtime intel)", int,
-         minimum=0, invalid="--kmp-blocktime must be 0 ms or more (KMP_BLOCKTIME), got {value}", launch=True, placement=True,
+         minimum=0, invalid="--kmp-blocktime must be 0 ms or more (KMP_BLOCKTIME), got {value}", launch=True,
+         placement=True,
          requires=lambda c: "--kmp-blocktime (KMP_BLOCKTIME) only applies to Intel OpenMP; add --omp-runtime intel"
          if c.kmp_blocktime is not None and not _intel(c) else "",
          env=(("KMP_BLOCKTIME", "the config's value, else 1 (run_cpu's default)", "intel OpenMP"),),
