@@ -924,8 +924,9 @@ def _tune(args) -> int:
     if args.script:
         facts = system.collect_facts()
         return tuned(lambda: tune.tune(
-            scripts.SCRIPT, args.budget_min, facts=facts, progress=shows_progress(args), script=command, reading=reading,
-            runner=scripts.stored_runner(command, reading, facts, ResultStore()), instances=args.allow_instances),
+            scripts.SCRIPT, args.budget_min, facts=facts, progress=shows_progress(args), script=command,
+            reading=reading, runner=scripts.stored_runner(command, reading, facts, ResultStore()),
+            instances=args.allow_instances),
             args.json)
     from cpuopt_helpers import launch
 
