@@ -653,9 +653,10 @@ def format_result(r: dict) -> str:
     if r["status"] != "ok":
         return f"{r['label']}: {r['status']}: {r['reason']}"
     s, p = r["step_ms"], r["phase_ms"]
+    spread = f"p10 {s['p10']:.2f}, p90 {s['p90']:.2f}, " if s["n"] >= 5 else ""  # from fewer steps they are not
     lines = [
-        f"{r['label']}: {r['samples_per_s']:.1f} samples/s, step {s['median']:.2f} ms "
-        f"(p10 {s['p10']:.2f}, p90 {s['p90']:.2f}, n={s['n']})",
+        f"{r['label']}: {r['samples_per_s']:.1f} samples/s over the timed window, step {s['median']:.2f} ms "
+        f"({spread}n={s['n']})",
         f"  forward {p['forward']:.2f} ms, backward {p['backward']:.2f} ms, optimizer {p['optimizer']:.2f} ms; "
         + (f"{r['achieved_gflops']:.1f} GFLOP/s" if r["achieved_gflops"] else "GFLOP/s unknown (FLOPs not counted)")
         + f"; peak RSS {r['peak_rss_mb']:.0f} MB; "
@@ -667,7 +668,7 @@ def format_result(r: dict) -> str:
     lines += [f"  fell back: {f['what']} ran {f['fell_back_to']} ({f['reason']})" for f in r.get("fallbacks") or []]
     for i in r["instances"]:
         lines.append(f"  instance {i['index']}: cores {format_cpu_list(i['cores'])} ({i['pinned_by']}), "
-                     f"{i['torch_threads']} threads, {i['samples_per_s']:.1f} samples/s"
+                     f"{i['torch_threads']} threads, {i['samples_per_s']:.1f} samples/s over its steps alone"
                      + (f", LD_PRELOAD={i['ld_preload']}" if i["ld_preload"] else ""))
     lines += [f"  warning: {w}" for w in r["warnings"]]
     return "\n".join(lines)

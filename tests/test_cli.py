@@ -256,3 +256,19 @@ def test_tables_and_stops_are_printed_as_people_read_them(capsys):
               "order": ["AB"] * 14, "stopped": "max_rounds", "failures": [], "failed_rounds": 0}
     cli.report_comparison(result, "a test", as_json=False)
     assert "; stopped at --max-rounds" in capsys.readouterr().out
+
+
+def test_bench_says_which_window_each_rate_is_over_and_no_percentiles_from_two_steps():
+    """The run's rate is over the timed window, an instance's over its steps alone (between them,
+    a little time the window includes); p10 and p90 of two steps are not said."""
+    result = {"status": "ok", "label": "cnn[quick]", "samples_per_s": 328.5, "achieved_gflops": 1.8,
+              "step_ms": {"median": 48.6, "p10": 21.1, "p90": 76.1, "n": 2},
+              "phase_ms": {"forward": 40.4, "backward": 7.7, "optimizer": 0.5}, "peak_rss_mb": 320.0,
+              "loss_first": 2.4, "loss_last": 2.0, "startup_s": 3.2, "warnings": [],
+              "instances": [{"index": 0, "cores": [0, 1], "pinned_by": "numactl", "torch_threads": 2,
+                             "samples_per_s": 329.2, "ld_preload": ""}]}
+    text = cli.format_result(result)
+    assert "328.5 samples/s over the timed window, step 48.60 ms (n=2)" in text and "p10" not in text
+    assert "instance 0: cores 0-1 (numactl), 2 threads, 329.2 samples/s over its steps alone" in text
+    result["step_ms"] = dict(result["step_ms"], n=6)
+    assert "(p10 21.10, p90 76.10, n=6)" in cli.format_result(result)
