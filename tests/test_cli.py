@@ -133,7 +133,7 @@ def test_bench_tcmalloc_shows_the_preload():
 def test_bench_two_instances_text_output():
     proc = cpuopt("bench", "--instances", "2", "--threads", "1", "--steps", "3")
     assert proc.returncode == 0, proc.stderr
-    assert "instance 0: cores [0]" in proc.stdout and "instance 1: cores [1]" in proc.stdout
+    assert "instance 0: cores 0 (numactl)" in proc.stdout and "instance 1: cores 1 (numactl)" in proc.stdout
 
 
 @pytest.mark.slow
