@@ -352,16 +352,13 @@ def apart_sentence(runs: list[dict]) -> str:
     shortest = min(min(s["round_trip_ns"]) for s, flag in zip(states, flags) if flag is not None)
     mixed, pairs, arm_apart = mixed_pairs(runs)
     probed = sum(f is not None for f in flags)
-    return (f" In {len(trips)} of the {probed} runs probed the round trip between two of its "
-            f"CPUs (the worker's probe, before and after its timed steps) was {APART:g}x the same pair's "
-            f"shortest or more (shortest {shortest:.0f} ns, up to {max(trips):.0f} ns): on a VM, most likely "
-            "its host had put those CPUs apart (other core complexes or sockets), where steps can run slower "
-            "(data/vcpu_placement) and paired ratios come out noisier"
-            + (f"; of {pairs} pairs of runs whose ratio is paired (an arm and its baseline in one round, both "
-               f"probed on a quiet machine), {mixed} had one run apart and the other not, the arm's run in "
-               f"{arm_apart} of them and the baseline's in {mixed - arm_apart} (where the host moves the CPUs "
-               "whichever arm runs, either is as likely); a move during the timed steps goes unseen by the probe, "
-               "so these counts are lower bounds" if pairs else "") + ".")
+    return (f" CPUs apart: in {len(trips)} of {probed} runs probed, two of the run's CPUs took {APART:g}x their "
+            f"shortest round trip or more ({shortest:.0f} ns, up to {max(trips):.0f} ns), most likely because a VM's "
+            "host had put them on other core complexes or sockets; such steps can run slower and paired ratios come "
+            "out noisier (data/vcpu_placement)."
+            + (f" Of {pairs} paired runs (an arm and its baseline in one round, both quiet), {mixed} had one run "
+               f"apart and not the other: the arm's in {arm_apart}, the baseline's in {mixed - arm_apart}. The probe "
+               "runs before and after the timed steps, so these counts are lower bounds." if pairs else ""))
 
 
 def loaded_sentence(results: list[dict]) -> str | None:

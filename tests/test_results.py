@@ -60,9 +60,9 @@ def test_runs_whose_cores_the_host_moved_apart_are_said():
     steady = loaded_sentence([run([220.0, 340.0]), run([260.0, 250.0]), run(None)])  # one core complex, noisy
     assert steady.endswith("the hypervisor took a median 0.0% of a run's CPU time, at most 0.0%.")
     moved = loaded_sentence([run([230.0, 250.0]), run([240.0, 470.0]), run([500.0, 520.0]), run(None)])
-    assert "In 2 of the 3 runs probed the round trip between two of its CPUs" in moved
-    assert "was 1.6x the same pair's shortest or more (shortest 230 ns, up to 520 ns): on a VM, most likely" in moved
-    assert moved.endswith("steps can run slower (data/vcpu_placement) and paired ratios come out noisier.")
+    assert "CPUs apart: in 2 of 3 runs probed, two of the run's CPUs took 1.6x their shortest round trip" in moved
+    assert "or more (230 ns, up to 520 ns), most likely because a VM's host had put them" in moved
+    assert moved.endswith("paired ratios come out noisier (data/vcpu_placement).")
     # bare metal: an unpinned arm times CPUs 0 and 1 on two sockets, a pinned one two cores of one: no claim
     pairs = loaded_sentence([run([250.0, 260.0], cpus=((0, 2),)), run([600.0, 610.0], cpus=((0, 1),))])
     assert "round trip" not in pairs
@@ -97,13 +97,11 @@ def test_pairs_of_runs_whose_two_runs_sat_apart_and_together_are_counted_from_th
     assert apart([{"round_trip_ns": far, "loaded": True, "round_trip_cpus": [0, 1]}]) == [None]
     assert mixed_pairs(runs) == (4, 5, 3)  # ab: rounds 0-2 (0 both apart); abc: 0-1 and 0-2 (not 1-2)
     said = loaded_sentence(runs)
-    assert said.endswith("paired ratios come out noisier; of 5 pairs of runs whose ratio is paired (an arm and "
-                         "its baseline in one round, both probed on a quiet machine), 4 had one run apart and the "
-                         "other not, the arm's run in 3 of them and the baseline's in 1 (where the host moves "
-                         "the CPUs whichever arm runs, either is as likely); a move during the timed steps goes "
-                         "unseen by the probe, so these counts are lower bounds.")
+    assert said.endswith("(data/vcpu_placement). Of 5 paired runs (an arm and its baseline in one round, both "
+                         "quiet), 4 had one run apart and not the other: the arm's in 3, the baseline's in 1. The "
+                         "probe runs before and after the timed steps, so these counts are lower bounds.")
     alone = [r for r in runs if r["sweep"] in ("cli", "")]
-    assert mixed_pairs(alone) == (0, 0, 0) and "pairs of runs" not in loaded_sentence(alone)
+    assert mixed_pairs(alone) == (0, 0, 0) and "paired runs" not in loaded_sentence(alone)
 
 
 def test_facts_replace_older_values(tmp_path):
@@ -251,7 +249,7 @@ def test_comparison_stores_rounds_and_resumes_them(tmp_path, capsys):
 
     out = run_comparison(a, b, store, runner, tag="c", machine="m1", progress=False)
     assert out["verdict"] == "faster" and out["n"] == 5 and len(calls) == 10
-    assert "In 2 of the 10 runs probed the round trip between two of its CPUs" in out["machine_sentence"]
+    assert "CPUs apart: in 2 of 10 runs probed" in out["machine_sentence"]
     report_comparison(out, "b over a", False)
     assert "\n  machine: The machine was quiet: none of the 10 runs" in capsys.readouterr().out
     assert len({r["sweep"] for r in store.results(tag="c")}) == 1
