@@ -272,3 +272,14 @@ def test_bench_says_which_window_each_rate_is_over_and_no_percentiles_from_two_s
     assert "instance 0: cores 0-1 (numactl), 2 threads, 329.2 samples/s over its steps alone" in text
     result["step_ms"] = dict(result["step_ms"], n=6)
     assert "(p10 21.10, p90 76.10, n=6)" in cli.format_result(result)
+
+
+def test_launch_takes_torchruns_and_run_cpus_spellings():
+    """torchrun takes --nproc_per_node as well as --nproc-per-node; run_cpu names its cores
+    --core-list and its logs --log-path: cpuopt launch takes them all, to the same options."""
+    parser = cli.build_parser()
+    args = parser.parse_args(["launch", "--nproc_per_node", "2", "--node_rank", "0", "--rdzv_endpoint", "h:1",
+                              "--ncores_per_instance", "1", "--core-list", "0-1", "--log-path", "logs", "--", "x"])
+    assert (args.nproc_per_node, args.node_rank, args.rdzv_endpoint) == (2, "0", "h:1")
+    assert (args.ncores_per_instance, args.cores, args.log_dir) == (1, "0-1", "logs")
+    assert cli.spellings("--nnodes") == ["--nnodes"]  # one word: one spelling
