@@ -629,6 +629,9 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "stock over ipex": lambda v, c: f"{v['workload']}: stock torch (this venv) over torch 2.8 + IPEX: {describe(c)}.",
     "fastest upstream": lambda v, c: (f"{v['workload']}: fastest with this torch in screening: {v['name']} at "
                                       f"{v['samples_per_s']:.1f} samples/s, {describe(c)} against stock."),
+    "handed on over ipex": lambda v, c: (
+        f"{v['workload']}: this torch as notebook 05 hands it on ({v['setting'] or 'stock, nothing beat it'}) over "
+        f"torch 2.8 + IPEX, in fresh paired rounds: {describe(c)}."),
     "upstream over ipex": lambda v, c: f"{v['workload']}: {v['name']} over torch 2.8 + IPEX: {describe(c)}.",
     "fused adamw": lambda v, c: f"{v['workload']}: fused AdamW over the default AdamW: {describe(c)}.",
     "compiled nothing": lambda v, c: (

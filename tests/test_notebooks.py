@@ -241,6 +241,7 @@ def test_ipex_runtimes_and_upstream_replacements_side_by_side(quick_run):
         assert all(str(v).startswith("2.8") for v in ipex_rows["versions.torch"])  # in IPEX's own runtime
         assert (ipex_rows.loss_last < ipex_rows.loss_first * 1.5).all()  # it trains
         assert "IPEX over its own stock torch 2.8, in fresh paired rounds:" in text and "over torch 2.8 + IPEX:" in text
+        assert "cnn: this torch as notebook 05 hands it on (" in text  # against IPEX, in fresh rounds too
         confirmation = store.load(tag="05_ipex/ipex")  # the fresh rounds, both arms in IPEX's runtime
         assert len(confirmation) >= 2 and set(confirmation["config.runtime"]) == {"ipex"}
     else:

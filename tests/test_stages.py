@@ -8,7 +8,7 @@ import pytest
 
 from cpuopt_helpers.system import Facts
 from cpuopt_helpers.config import RunConfig, setting_label
-from cpuopt_helpers.decisions import Finding, Plan
+from cpuopt_helpers.decisions import Choice, Finding, Plan, as_comparison
 from cpuopt_helpers.stages import allocator, case_study, choosing, extensions, summary, threads
 from tests.conftest import make_facts
 
@@ -302,6 +302,16 @@ def test_ipex_is_confirmed_against_its_own_torch_in_fresh_rounds_and_said_so():
     assert extensions.confirm_ipex(session, extensions.table(failed, plan), plan, 8, 8) is None
     assert extensions.confirm_ipex(session, table, Plan.of({"torch (stock)": base}), 8, 8) is None  # no IPEX runtime
     assert len(asked) == 1
+    # the other half: what notebook 05 hands on (here channels-last) against torch 2.8 + IPEX, in fresh rounds
+    handed = Choice(base.replace(channels_last=True), as_comparison(confirmed), Finding("cnn", "runtime", "kept"))
+    found, = extensions.handed_on_over_ipex(session, table, plan, handed, 8, 8, 4.0)
+    assert asked[-1][:3] == (configs[extensions.IPEX], handed.config, "05_ipex/ipex")
+    assert found.sentence == ("cnn: this torch as notebook 05 hands it on (channels_last=True) over torch 2.8 + IPEX, "
+                              "in fresh paired rounds: 1.12x (95% CI: 1.05-1.20, 8 rounds): faster.")
+    stock, = extensions.handed_on_over_ipex(session, table, plan, Choice(base, None, handed.finding), 8, 8)
+    assert "hands it on (stock, nothing beat it) over torch 2.8 + IPEX" in stock.sentence
+    assert extensions.handed_on_over_ipex(session, extensions.table(failed, plan), plan, handed, 8, 8) == []
+    assert extensions.handed_on_over_ipex(session, table, plan, Choice(None, None, handed.finding), 8, 8) == []
 
 
 def test_runtime_findings_when_stock_torch_beats_every_replacement():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cpuopt_helpers.config import RunConfig, normalise
+from cpuopt_helpers.config import RunConfig, normalise, setting_label
 from cpuopt_helpers.decisions import Choice, Finding, Plan, as_comparison
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.stages import choosing
@@ -57,6 +57,24 @@ def confirm_ipex(session, table: pd.DataFrame, plan: Plan, min_rounds: int, max_
         return None
     return session.confirm(plan.named[IPEX_STOCK], plan.named[IPEX], "05_ipex/ipex", min_rounds, max_rounds,
                            budget_min, resume)
+
+
+def handed_on_over_ipex(session, table: pd.DataFrame, plan: Plan, choice: Choice, min_rounds: int,
+                        max_rounds: int, budget_min: float | None = None, resume: bool = True) -> list[Finding]:
+    """The question's other half, answered by the comparison rule: this torch as notebook 05
+    hands it on (``choice``: its fastest confirmed eager setting, or stock where nothing beat
+    it) against torch 2.8 + IPEX, in fresh paired rounds. Empty where IPEX was not measured or
+    produced no screening result, or nothing is handed on."""
+    if IPEX not in plan.named or choice.config is None:
+        return []
+    row = plan.row(table, IPEX)
+    if row.empty or pd.isna(row.iloc[0]["samples_per_s"]):
+        return []
+    stock = plan.named["torch (stock)"]
+    result = session.confirm(plan.named[IPEX], choice.config, "05_ipex/ipex", min_rounds, max_rounds, budget_min,
+                             resume)
+    setting = setting_label(choice.config.to_dict(), stock.to_dict()) if choice.changed else ""
+    return [_note(plan.workload, "handed on over ipex", result, setting=setting)]
 
 
 def runtimes_measured(ipex: dict, zentorch: dict, asked) -> tuple[bool, list[str]]:
