@@ -242,8 +242,9 @@ def test_ipex_runtimes_and_upstream_replacements_side_by_side(quick_run):
         assert (ipex_rows.loss_last < ipex_rows.loss_first * 1.5).all()  # it trains
         assert "IPEX over its own stock torch 2.8, in fresh paired rounds:" in text and "over torch 2.8 + IPEX:" in text
         assert "cnn: this torch as notebook 05 hands it on (" in text  # against IPEX, in fresh rounds too
-        confirmation = store.load(tag="05_ipex/ipex")  # the fresh rounds, both arms in IPEX's runtime
-        assert len(confirmation) >= 2 and set(confirmation["config.runtime"]) == {"ipex"}
+        confirmation = store.load(tag="05_ipex/ipex")  # the fresh rounds: IPEX against its own torch 2.8, and
+        arms = set(zip(confirmation["config.runtime"], confirmation["config.ipex"]))  # what 05 hands on against IPEX
+        assert arms == {("ipex", False), ("ipex", True), ("main", False)}, arms
     else:
         assert "IPEX runtime skipped:" in text
     assert "fastest with this torch in screening:" in text and "compiled in" in text
