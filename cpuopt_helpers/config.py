@@ -127,9 +127,7 @@ class RunConfig:
         unknown = set(d) - known
         if unknown:
             raise CpuoptError(f"unknown RunConfig field(s) {sorted(unknown)}; known: {sorted(known)}")
-        d = dict(d)
-        if d.get("cores") is not None:
-            d["cores"] = tuple(tuple(c) for c in d["cores"])
+        d = dict(d)  # cores as tuples: __post_init__
         env, options = dict(d.get("env") or {}), dict(d.get("options") or {})
         if "CPUOPT_RETINANET" in env:  # stored before workload options: RetinaNet's variant, as options
             options.update(dict(p.split("=", 1) for p in env.pop("CPUOPT_RETINANET").split(",") if "=" in p))
