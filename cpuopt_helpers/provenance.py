@@ -153,8 +153,10 @@ def _load1() -> float | None:
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-# The code that decides what a measurement is: a change here can change any number.
-MEASURING_SOURCES = ("worker.py", "launch.py", "plan.py", "config.py", "flops.py", "fixes.py", "workloads/*.py", "kernels/*.py")
+# The code that decides what a measurement is: a change here can change any number (planning.py: the
+# plan's pinning and environment; rank_exec.py: a DDP rank's pinning, in the measured process).
+MEASURING_SOURCES = ("worker.py", "launch.py", "planning.py", "rank_exec.py", "config.py", "flops.py", "fixes.py",
+                     "workloads/*.py", "kernels/*.py")
 
 
 _code_versions: dict = {}
@@ -215,10 +217,13 @@ def _git(folder: Path, *args: str) -> str | None:
 
 def own_commit(root: Path = ROOT) -> str:
     """This code's commit: ``abc1234``, ``abc1234 with uncommitted changes``, or ``not a git
-    checkout`` (also where the package lies inside some other repository's tree)."""
+    checkout`` (also where the package lies inside some other repository's tree). A copy without
+    git (a tree sent to another machine) names the commit it was copied from in ``CPUOPT_COMMIT``:
+    ``abc1234 (CPUOPT_COMMIT; not a git checkout)``."""
     top = _git(root, "rev-parse", "--show-toplevel")
     short = _git(root, "rev-parse", "--short", "HEAD")
     if not top or not short or Path(top).resolve() != Path(root).resolve():
-        return NOT_A_CHECKOUT
+        given = os.environ.get("CPUOPT_COMMIT", "").strip()
+        return f"{given} (CPUOPT_COMMIT; {NOT_A_CHECKOUT})" if given else NOT_A_CHECKOUT
     dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
     return f"{short} with uncommitted changes" if dirty else short

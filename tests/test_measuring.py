@@ -377,6 +377,8 @@ def test_measuring_hash_is_over_names_and_texts():
 def test_code_version_of_this_package(monkeypatch):
     names = [f.relative_to(provenance.PACKAGE_DIR).as_posix() for f in provenance.measuring_files()]
     assert {"worker.py", "launch.py", "config.py", "workloads/cnn.py", "kernels/lamb.py", "fixes.py"} <= set(names)
+    named = [p for p in provenance.MEASURING_SOURCES if "*" not in p]
+    assert set(named) <= set(names), "a measuring source named that does not exist (renamed?)"
     assert "plots.py" not in names and "results.py" not in names
     version = provenance.code_version()
     assert version["package"] == provenance.package_version() and re.fullmatch(r"[0-9a-f]{12}", version["measuring_hash"])

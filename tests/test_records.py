@@ -132,6 +132,14 @@ def test_the_own_commit_comes_from_git_or_says_there_is_none(tmp_path):
     assert records.own_commit(tmp_path / "plain") == records.NOT_A_CHECKOUT == "not a git checkout"
 
 
+def test_a_copy_without_git_names_the_commit_it_was_given(tmp_path, monkeypatch):
+    (tmp_path / "plain").mkdir()
+    monkeypatch.setenv("CPUOPT_COMMIT", "abc1234")
+    assert records.own_commit(tmp_path / "plain") == "abc1234 (CPUOPT_COMMIT; not a git checkout)"
+    monkeypatch.setenv("CPUOPT_COMMIT", " ")
+    assert records.own_commit(tmp_path / "plain") == records.NOT_A_CHECKOUT
+
+
 @needs_git
 def test_the_peer_is_named_by_the_commit_its_checkout_gives(tmp_path):
     parse_speed = benchmark("parse_speed")
