@@ -97,7 +97,7 @@ def standard_study(out: Path, clock: Clock, quick: bool) -> None:
             "--budget-min", f"{max(clock.left() / 60 - 3, 1):.1f}"]  # minutes kept for the parts after it
     clock.say(f"part 2 on CPUs {cpus}: {' '.join(argv[1:])}")
     try:
-        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=max(clock.left() - 60, 1),
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=max(clock.left() - 150, 1),
                               preexec_fn=lambda: os.sched_setaffinity(0, cpus))
         said = (done.stdout + done.stderr).splitlines()
     except subprocess.TimeoutExpired as exc:
@@ -129,25 +129,31 @@ def full_rate(session, clock: Clock, quick: bool) -> None:
     clock.part(f"RetinaNet, {config.preset} preset, 264 classes, every physical core: images/s per core", lines)
 
 
-def rounds_while_time(session, configs: list[RunConfig], rounds: int, tag: str, clock: Clock) -> list[dict]:
-    """Up to ``rounds`` rounds of the configs, each started only where the last one's time is left."""
-    runs, took = [], 0.0
+def runs_while_time(session, configs: list[RunConfig], rounds: int, tag: str, clock: Clock) -> list[dict]:
+    """Up to ``rounds`` rounds of the configs, one run at a time, each started only where half as
+    long again as the longest run so far is left (a round of many layouts can outlast the call)."""
+    runs, longest = [], 0.0
     for i in range(rounds):
-        if took > clock.left():
-            clock.say(f"{tag}: round {i + 1} not started ({took:.0f} s a round, {clock.left():.0f} s left)")
-            break
-        began = time.time()
-        runs += session.sweep(configs, rounds=1, tag=f"{tag}/{i}")
-        took = time.time() - began
+        for config in configs:
+            if 1.5 * longest > clock.left():
+                clock.say(f"{tag}: stopped at the call's time, {len(runs)} runs done ({clock.left():.0f} s left)")
+                return runs
+            began = time.time()
+            runs += session.sweep([config], rounds=1, tag=f"{tag}/{i}")
+            longest = max(longest, time.time() - began)
     return runs
+
+
+def cnn(quick: bool) -> RunConfig:
+    """Notebooks 03 and 07's workload, in runs short enough for many of them."""
+    return RunConfig(workload="cnn", preset="quick" if quick else "standard", steps=10, warmup=2, timeout_s=120.0)
 
 
 def scaling(session, clock: Clock, quick: bool) -> None:
     """Part 4: notebook 03's thread scaling."""
     facts = session.facts
-    base = RunConfig(workload="cnn", preset="quick" if quick else "standard", steps=10, warmup=2)
     counts = threads.thread_counts(facts.physical_cores, facts.logical_cores)
-    runs = rounds_while_time(session, [base.replace(threads=t) for t in counts], 2, "device/threads", clock)
+    runs = runs_while_time(session, [cnn(quick).replace(threads=t) for t in counts], 2, "device/threads", clock)
     table = threads.scaling_table(runs, "cnn")
     clock.part("Threads: cnn, one instance (notebook 03's scaling)",
                [*records.table([records.Row(f"{int(r.threads)} thread{'s' * (r.threads > 1)}",
@@ -158,9 +164,8 @@ def scaling(session, clock: Clock, quick: bool) -> None:
 
 def layouts(session, clock: Clock, quick: bool) -> None:
     """Part 5: notebook 07's layouts, one round."""
-    base = RunConfig(workload="cnn", preset="quick" if quick else "standard", steps=10, warmup=2)
-    plan = multi_instance.configs(base, session.facts)
-    runs = rounds_while_time(session, [arm.config for arm in plan.arms], 1, "device/layouts", clock)
+    plan = multi_instance.configs(cnn(quick), session.facts)
+    runs = runs_while_time(session, [arm.config for arm in plan.arms], 1, "device/layouts", clock)
     table = multi_instance.layout_table(runs, "cnn")
     shown = table[["mode", "threads", "ranks", "samples_per_s", "normalised", "efficiency", "runs", "failed"]]
     clock.part("Instances: cnn, every physical core (notebook 07's layouts; one round, a screen)",
@@ -227,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
                     part(*((args.out,) if part is standard_study else (session,)), clock, args.quick)
                 except Exception as exc:  # a part that breaks leaves the others their time
                     clock.part(name, [f"failed: {type(exc).__name__}: {exc}"])
-        page = summary(args.out, clock, facts, began, records.own_commit(), argv)
-    if (build / "results.sqlite").exists():
-        shutil.copy(build / "results.sqlite", args.out / "results.sqlite")
+            page = summary(args.out, clock, facts, began, records.own_commit(), argv)  # after each: a kill keeps it
+            if (build / "results.sqlite").exists():
+                shutil.copy(build / "results.sqlite", args.out / "results.sqlite")
     print(f"the record: {page}")
     return 0
 
