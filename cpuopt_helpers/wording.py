@@ -99,12 +99,15 @@ def _epochs(v: dict, c) -> str:
 
 
 def _larger_batch(v: dict, c) -> str:
-    small, large = v["small_epochs"], v["large_epochs"]
+    """Epochs to the target at two global batches. An epoch of the larger one takes ``factor``x fewer optimizer
+    steps, the learning rate is the same for both and each ran once: a count, not advice."""
+    small, large, factor = v["small_epochs"], v["large_epochs"], v["factor"]
     trend = "more" if large > small else "fewer" if large < small else "as many"
-    return (f"a {v['factor']}x larger global batch needed {trend} epochs ({small} -> {large}, one seed each): adding "
-            "ranks at a fixed per-rank batch grows the global batch, so "
-            + ("where this holds for your model, lower the per-rank batch as ranks are added." if trend == "more"
-               else "on this dataset that cost did not show."))
+    steps = "fewer" if large < small * factor else "more" if large > small * factor else "as many"
+    return (f"a {factor}x larger global batch needed {trend} epochs to the target ({small} -> {large}; one seed each, "
+            f"the same learning rate) and {steps} optimizer steps (an epoch of it takes {factor}x fewer): adding ranks "
+            "at a fixed per-rank batch grows the global batch, so count the epochs your model needs at the global "
+            "batch you will run.")
 
 
 def _compile_breakeven(v: dict, c) -> str:
@@ -261,8 +264,10 @@ def _whole_step_coverage(v: dict, c) -> str:
     if v["plain_step_ms"]:
         said += f" Unprofiled, the step took {_ms(v['plain_step_ms'])}."
     if v["shaped_step_ms"] is not None:  # timed from the light trace
-        said += (f" (Times from a trace without shapes; recording shapes stretched the step to "
-                 f"{_ms(v['shaped_step_ms'])}.)")
+        shaped = v["shaped_step_ms"]
+        said += (f" (Times from a trace without shapes; recording shapes stretched the step to {_ms(shaped)}.)"
+                 if shaped > v["step_ms"] else f" (Times from a trace without shapes; the trace with shapes took "
+                 f"{_ms(shaped)}, not longer in this run: the runs' own noise hid what recording shapes costs.)")
     return said
 
 

@@ -234,7 +234,8 @@ def test_primitive_roofline_from_a_log():
                        "data_type": ["f32"] * 3, "time_ms": [0.01, 0.02, 0.001],
                        "problem": ["mb2_ic3oc4_ih8oh8kh3sh1ph1_iw8ow8kw3sw1pw1", "4x16:16x8", "2x4x8x8"]})
     t = wholestep.primitive_roofline(df, CEIL).set_index("kind")
-    assert t.loc["convolution", "gflop"] * 1e9 == pytest.approx(CONV_FLOPS)
+    # benchdnn's count: a 3x3 kernel with padding 1 on 8 positions takes 2 + 6 x 3 + 2 = 22 input taps a row, not 24
+    assert t.loc["convolution", "gflop"] * 1e9 == pytest.approx(CONV_FLOPS * (22 * 22) / (24 * 24))
     assert t.loc["convolution", "mb"] * 1e6 == pytest.approx(CONV_BYTES)
     assert t.loc["matmul", "achieved_gflops"] == pytest.approx(2 * 4 * 16 * 8 / 0.02e-3 / 1e9)
     assert t.loc["eltwise", "achieved_gbs"] == pytest.approx(2 * 512 * 4 / 1e-6 / 1e9)
@@ -244,6 +245,21 @@ def test_primitive_roofline_from_a_log():
     theory = wholestep.primitive_roofline(df, wholestep.Ceilings({"fp32": 100.0}, 10.0, 2, "t", {"fp32": 250.0}))
     assert theory.set_index("kind").loc["matmul", "of_theoretical"] == pytest.approx(
         t.loc["matmul", "achieved_gflops"] / 250.0)
+
+
+def test_a_convolutions_taps_on_padding_are_not_work_as_benchdnn_counts():
+    from cpuopt_helpers.profiledn.parse import conv_taps, parse_conv
+
+    small = parse_conv("mb16_ic512oc512_ih4oh4kh3ph1")  # 4x4 out, 3x3 kernel, padding 1: 10 taps a row, not 12
+    assert conv_taps(small) == 10 * 10
+    assert conv_taps(parse_conv("mb1_ic8oc8_ih8oh8kh1")) == 64  # 1x1, no padding: every tap
+    strided = parse_conv("mb1_ic3oc8_ih7oh4kh3sh2ph1")  # out 0..3 reads 2o-1+k of 0..6: the first and last lose one
+    assert conv_taps(strided) == (2 + 3 + 3 + 2) ** 2
+    dilated = parse_conv("mb1_ic3oc8_ih5oh5kh3dh1ph2")  # taps 2 apart, padding 2
+    assert conv_taps(dilated) == sum(0 <= o - 2 + 2 * k < 5 for o in range(5) for k in range(3)) ** 2
+    wider = {**parse_conv("mb1_ic8oc4_ih6oh6kh3ph1"), "oh": 8, "ow": 8}  # a deconvolution: its output is the loop's
+    assert conv_taps(wider, deconvolution=True) == (2 + 5 * 3) ** 2 and conv_taps(wider) == sum(
+        0 <= o - 1 + k < 6 for o in range(8) for k in range(3)) ** 2
 
 
 def test_a_primitive_called_many_times_over_several_steps_runs_at_its_calls_work_over_their_time():
@@ -452,3 +468,14 @@ def test_operators_above_their_ceiling_are_said_by_bound():
     assert "5% in operators measured above the DRAM copy rate" in old and "GEMM" not in old
     both = said({"share": 0.3, "compute": 0.1, "memory": 0.2})
     assert "10% in GEMM-like" in both and "and 20% in operators measured above the DRAM" in both
+
+
+def test_the_shaped_traces_cost_is_said_only_where_it_was_slower():
+    from cpuopt_helpers.decisions import Finding
+
+    values = {"coverage": 0.9, "top_level_per_step": 40, "between_ops_share": 0.02, "step_ms": 339.0,
+              "step_coverage": 0.88, "plain_step_ms": 314.0}
+    slower = Finding("cnn", "profiling", "whole step coverage", dict(values, shaped_step_ms=360.0)).sentence
+    assert "recording shapes stretched the step to 360 ms" in slower
+    faster = Finding("cnn", "profiling", "whole step coverage", dict(values, shaped_step_ms=330.0)).sentence
+    assert "stretched" not in faster and "the trace with shapes took 330 ms, not longer in this run" in faster

@@ -150,3 +150,17 @@ def test_the_ceilings_give_the_bf16_gemm_ceiling_where_it_was_measured():
     said = {f.kind: f.sentence for f in baseline.system_findings(facts, roofline | {"gemm_gflops_bf16_best": 410.0})}
     assert said["ceilings"].startswith("Measured ceilings on 2 threads: fp32 GEMM 120 GFLOP/s, bf16 GEMM 410 GFLOP/s, "
                                        "memory copy 10.0 GB/s")
+
+
+def test_a_larger_batch_is_counted_in_epochs_and_optimizer_steps_not_advised():
+    import pandas as pd
+
+    from cpuopt_helpers.stages import multi_instance
+
+    table = pd.DataFrame({"global_batch": [16, 64], "epochs_to_target": [3, 6], "final_accuracy": [0.944, 0.983]})
+    *_, larger = multi_instance.convergence_findings(table, 0.95)
+    assert larger.sentence.startswith("a 4x larger global batch needed more epochs to the target (3 -> 6; one seed "
+                                      "each, the same learning rate) and fewer optimizer steps")
+    assert "lower the per-rank batch" not in larger.sentence
+    same = multi_instance.convergence_findings(table.assign(epochs_to_target=[3, 12]), 0.95)[-1]
+    assert "needed more epochs" in same.sentence and "as many optimizer steps" in same.sentence

@@ -136,6 +136,19 @@ def parse_conv(problem: str) -> dict | None:
     return p
 
 
+def conv_taps(p: dict, deconvolution: bool = False) -> int:
+    """The kernel taps that fall on the input, summed over the output positions: a convolution's
+    multiply-accumulates per (image, output channel, input channel of its group). Taps on padding
+    are not work, as benchdnn counts a problem's ops (oneDNN's tests/benchdnn/conv/conv.cpp,
+    ``prb_t::count_ops``); a deconvolution's output is its input there. ``p``: ``parse_conv``'s."""
+    taps = 1
+    for d in p["dims"]:
+        outer, inner = (p[f"i{d}"], p[f"o{d}"]) if deconvolution else (p[f"o{d}"], p[f"i{d}"])
+        stride, pad, dilation = p[f"s{d}"], p[f"p{d}"], p[f"d{d}"] + 1
+        taps *= sum(0 <= o * stride - pad + k * dilation < inner for o in range(outer) for k in range(p[f"k{d}"]))
+    return taps
+
+
 def parse_dims(problem: str) -> list[list[int]]:
     """'4x16x8x8' -> [[4,16,8,8]]; matmul '2x3:3x4' -> [[2,3],[3,4]]."""
     return [[int(x) for x in part.split("x") if x.isdigit()] for part in problem.split(":")]

@@ -36,7 +36,7 @@ from cpuopt_helpers.decisions import Finding
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.flops import attention_flops, conv_flops, rnn_layer_flops
 from cpuopt_helpers.profiledn.breakdown import STAGE
-from cpuopt_helpers.profiledn.parse import parse_conv, parse_dims
+from cpuopt_helpers.profiledn.parse import conv_taps, parse_conv, parse_dims
 from cpuopt_helpers.profiledn.trace import COMPILED_PREFIXES, load_events
 
 log = logging.getLogger(__name__)
@@ -609,7 +609,8 @@ def wholestep_findings(result: dict, label: str = "") -> list[Finding]:
 def primitive_roofline(exec_df: pd.DataFrame, ceilings: Ceilings, steps: int | None = None) -> pd.DataFrame:
     """Achieved GFLOP/s and GB/s per distinct oneDNN primitive of a parsed log, where its problem gives shapes.
 
-    FLOPs for convolutions (``parse_conv``), matmul and inner product; bytes from the problem's
+    FLOPs for convolutions (``parse_conv``; padded taps are not work, as benchdnn counts: ``conv_taps``),
+    matmul and inner product; bytes from the problem's
     tensor sizes (source, weights, destination) and the line's data type. Other kinds: bytes
     from the problem's dims (read once, written once). Each is a call's, times the calls of the
     log; ``gflop``, ``mb``, ``calls`` and ``ms`` a step's (the log's over ``steps``).
@@ -630,7 +631,7 @@ def primitive_roofline(exec_df: pd.DataFrame, ceilings: Ceilings, steps: int | N
                 kernel = math.prod(p[f"k{d}"] for d in p["dims"])
                 src, dst = p["mb"] * p["ic"] * space("i"), p["mb"] * p["oc"] * space("o")
                 wei = p["oc"] * (p["ic"] // p["g"]) * kernel
-                f = 2.0 * p["mb"] * p["oc"] * space("o" if kind == "convolution" else "i") * (p["ic"] // p["g"]) * kernel
+                f = 2.0 * p["mb"] * p["oc"] * (p["ic"] // p["g"]) * conv_taps(p, kind == "deconvolution")
                 b = float(src + wei + dst) * size
         elif kind == "inner_product":
             p = {k: int(v) for k, v in re.findall(r"(mb|ic|oc|ih|iw|id)(\d+)", str(problem))}
