@@ -98,6 +98,17 @@ def _epochs(v: dict, c) -> str:
             "one seed)")
 
 
+def _allocator_handed_on(v: dict, c) -> str:
+    """Which allocator notebook 04 hands on, in words: the C library's is named, and why it stays."""
+    who = ", ".join(v["workloads"])
+    if v["allocator"] == "default":
+        return (f"{who}: the C library's allocator (glibc's malloc, nothing preloaded) stays: no other was confirmed "
+                "faster in fresh paired rounds.")
+    if v["allocator"] == "none":
+        return f"{who}: nothing is handed on (no configuration finished)."
+    return f"{who}: {v['allocator']} is handed on, confirmed faster than the allocator before it in fresh paired rounds."
+
+
 def _larger_batch(v: dict, c) -> str:
     """Epochs to the target at two global batches. An epoch of the larger one takes ``factor``x fewer optimizer
     steps, the learning rate is the same for both and each ran once: a count, not advice."""
@@ -625,7 +636,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
                                         f"{describe(c)}."),
     "defaults best": lambda v, c: (f"{v['workload']}: the best setting is PyTorch's defaults; compared with run_cpu "
                                    "only."),
-    "allocator handed on": lambda v, c: f"{v['allocator']} is handed on for {', '.join(v['workloads'])}.",
+    "allocator handed on": _allocator_handed_on,
     "allocators missing": lambda v, c: "Not measured (not installed): " + ", ".join(v["missing"]) + ".",
     # stages.extensions: IPEX in its own runtime, this torch's replacements, compile times, zentorch
     "no runtime result": lambda v, c: f"{v['workload']}: no configuration produced a result.",
@@ -745,7 +756,8 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
         f"For {', '.join(v['profiles'])} most of the step runs outside oneDNN (GEMMs through MKL, PyTorch's own "
         "kernels): the oneDNN log alone does not explain it; the framework profiler trace does."),
     "profile comparison": lambda v, c: (
-        f"{v['workload']}, {v['labels'][0]} vs {v['labels'][1]}: measured step {_ms(v['step_ms'][0])} vs "
+        f"{'' if v['labels'][0].startswith(v['workload']) else v['workload'] + ', '}{v['labels'][0]} vs "
+        f"{v['labels'][1]}: measured step {_ms(v['step_ms'][0])} vs "
         f"{_ms(v['step_ms'][1])} (the second's speed over the first's: {v['step_ms'][0] / v['step_ms'][1]:.2f}x, in "
         "one run each; the optimisation "
         "notebooks measure it with repeats)."),

@@ -164,3 +164,13 @@ def test_a_larger_batch_is_counted_in_epochs_and_optimizer_steps_not_advised():
     assert "lower the per-rank batch" not in larger.sentence
     same = multi_instance.convergence_findings(table.assign(epochs_to_target=[3, 12]), 0.95)[-1]
     assert "needed more epochs" in same.sentence and "as many optimizer steps" in same.sentence
+
+
+def test_the_allocator_handed_on_is_named_in_words():
+    from cpuopt_helpers.config import RunConfig
+
+    base = RunConfig.for_preset("cnn", "quick")
+    kept, won = allocator.handed_on_findings({"cnn": base, "rnn": base.replace(allocator="tcmalloc")}, {})
+    assert kept.sentence.startswith("cnn: the C library's allocator (glibc's malloc, nothing preloaded) stays")
+    assert won.sentence == ("rnn: tcmalloc is handed on, confirmed faster than the allocator before it in fresh "
+                            "paired rounds.")

@@ -255,11 +255,13 @@ def frozen_layers(session, plans: dict[str, Plan], layers: list[int], log_dir, p
 
 
 def profile_specs(ladders: dict[str, Plan], climbs: dict) -> dict[str, RunConfig]:
-    """What notebook 08 profiles: RetinaNet before, after (the climb's top, else all fixes) and at 601
-    classes where that ladder was measured."""
+    """What notebook 08 profiles: RetinaNet before, after (the climb's top, else all fixes, named so: the
+    recipe that may be handed on adds bf16) and at 601 classes where that ladder was measured."""
     retina = ladders["retinanet"].named
-    after = climbs["retinanet"]["top"] if "retinanet" in climbs else retina["all fixes"]
-    specs = {"retinanet before": retina["baseline"], "retinanet after": after}
+    climbed = "retinanet" in climbs
+    after = climbs["retinanet"]["top"] if climbed else retina["all fixes"]
+    specs = {"retinanet before": retina["baseline"],
+             "retinanet after (the climb's top)" if climbed else f"retinanet after (all fixes, {after.dtype})": after}
     if "retinanet, 601 classes" in ladders:
         specs["retinanet 601 classes"] = ladders["retinanet, 601 classes"].named["baseline, 601 classes"]
     return specs
