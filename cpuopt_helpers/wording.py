@@ -106,7 +106,8 @@ def _allocator_handed_on(v: dict, c) -> str:
                 "faster in fresh paired rounds.")
     if v["allocator"] == "none":
         return f"{who}: nothing is handed on (no configuration finished)."
-    return f"{who}: {v['allocator']} is handed on, confirmed faster than the allocator before it in fresh paired rounds."
+    return (f"{who}: {v['allocator']} is handed on, confirmed faster than the allocator before it in fresh paired "
+            "rounds.")
 
 
 def _larger_batch(v: dict, c) -> str:
