@@ -535,6 +535,9 @@ def test_the_answer_is_records_each_profiles_under_its_label():
     assert head.workload == "cnn" and head.values == {"labels": ["fp32", "bf16"], "step_ms": [40.0, 30.0]}
     assert head.sentence == ("cnn, fp32 vs bf16: measured step 40.0 ms vs 30.0 ms (the second's speed over the "
                              "first's: 1.33x, in one run each; the optimisation notebooks measure it with repeats).")
+    first = coverage[0]
+    assert first.sentence.startswith(f"cnn: oneDNN primitives take {first.values['coverage']:.0%} of the logged "
+                                     "run's step (") and "; without the log the step took 40.0 ms" in first.sentence
     named = Finding("retinanet before", "case_study", "profile comparison",
                     {"labels": ["retinanet before", "retinanet after (the climb's top)"], "step_ms": [40.0, 30.0]})
     assert named.sentence.startswith("retinanet before vs retinanet after (the climb's top): measured step")  # once

@@ -99,7 +99,8 @@ def profiling_findings(profiles: list[Profile]) -> list[Finding]:
     for name, row in table.iterrows():
         found.append(Finding(name, STAGE, "profile coverage", {
             "coverage": float(row.coverage), "calls_per_step": float(row.onednn_calls_per_step),
-            "step_ms": float(row.step_ms), "efficiency": float(row.efficiency) if pd.notna(row.efficiency) else None}))
+            "step_ms": float(row.step_ms), "efficiency": float(row.efficiency) if pd.notna(row.efficiency) else None,
+            "logged_step_ms": float(row.traced_step_ms), "logged_ms": float(row.logged_onednn_ms_per_step)}))
         if row.traced_step_ms < row.step_ms * (1 - LOGGED_FASTER):  # logging costs time: noise is larger here
             found.append(Finding(name, STAGE, "profile logged faster", {
                 "step_ms": float(row.step_ms), "traced_step_ms": float(row.traced_step_ms)}))
