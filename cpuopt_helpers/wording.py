@@ -123,6 +123,22 @@ def _profile_coverage(v: dict, c) -> str:
             f"log the step took {_ms(v['step_ms'])}{ratio} (over that step).")
 
 
+def _best_layout(v: dict, c) -> str:
+    """The best multi-rank layout against one rank on the fewest threads (the paper's normalisation) and, where
+    measured, against one process on the same cores: the run it would replace (a screen, one set of runs)."""
+    said = (f"{v['workload']}, {v['mode']}: best multi-rank layout {v['ranks']} ranks x {v['threads']} "
+            f"thread{'s' if v['threads'] != 1 else ''} at {v['samples_per_s']:.1f} samples/s = {v['normalised']:.2f}x "
+            f"one rank on {_base_threads(v)} thread{'s' if _base_threads(v) != 1 else ''}{_base_rate(v)} "
+            f"(ideal {v['ideal']:.0f}x, efficiency {v['efficiency']:.0%})")
+    alone = v.get("one_process_samples_per_s")
+    if alone:
+        what = ("independent copies train separate models: more trials at once, not one training run sooner"
+                if v["mode"] == "independent" else "one model trained by all ranks")
+        said += (f"; {v['samples_per_s'] / alone:.2f}x one process on all {v['ranks'] * v['threads']} threads "
+                 f"({alone:.1f} samples/s; {what})")
+    return said + "."
+
+
 def _larger_batch(v: dict, c) -> str:
     """Epochs to the target at two global batches. An epoch of the larger one takes ``factor``x fewer optimizer
     steps, the learning rate is the same for both and each ran once: a count, not advice."""
@@ -687,11 +703,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "digits accuracy": lambda v, c: _digits_accuracy(v),
     # stages.multi_instance: the best layouts, DDP against independent instances, convergence
     # (a table with no result says "no layout", as choose does)
-    "best layout": lambda v, c: (
-        f"{v['workload']}, {v['mode']}: best multi-rank layout {v['ranks']} ranks x {v['threads']} threads at "
-        f"{v['samples_per_s']:.1f} samples/s = {v['normalised']:.2f}x one rank on {_base_threads(v)} "
-        f"thread{'s' if _base_threads(v) != 1 else ''}{_base_rate(v)} "
-        f"(ideal {v['ideal']:.0f}x, efficiency {v['efficiency']:.0%})."),
+    "best layout": _best_layout,
     "ddp over independent": lambda v, c: (
         f"{v['workload']}: DDP over independent instances at {v['ranks']} x {v['threads']}: {describe(c)} "
         "(the difference is the gradient all-reduce)."),

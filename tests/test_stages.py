@@ -460,7 +460,9 @@ def test_layout_choice_confirms_ddp_and_says_what_memory_it_holds():
     table = multi_instance.layout_table(results, "cnn")
     assert table.set_index(["mode", "ranks"]).loc[("ddp", 2), "total_rss_mb"] == 400.0
     best = next(f for f in multi_instance.layout_findings(table, results, "cnn") if f.kind == "best layout")
-    assert "2 ranks x 1 threads at 19.0 samples/s = 1.90x one rank on 1 thread (10.0 samples/s)" in best.sentence
+    assert "2 ranks x 1 thread at 19.0 samples/s = 1.90x one rank on 1 thread (10.0 samples/s)" in best.sentence
+    assert best.sentence.endswith("; 1.27x one process on all 2 threads (15.0 samples/s; independent copies train "
+                                  "separate models: more trials at once, not one training run sooner).")
     stored = {k: v for k, v in best.values.items() if not k.startswith("base_")} | {"threads": 2, "ideal": 2.0}
     old = Finding("cnn", "multi_instance", "best layout", stored)  # stored before the reference was kept
     assert "= 1.90x one rank on 2 threads (ideal 2x" in old.sentence  # its threads from the ideal: 2 x 2 / 2

@@ -158,7 +158,10 @@ def layout_findings(table: pd.DataFrame, results: list[dict], workload: str) -> 
         if rows.empty:
             continue
         best = rows.sort_values("samples_per_s", ascending=False).iloc[0]
+        # one process on the same cores: the layout a user would otherwise run
+        alone = table[(table["ranks"] == 1) & (table["threads"] == best.threads * best.ranks)]
         found.append(note("best layout", mode=mode, ranks=int(best.ranks), threads=int(best.threads),
+                          one_process_samples_per_s=float(alone["samples_per_s"].iloc[0]) if len(alone) else None,
                           samples_per_s=float(best.samples_per_s), normalised=float(best.normalised),
                           ideal=float(best.ideal), efficiency=float(best.efficiency),
                           # the reference normalised by: one rank on the fewest threads measured
