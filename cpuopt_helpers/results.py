@@ -352,13 +352,14 @@ def apart_sentence(runs: list[dict]) -> str:
     shortest = min(min(s["round_trip_ns"]) for s, flag in zip(states, flags) if flag is not None)
     mixed, pairs, arm_apart = mixed_pairs(runs)
     probed = sum(f is not None for f in flags)
-    return (f" CPUs apart: in {len(trips)} of {probed} runs probed, two of the run's CPUs took {APART:g}x their "
-            f"shortest round trip or more ({shortest:.0f} ns, up to {max(trips):.0f} ns), most likely because a VM's "
-            "host had put them on other core complexes or sockets; such steps can run slower and paired ratios come "
-            "out noisier (data/vcpu_placement)."
-            + (f" Of {pairs} paired runs (an arm and its baseline in one round, both quiet), {mixed} had one run "
-               f"apart and not the other: the arm's in {arm_apart}, the baseline's in {mixed - arm_apart}. The probe "
-               "runs before and after the timed steps, so these counts are lower bounds." if pairs else ""))
+    return (f" CPUs apart: in {len(trips)} of {probed} runs probed, two of the run's CPUs sat far apart (a VM's host "
+            f"had most likely put them on other core complexes or sockets): a cache line's round trip between them "
+            f"took {APART:g}x its shortest ({shortest:.0f} ns) or more, up to {max(trips):.0f} ns. Such steps can run "
+            "slower."
+            + (f" In {mixed} of {pairs} paired runs (an arm and its baseline in one round, both quiet) only one of the "
+               f"two sat apart (the arm in {arm_apart}, the baseline in {mixed - arm_apart}): their ratios are "
+               "noisier. The probe runs before and after the timed steps, so these counts "
+               "are lower bounds." if pairs else ""))
 
 
 def loaded_sentence(results: list[dict]) -> str | None:

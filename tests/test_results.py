@@ -60,9 +60,9 @@ def test_runs_whose_cores_the_host_moved_apart_are_said():
     steady = loaded_sentence([run([220.0, 340.0]), run([260.0, 250.0]), run(None)])  # one core complex, noisy
     assert steady.endswith("the hypervisor took a median 0.0% of a run's CPU time, at most 0.0%.")
     moved = loaded_sentence([run([230.0, 250.0]), run([240.0, 470.0]), run([500.0, 520.0]), run(None)])
-    assert "CPUs apart: in 2 of 3 runs probed, two of the run's CPUs took 1.6x their shortest round trip" in moved
-    assert "or more (230 ns, up to 520 ns), most likely because a VM's host had put them" in moved
-    assert moved.endswith("paired ratios come out noisier (data/vcpu_placement).")
+    assert "CPUs apart: in 2 of 3 runs probed, two of the run's CPUs sat far apart (a VM's host" in moved
+    assert "a cache line's round trip between them took 1.6x its shortest (230 ns) or more, up to 520 ns." in moved
+    assert moved.endswith("Such steps can run slower.")
     # bare metal: an unpinned arm times CPUs 0 and 1 on two sockets, a pinned one two cores of one: no claim
     pairs = loaded_sentence([run([250.0, 260.0], cpus=((0, 2),)), run([600.0, 610.0], cpus=((0, 1),))])
     assert "round trip" not in pairs
@@ -97,9 +97,10 @@ def test_pairs_of_runs_whose_two_runs_sat_apart_and_together_are_counted_from_th
     assert apart([{"round_trip_ns": far, "loaded": True, "round_trip_cpus": [0, 1]}]) == [None]
     assert mixed_pairs(runs) == (4, 5, 3)  # ab: rounds 0-2 (0 both apart); abc: 0-1 and 0-2 (not 1-2)
     said = loaded_sentence(runs)
-    assert said.endswith("(data/vcpu_placement). Of 5 paired runs (an arm and its baseline in one round, both "
-                         "quiet), 4 had one run apart and not the other: the arm's in 3, the baseline's in 1. The "
-                         "probe runs before and after the timed steps, so these counts are lower bounds.")
+    assert said.endswith("Such steps can run slower. In 4 of 5 paired runs (an arm and its baseline in one round, "
+                         "both quiet) only one of the two sat apart (the arm in 3, the baseline in 1): their ratios "
+                         "are noisier. The probe runs before and after the timed steps, so these counts are lower "
+                         "bounds.")
     alone = [r for r in runs if r["sweep"] in ("cli", "")]
     assert mixed_pairs(alone) == (0, 0, 0) and "paired runs" not in loaded_sentence(alone)
 
