@@ -463,6 +463,9 @@ def test_the_papers_comparisons_are_planned_or_left_out_with_the_reason():
     assert "cnn: not compared in bf16: this CPU has no bf16 fast path (AVX2 only)" in unasked[-2]["skip"]
     fast = profiling.variant_pairs([cnn], asked, built, {"accelerated": True, "reason": "AMX"}, slow_bf16=False)
     assert [p["variant"] for p in fast if "skip" not in p] == ["channels-last", "IPEX", "bf16"]  # a fast path: profiled
+    none = profiling.variant_pairs([cnn], dict(asked, IPEX=[]), built, {"accelerated": True, "reason": "AMX"})
+    assert [p["skip"] for p in none if p["variant"] == "IPEX"] == [
+        "IPEX: not compared in this run (COMPARE_IPEX names no workload; papermill's -p COMPARE_IPEX cnn asks for it)"]
     with pytest.raises(CpuoptError, match="unknown comparison"):
         profiling.variant_pairs([cnn], {"fp16": ["cnn"]}, built, {})
 

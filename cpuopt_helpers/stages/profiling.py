@@ -97,6 +97,10 @@ def variant_pairs(profiles: list[Profile], workloads: dict[str, list[str]], ipex
     done = {p.label: p for p in profiles}
     pairs = []
     for variant in VARIANTS:
+        if not workloads.get(variant):  # asked for none: said, so a pair the text promises is not missing unsaid
+            parameter = f"COMPARE_{variant.upper().replace('-', '_')}"
+            pairs.append({"workload": "", "variant": variant, "skip": f"{variant}: not compared in this run "
+                          f"({parameter} names no workload; papermill's -p {parameter} cnn asks for it)"})
         for w in workloads.get(variant, []):
             base = done.get(w)
             if base is None or not base.ok:
