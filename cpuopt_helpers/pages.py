@@ -224,10 +224,16 @@ def _precision_lines(store: ResultStore, machine: str, preset: str) -> list[str]
     runs = last_sweep_runs(store, "06_bf16", machine)
     if not runs:
         return []
-    lines = ["", "bf16 autocast against fp32 (notebook 06, loss in fp32; on a CPU without a bf16 fast path "
-             "it runs on the quick preset; screening rounds):", "", "| workload | setting | vs fp32 |", "|---|---|---|"]
+    references = {}
     for w in dict.fromkeys(r["config"]["workload"] for r in runs):
-        first = min((r for r in runs if r["config"]["workload"] == w), key=lambda r: r["arm"])["config"]
+        references[w] = min((r for r in runs if r["config"]["workload"] == w), key=lambda r: r["arm"])["config"]
+    named = "; ".join(f"{w}: {setting_label(c, RunConfig.for_preset(w, c['preset']).to_dict()) or 'the defaults'}"
+                      for w, c in references.items())
+    lines = ["", "bf16 autocast and the layout, each against fp32 as notebook 05 handed it on (notebook 06, loss in "
+             f"fp32; on a CPU without a bf16 fast path it runs on the quick preset; {named}). Screening rounds: the "
+             "winner's confirmation is in the table of confirmations below.", "",
+             "| workload | setting | against fp32 as handed on |", "|---|---|---|"]
+    for w, first in references.items():
         for _, row in choosing.compare_configs(runs, first, w).iterrows():
             if isinstance(row.get("comparison"), dict):
                 lines.append(f"| {w} | {row['setting']} | {compare.describe(row['comparison'])} |")

@@ -432,6 +432,8 @@ def test_the_run_writes_a_dated_results_page_and_a_readme_block_that_checks(quic
     text = page.read_text()
     assert facts.cpu_model in text and "cpuopt workbook readme --preset quick --page" in text
     assert "| of the measured fp32 GEMM ceiling | of the theoretical fp32 peak |" in text  # both shares of peak
+    assert "each against fp32 as notebook 05 handed it on" in text  # notebook 06's reference, named
+    assert "| workload | setting | against fp32 as handed on |" in text
     assert re.search(r"^The machine was (quiet|mostly quiet|busy with other work): .* runs", text, re.M)  # what the machine did
     from cpuopt_helpers.records import own_commit
 
