@@ -267,11 +267,15 @@ def layout_heatmaps(grids: dict, paper=None):
     panels = dict(grids)
     if paper is not None:
         panels["paper (Table 2, 2x28-core Xeon)"] = paper
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    measured = [g.astype(float).stack() for g in grids.values() if len(g)]  # one colour scale for this machine's
+    low, high = (min(v.min() for v in measured), max(v.max() for v in measured)) if measured else (None, None)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.4), squeeze=False)
     for ax, (name, grid) in zip(axes[0], panels.items()):
-        sns.heatmap(grid.astype(float), annot=True, fmt=".2f", cmap="viridis", cbar=False, ax=ax,
-                    annot_kws={"fontsize": 9})
-        ax.set_title(name, fontsize=10)
+        mine = name in grids
+        sns.heatmap(grid.astype(float), annot=True, fmt=".2f", cmap="viridis", ax=ax, annot_kws={"fontsize": 9},
+                    vmin=low if mine else None, vmax=high if mine else None, cbar_kws={"shrink": 0.8})
+        # a DDP job of one rank is one process: its column is the independent run's
+        ax.set_title(name + ("\n(1 rank: the single process, as independent)" if "ddp" in name else ""), fontsize=10)
     fig.suptitle("Normalised throughput by threads per rank and ranks")
     fig.tight_layout()
     return fig
