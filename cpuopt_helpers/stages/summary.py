@@ -64,7 +64,7 @@ def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict
                      "theoretical_share": (gflops / (theoretical or {})[config.dtype]
                                            if gflops and (theoretical or {}).get(config.dtype) else None),
                      "ceiling": f"{config.dtype} GEMM", "config": rung.config, "comparison": evidence or None,
-                     "confirmed": rung.confirmed})
+                     "confirmed": None if rung.one_block else rung.confirmed})  # a block: never compared alone
     table = pd.DataFrame(rows)
     table["usd_per_1000_samples"] = price_per_hour / 3600 * 1000 / table["samples_per_s"]
     return table
