@@ -537,6 +537,12 @@ def test_frozen_layers_and_the_paper_table_are_worded_from_the_runs():
     table = table.set_index("fix")
     assert table.loc["overall", "here"] == pytest.approx(1.5, rel=0.01)
     assert "notebook 09 confirms it" in table.loc["overall", "why"]
+    frozen = pd.DataFrame({"trainable_layers": [0, 5], "backward_weights_ms": [200.0, 400.0],
+                           "backward_data_ms": [228.0, 257.0]})  # the logs of notebook 08's frozen-layers runs
+    why = case_study.paper_table(results, arms, focal, lamb, None, 20.0, "quick", frozen).set_index("fix").loc[
+        "frozen layers (backward skipped)", "why"]
+    assert why.endswith("; the logs: backward convolutions' oneDNN time 657 ms a step with 5 stages trainable, "
+                        "428 ms with 0")
 
 
 def test_baseline_findings_compare_workloads_with_the_ceiling_only_when_there_are_several():

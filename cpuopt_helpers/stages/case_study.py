@@ -307,8 +307,11 @@ def _kernel_row(bench: dict | None, part: str, shape: str) -> tuple[dict | None,
 
 
 def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: dict | None, lamb_bench: list | None,
-                climb: dict | None, copy_gbs: float | None, preset: str) -> pd.DataFrame:
-    """Each of the paper's numbers beside this machine's, with the interval and a reason from the data."""
+                climb: dict | None, copy_gbs: float | None, preset: str, frozen: pd.DataFrame | None = None
+                ) -> pd.DataFrame:
+    """Each of the paper's numbers beside this machine's, with the interval and a reason from the data.
+    ``frozen``: ``frozen_layers``' table, whose logs give the frozen stages' backward directly (the
+    screened step times alone are one round's)."""
     base = arms["baseline"]
     step = {h: r["step_ms"]["median"] for r in results if r["status"] == "ok" for h in [r["config_hash"]]}
 
@@ -328,8 +331,14 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
     rows["fused FrozenBatchNorm2d"] = arm("fused FrozenBatchNorm2d")
     rows["FrozenBatchNorm2d folded into the conv"] = arm("FrozenBatchNorm2d folded into the conv")
     c, why = arm(UNFIXED, inverse=True)
-    rows["frozen layers (backward skipped)"] = (c, f"computing the frozen stages' backward: {why.replace('->', 'against')}"
-                                                if c else why)
+    logged = ""
+    if frozen is not None and len(frozen) >= 2:  # the logs: what freezing removes, whatever one round's times say
+        lo, hi = frozen.iloc[0], frozen.iloc[-1]
+        ms = [float(r.backward_weights_ms + r.backward_data_ms) for r in (hi, lo)]
+        logged = (f"; the logs: backward convolutions' oneDNN time {ms[0]:.0f} ms a step with {int(hi.trainable_layers)} "
+                  f"stages trainable, {ms[1]:.0f} ms with {int(lo.trainable_layers)}")
+    rows["frozen layers (backward skipped)"] = (c, (f"computing the frozen stages' backward: {why.replace('->', 'against')}"
+                                                    if c else why) + logged)
     if "conv + frozen BN + ReLU compiled" in arms:
         c, why = arm("conv + frozen BN + ReLU compiled")
         rows["conv + frozen BN + ReLU fused"] = (c, f"folded, each bottleneck one compiled region (Inductor fuses the "
