@@ -335,10 +335,10 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
     if frozen is not None and len(frozen) >= 2:  # the logs: what freezing removes, whatever one round's times say
         lo, hi = frozen.iloc[0], frozen.iloc[-1]
         ms = [float(r.backward_weights_ms + r.backward_data_ms) for r in (hi, lo)]
-        logged = (f"; the logs: backward convolutions' oneDNN time {ms[0]:.0f} ms a step with {int(hi.trainable_layers)} "
-                  f"stages trainable, {ms[1]:.0f} ms with {int(lo.trainable_layers)}")
-    rows["frozen layers (backward skipped)"] = (c, (f"computing the frozen stages' backward: {why.replace('->', 'against')}"
-                                                    if c else why) + logged)
+        logged = (f"; the logs: backward convolutions' oneDNN time {ms[0]:.0f} ms a step with "
+                  f"{int(hi.trainable_layers)} stages trainable, {ms[1]:.0f} ms with {int(lo.trainable_layers)}")
+    unfixed = f"computing the frozen stages' backward: {why.replace('->', 'against')}" if c else why
+    rows["frozen layers (backward skipped)"] = (c, unfixed + logged)
     if "conv + frozen BN + ReLU compiled" in arms:
         c, why = arm("conv + frozen BN + ReLU compiled")
         rows["conv + frozen BN + ReLU fused"] = (c, f"folded, each bottleneck one compiled region (Inductor fuses the "
