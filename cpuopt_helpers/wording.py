@@ -239,6 +239,13 @@ def _digits_accuracy(v: dict) -> str:
         diff = round(v["accuracy"] * n) - round(v["fp32_accuracy"] * n)
         head += (f" ({abs(diff)} of {n} test images {'more' if diff > 0 else 'fewer'} right, one seed each)" if diff
                  else f" (the same count of {n} test images right, one seed each)")
+        # two standard errors of the difference of two accuracies over n test images (binomial): the test set's own noise
+        p = (v["accuracy"] + v["fp32_accuracy"]) / 2
+        noise = max(1, round(2 * math.sqrt(2 * p * (1 - p) / n) * n))
+        head += (f": within the test set's own noise (about {noise} images), so on this model {mode} did not hurt "
+                 "accuracy that one seed can show" if abs(diff) <= noise else
+                 f": beyond the test set's own noise (about {noise} images); one seed each, so confirm it with more "
+                 "seeds before relying on it")
     return f"{head}; final loss {v['loss']:.4f}."
 
 
