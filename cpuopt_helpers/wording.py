@@ -239,7 +239,7 @@ def _digits_accuracy(v: dict) -> str:
         diff = round(v["accuracy"] * n) - round(v["fp32_accuracy"] * n)
         head += (f" ({abs(diff)} of {n} test images {'more' if diff > 0 else 'fewer'} right, one seed each)" if diff
                  else f" (the same count of {n} test images right, one seed each)")
-        # two standard errors of the difference of two accuracies over n test images (binomial): the test set's own noise
+        # two standard errors of the difference of two accuracies over n test images (binomial): the test set noise
         p = (v["accuracy"] + v["fp32_accuracy"]) / 2
         noise = max(1, round(2 * math.sqrt(2 * p * (1 - p) / n) * n))
         head += (f": within the test set's own noise (about {noise} images), so on this model {mode} did not hurt "
