@@ -606,6 +606,19 @@ def wholestep_findings(result: dict, label: str = "") -> list[Finding]:
 
 # ---------------------------------------------------------------------------------- oneDNN primitives
 
+def conv_work(problem: str, deconvolution: bool, size: int) -> tuple[float | None, float | None]:
+    """A convolution primitive's FLOPs (its taps on the input: ``conv_taps``) and bytes (source, weights and
+    destination once, ``size`` bytes an element); (None, None) where its problem does not parse."""
+    p = parse_conv(problem)
+    if not p:
+        return None, None
+    space = lambda pre: math.prod(p[f"{pre}{d}"] for d in p["dims"])  # noqa: E731
+    kernel = math.prod(p[f"k{d}"] for d in p["dims"])
+    src, dst = p["mb"] * p["ic"] * space("i"), p["mb"] * p["oc"] * space("o")
+    wei = p["oc"] * (p["ic"] // p["g"]) * kernel
+    return 2.0 * p["mb"] * p["oc"] * (p["ic"] // p["g"]) * conv_taps(p, deconvolution), float(src + wei + dst) * size
+
+
 def primitive_roofline(exec_df: pd.DataFrame, ceilings: Ceilings, steps: int | None = None) -> pd.DataFrame:
     """Achieved GFLOP/s and GB/s per distinct oneDNN primitive of a parsed log, where its problem gives shapes.
 
@@ -625,14 +638,7 @@ def primitive_roofline(exec_df: pd.DataFrame, ceilings: Ceilings, steps: int | N
         size = {"bf16": 2, "f16": 2, "s8": 1, "u8": 1, "f64": 8}.get(str(dt), 4)
         f = b = None
         if kind in ("convolution", "deconvolution"):
-            p = parse_conv(str(problem))
-            if p:
-                space = lambda pre: math.prod(p[f"{pre}{d}"] for d in p["dims"])
-                kernel = math.prod(p[f"k{d}"] for d in p["dims"])
-                src, dst = p["mb"] * p["ic"] * space("i"), p["mb"] * p["oc"] * space("o")
-                wei = p["oc"] * (p["ic"] // p["g"]) * kernel
-                f = 2.0 * p["mb"] * p["oc"] * (p["ic"] // p["g"]) * conv_taps(p, kind == "deconvolution")
-                b = float(src + wei + dst) * size
+            f, b = conv_work(str(problem), kind == "deconvolution", size)
         elif kind == "inner_product":
             p = {k: int(v) for k, v in re.findall(r"(mb|ic|oc|ih|iw|id)(\d+)", str(problem))}
             if {"mb", "ic", "oc"} <= set(p):

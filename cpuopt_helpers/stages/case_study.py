@@ -306,6 +306,17 @@ def _kernel_row(bench: dict | None, part: str, shape: str) -> tuple[dict | None,
             f"{int(best.elements):,} logits")
 
 
+def frozen_logged(frozen: pd.DataFrame | None) -> str:
+    """'; the logs: ...': what freezing the backbone removes from the backward, read from ``frozen_layers``' logs
+    (whatever one screened round's step times say); '' without two of them."""
+    if frozen is None or len(frozen) < 2:
+        return ""
+    lo, hi = frozen.iloc[0], frozen.iloc[-1]
+    ms = [float(r.backward_weights_ms + r.backward_data_ms) for r in (hi, lo)]
+    return (f"; the logs: backward convolutions' oneDNN time {ms[0]:.0f} ms a step with {int(hi.trainable_layers)} "
+            f"stages trainable, {ms[1]:.0f} ms with {int(lo.trainable_layers)}")
+
+
 def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: dict | None, lamb_bench: list | None,
                 climb: dict | None, copy_gbs: float | None, preset: str, frozen: pd.DataFrame | None = None
                 ) -> pd.DataFrame:
@@ -331,14 +342,8 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
     rows["fused FrozenBatchNorm2d"] = arm("fused FrozenBatchNorm2d")
     rows["FrozenBatchNorm2d folded into the conv"] = arm("FrozenBatchNorm2d folded into the conv")
     c, why = arm(UNFIXED, inverse=True)
-    logged = ""
-    if frozen is not None and len(frozen) >= 2:  # the logs: what freezing removes, whatever one round's times say
-        lo, hi = frozen.iloc[0], frozen.iloc[-1]
-        ms = [float(r.backward_weights_ms + r.backward_data_ms) for r in (hi, lo)]
-        logged = (f"; the logs: backward convolutions' oneDNN time {ms[0]:.0f} ms a step with "
-                  f"{int(hi.trainable_layers)} stages trainable, {ms[1]:.0f} ms with {int(lo.trainable_layers)}")
     unfixed = f"computing the frozen stages' backward: {why.replace('->', 'against')}" if c else why
-    rows["frozen layers (backward skipped)"] = (c, unfixed + logged)
+    rows["frozen layers (backward skipped)"] = (c, unfixed + frozen_logged(frozen))
     if "conv + frozen BN + ReLU compiled" in arms:
         c, why = arm("conv + frozen BN + ReLU compiled")
         rows["conv + frozen BN + ReLU fused"] = (c, f"folded, each bottleneck one compiled region (Inductor fuses the "

@@ -76,6 +76,13 @@ VARIANTS = ("channels-last", "IPEX", "bf16")
 SLOW_BF16_STEPS, SLOW_BF16_REPEATS = 3, 2  # bf16 without a fast path: enough to see its kernels
 
 
+def unasked(variant: str) -> dict:
+    """A comparison no workload was named for, as ``variant_pairs`` leaves one out: with the parameter that asks."""
+    parameter = f"COMPARE_{variant.upper().replace('-', '_')}"
+    return {"workload": "", "variant": variant, "skip": f"{variant}: not compared in this run ({parameter} names no "
+            f"workload; papermill's -p {parameter} cnn asks for it)"}
+
+
 def variant_pairs(profiles: list[Profile], workloads: dict[str, list[str]], ipex: dict, bf16: dict,
                   slow_bf16: bool = True) -> list[dict]:
     """The paper's comparisons, planned: for each variant (``VARIANTS``) and each workload named
@@ -98,9 +105,7 @@ def variant_pairs(profiles: list[Profile], workloads: dict[str, list[str]], ipex
     pairs = []
     for variant in VARIANTS:
         if not workloads.get(variant):  # asked for none: said, so a pair the text promises is not missing unsaid
-            parameter = f"COMPARE_{variant.upper().replace('-', '_')}"
-            pairs.append({"workload": "", "variant": variant, "skip": f"{variant}: not compared in this run "
-                          f"({parameter} names no workload; papermill's -p {parameter} cnn asks for it)"})
+            pairs.append(unasked(variant))
         for w in workloads.get(variant, []):
             base = done.get(w)
             if base is None or not base.ok:
