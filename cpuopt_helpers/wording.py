@@ -172,7 +172,8 @@ def _focal_limit(v: dict, c) -> str:
     return (f"focal loss at {v['shape']}: the fastest kernel ({v['kernel']}) takes {ms:.2f} ms forward + backward; "
             f"moving the least it must ({v['bytes_per_logit']} x {v['element_bytes']} B a logit: logits and targets "
             f"read twice, the gradient written) at the measured copy bandwidth of {v['copy_gbs']:.1f} GB/s takes "
-            f"{limit:.2f} ms: {ms / limit:.1f}x that limit. The case study aims for a kernel within 2x of it: "
+            f"{limit:.2f} ms, the physical limit; the kernel takes {ms / limit:.1f}x it. The case study aims for a "
+            "kernel within 2x of the limit: "
             f"{'reached' if v['within'] else 'not reached, so a faster kernel is still possible'}.")
 
 

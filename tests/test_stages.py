@@ -494,7 +494,8 @@ def test_focal_kernel_against_its_physical_limit():
     # 5 x 4 B x 1e6 logits = 20 MB at 10 GB/s: 2 ms; the fastest kernel (3 ms) is 1.5x that
     assert (limit.values["kernel"], limit.values["median_ms"], limit.values["within"]) == ("closed-form eager", 3.0, True)
     assert limit.values["limit_ms"] == pytest.approx(2.0) and limit.values["element_bytes"] == 4
-    assert "takes 2.00 ms: 1.5x that limit. The case study aims for a kernel within 2x of it: reached." in limit.sentence
+    assert ("takes 2.00 ms, the physical limit; the kernel takes 1.5x it. The case study aims for a kernel within 2x "
+            "of the limit: reached.") in limit.sentence
     limit, = case_study.focal_limit_findings({"rows": rows, "dtype": "bf16"}, copy_gbs=10.0)
     assert limit.values["limit_ms"] == pytest.approx(1.0) and not limit.values["within"]
 
