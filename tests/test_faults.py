@@ -33,8 +33,13 @@ def rows(store: Path, workload: str) -> list[tuple]:
     if not store.exists():
         return []
     with sqlite3.connect(store, timeout=60) as db:
-        return db.execute("SELECT sweep, arm, round FROM results WHERE tag = '01_baseline' AND workload = ?",
-                          (workload,)).fetchall()
+        try:
+            return db.execute("SELECT sweep, arm, round FROM results WHERE tag = '01_baseline' AND workload = ?",
+                              (workload,)).fetchall()
+        except sqlite3.OperationalError as exc:  # the file is made a moment before its tables: read again later
+            if "no such table" not in str(exc):
+                raise
+            return []
 
 
 def test_a_killed_workbook_resumes_and_two_at_once_lose_nothing(tmp_path):
