@@ -84,9 +84,19 @@ def _baseline(v: dict, c) -> str:
         elif share:
             share += " (the theoretical fp32 peak is unknown here: `cpuopt doctor`)"
         work = f"{v['gflops']:.1f} GFLOP/s achieved{share}"
-    return (f"{v['workload']}: {v['samples_per_s']:.1f} samples/s (median of {v['runs']} runs, range "
+    return (f"{v['workload']}: {v['samples_per_s']:.1f} samples/s (median of {v['runs']} run{'s' * (v['runs'] != 1)}{_run_shape(v)}, range "
             f"{v['low']:.1f}-{v['high']:.1f}); {v['phase']} takes {v['phase_share']:.0%} of a "
             f"{_ms(v['step_ms'])} step; {work}.")
+
+
+def _run_shape(v: dict) -> str:
+    """', each 6 timed steps of batch 32 after up to 3 warm-up steps': what one run timed, where it is known."""
+    if not v.get("timed_steps"):
+        return ""
+    batch = f" of batch {v['batch']}" if v.get("batch") else ""
+    warm = f" after up to {v['warmup_steps']} warm-up step{'s' * (v['warmup_steps'] != 1)}" if v.get("warmup_steps") \
+        else ""
+    return f", each {v['timed_steps']} timed step{'s' * (v['timed_steps'] != 1)}{batch}{warm}"
 
 
 def _epochs(v: dict, c) -> str:

@@ -568,6 +568,22 @@ def test_baseline_findings_compare_workloads_with_the_ceiling_only_when_there_ar
                                     "`cpuopt doctor`).")
 
 
+def test_the_baseline_says_what_one_run_timed():
+    from cpuopt_helpers.stages import baseline, choosing
+
+    ok = {"status": "ok", "samples_per_s": 10.0, "step_ms": {"median": 100.0}, "achieved_gflops": 20.0,
+          "startup_s": 1.0, "peak_rss_mb": 100.0, "phase_ms": {"forward": 30.0, "backward": 60.0, "optimizer": 10.0},
+          "config": {"workload": "cnn", "steps": 6}, "batch_size": 32, "step_s": [0.1] * 6}
+    table = choosing.throughput_table([dict(ok, warmup_steps=2), dict(ok, warmup_steps=4)])
+    assert table.loc["cnn", ["batch", "timed_steps", "warmup_steps"]].tolist() == [32, 6, 4]  # the most warm-up any took
+    found, = baseline.findings(table, 200.0)
+    assert "(median of 2 runs, each 6 timed steps of batch 32 after up to 4 warm-up steps, range 10.0-10.0)" in \
+        found.sentence
+    bare = {k: v for k, v in ok.items() if k not in ("batch_size", "step_s")} | {"config": {"workload": "cnn"}}
+    found, = baseline.findings(choosing.throughput_table([bare]), 200.0)  # results stored without them: not said
+    assert "(median of 1 run, range" in found.sentence
+
+
 def test_uncounted_work_is_unknown_never_zero_gflops():
     import math
 

@@ -13,6 +13,11 @@ from cpuopt_helpers.stages.choosing import PHASES, throughput_table
 from cpuopt_helpers.system import Facts
 
 
+def _known(value) -> bool:
+    """A number the stored results gave (not None, not the table's NaN)."""
+    return value is not None and value == value
+
+
 def findings(table: pd.DataFrame, peak_gflops: float | None, theoretical_gflops: float | None = None) -> list[Finding]:
     """The baseline of each workload, how far each is from the GEMM ceiling, and where the kernel
     takes ``KERNEL_SHARE`` of its CPU time or more (page faults: notebook 04's allocators), from its table."""
@@ -27,7 +32,8 @@ def findings(table: pd.DataFrame, peak_gflops: float | None, theoretical_gflops:
             "step_ms": float(row["step_ms"]),
             "gflops": float(row["gflops"]) if row["gflops"] == row["gflops"] else None,  # None: FLOPs not counted
             "peak_gflops": float(peak_gflops) if peak_gflops else None,
-            "theoretical_gflops": float(theoretical_gflops) if theoretical_gflops else None}))
+            "theoretical_gflops": float(theoretical_gflops) if theoretical_gflops else None,
+            **{k: int(row[k]) for k in ("batch", "timed_steps", "warmup_steps") if _known(row.get(k))}}))
     efficiency = (table["gflops"] / peak_gflops).dropna() if peak_gflops else table["gflops"].iloc[0:0]
     if len(efficiency) > 1:  # a comparison between workloads whose work was counted
         lo, hi = efficiency.idxmin(), efficiency.idxmax()

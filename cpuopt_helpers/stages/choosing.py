@@ -53,7 +53,7 @@ def throughput_table(results: list[dict]) -> pd.DataFrame:
                           if all(r["achieved_gflops"] for r in runs) else math.nan),
                "startup_s": stats.summarize([r["startup_s"] for r in runs])["median"],
                "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-               "warning": stats.spread_warning(sps, f"{workload} samples/s")} | kernel_medians(runs)
+               "warning": stats.spread_warning(sps, f"{workload} samples/s")} | kernel_medians(runs) | run_shape(runs)
         for phase in PHASES:
             row[f"{phase}_ms"] = stats.summarize([r["phase_ms"][phase] for r in runs])["median"]
         timed = sum(row[f"{p}_ms"] for p in PHASES)
@@ -62,6 +62,17 @@ def throughput_table(results: list[dict]) -> pd.DataFrame:
         row["other_share"] = max(0.0, 1 - timed / step)
         out.append(row)
     return pd.DataFrame(out).set_index("workload") if out else pd.DataFrame()
+
+
+def run_shape(runs: list[dict]) -> dict:
+    """What one run timed: ``batch`` (samples a step), ``timed_steps`` and ``warmup_steps`` (the most any of the
+    runs took: warm-up goes on until steps settle); None where the stored results do not say."""
+    def most(values):
+        values = [v for v in values if v is not None]
+        return max(values) if values else None
+    return {"batch": most(r.get("batch_size") for r in runs),
+            "timed_steps": most(len(r["step_s"]) if r.get("step_s") else r.get("config", {}).get("steps") for r in runs),
+            "warmup_steps": most(r.get("warmup_steps") for r in runs)}
 
 
 def failures(results: list[dict]) -> list[str]:
