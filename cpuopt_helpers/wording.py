@@ -84,9 +84,9 @@ def _baseline(v: dict, c) -> str:
         elif share:
             share += " (the theoretical fp32 peak is unknown here: `cpuopt doctor`)"
         work = f"{v['gflops']:.1f} GFLOP/s achieved{share}"
-    return (f"{v['workload']}: {v['samples_per_s']:.1f} samples/s (median of {v['runs']} run{'s' * (v['runs'] != 1)}{_run_shape(v)}, range "
-            f"{v['low']:.1f}-{v['high']:.1f}); {v['phase']} takes {v['phase_share']:.0%} of a "
-            f"{_ms(v['step_ms'])} step; {work}.")
+    runs = f"{v['runs']} run{'s' * (v['runs'] != 1)}{_run_shape(v)}"
+    return (f"{v['workload']}: {v['samples_per_s']:.1f} samples/s (median of {runs}, range {v['low']:.1f}-"
+            f"{v['high']:.1f}); {v['phase']} takes {v['phase_share']:.0%} of a {_ms(v['step_ms'])} step; {work}.")
 
 
 def _run_shape(v: dict) -> str:

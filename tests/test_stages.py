@@ -575,7 +575,7 @@ def test_the_baseline_says_what_one_run_timed():
           "startup_s": 1.0, "peak_rss_mb": 100.0, "phase_ms": {"forward": 30.0, "backward": 60.0, "optimizer": 10.0},
           "config": {"workload": "cnn", "steps": 6}, "batch_size": 32, "step_s": [0.1] * 6}
     table = choosing.throughput_table([dict(ok, warmup_steps=2), dict(ok, warmup_steps=4)])
-    assert table.loc["cnn", ["batch", "timed_steps", "warmup_steps"]].tolist() == [32, 6, 4]  # the most warm-up any took
+    assert table.loc["cnn", ["batch", "timed_steps", "warmup_steps"]].tolist() == [32, 6, 4]  # warm-up: the most
     found, = baseline.findings(table, 200.0)
     assert "(median of 2 runs, each 6 timed steps of batch 32 after up to 4 warm-up steps, range 10.0-10.0)" in \
         found.sentence

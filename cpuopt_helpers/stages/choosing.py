@@ -70,8 +70,8 @@ def run_shape(runs: list[dict]) -> dict:
     def most(values):
         values = [v for v in values if v is not None]
         return max(values) if values else None
-    return {"batch": most(r.get("batch_size") for r in runs),
-            "timed_steps": most(len(r["step_s"]) if r.get("step_s") else r.get("config", {}).get("steps") for r in runs),
+    timed = (len(r["step_s"]) if r.get("step_s") else r.get("config", {}).get("steps") for r in runs)
+    return {"batch": most(r.get("batch_size") for r in runs), "timed_steps": most(timed),
             "warmup_steps": most(r.get("warmup_steps") for r in runs)}
 
 
