@@ -538,12 +538,27 @@ def test_frozen_layers_and_the_paper_table_are_worded_from_the_runs():
     table = table.set_index("fix")
     assert table.loc["overall", "here"] == pytest.approx(1.5, rel=0.01)
     assert "notebook 09 confirms it" in table.loc["overall", "why"]
+    assert table.loc["fused FrozenBatchNorm2d", "why"] == "no step time"  # results without their instances
     frozen = pd.DataFrame({"trainable_layers": [0, 5], "backward_weights_ms": [200.0, 400.0],
                            "backward_data_ms": [228.0, 257.0]})  # the logs of notebook 08's frozen-layers runs
     why = case_study.paper_table(results, arms, focal, lamb, None, 20.0, "quick", frozen).set_index("fix").loc[
         "frozen layers (backward skipped)", "why"]
     assert why.endswith("; the logs: backward convolutions' oneDNN time 657 ms a step with 5 stages trainable, "
                         "428 ms with 0")
+
+
+def test_the_paper_tables_step_times_are_those_its_ratio_is_made_of():
+    base = RunConfig.for_preset("retinanet", "quick", optimizer="lamb", threads=4)
+    arms = {"baseline": base, "fused FrozenBatchNorm2d": choosing.with_options(base, frozen_bn="fused")}
+    # one round each; the fused arm's median step (1239 ms) hides a slow step: its mean is 1270 ms
+    runs = [dict(result(base, 0, 2 / 1.309, arm=0), step_ms={"median": 1309.0}, instances=[{"batch_size": 2}]),
+            dict(result(arms["fused FrozenBatchNorm2d"], 0, 2 / 1.270, arm=1), step_ms={"median": 1239.0},
+                 instances=[{"batch_size": 2}])]
+    row = case_study.paper_table(runs, arms, None, None, None, None, "quick").set_index("fix").loc[
+        "fused FrozenBatchNorm2d"]
+    assert row["here"] == pytest.approx(1309 / 1270) and row["why"] == "mean step 1309 ms -> 1270 ms"
+    assert "screened only, 1 round" in row["here, worded"]
+    assert choosing.paired_steps(runs, base.config_hash(), base.config_hash()) == pytest.approx((1309.0, 1309.0))
 
 
 def test_baseline_findings_compare_workloads_with_the_ceiling_only_when_there_are_several():
@@ -573,13 +588,13 @@ def test_the_baseline_says_what_one_run_timed():
 
     ok = {"status": "ok", "samples_per_s": 10.0, "step_ms": {"median": 100.0}, "achieved_gflops": 20.0,
           "startup_s": 1.0, "peak_rss_mb": 100.0, "phase_ms": {"forward": 30.0, "backward": 60.0, "optimizer": 10.0},
-          "config": {"workload": "cnn", "steps": 6}, "batch_size": 32, "step_s": [0.1] * 6}
+          "config": {"workload": "cnn", "steps": 6}, "instances": [{"batch_size": 32}]}  # as launch.measured has them
     table = choosing.throughput_table([dict(ok, warmup_steps=2), dict(ok, warmup_steps=4)])
     assert table.loc["cnn", ["batch", "timed_steps", "warmup_steps"]].tolist() == [32, 6, 4]  # warm-up: the most
     found, = baseline.findings(table, 200.0)
     assert "(median of 2 runs, each 6 timed steps of batch 32 after up to 4 warm-up steps, range 10.0-10.0)" in \
         found.sentence
-    bare = {k: v for k, v in ok.items() if k not in ("batch_size", "step_s")} | {"config": {"workload": "cnn"}}
+    bare = {k: v for k, v in ok.items() if k != "instances"} | {"config": {"workload": "cnn"}}
     found, = baseline.findings(choosing.throughput_table([bare]), 200.0)  # results stored without them: not said
     assert "(median of 1 run, range" in found.sentence
 

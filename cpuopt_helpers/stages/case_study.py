@@ -324,15 +324,14 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
     ``frozen``: ``frozen_layers``' table, whose logs give the frozen stages' backward directly (the
     screened step times alone are one round's)."""
     base = arms["baseline"]
-    step = {h: r["step_ms"]["median"] for r in results if r["status"] == "ok" for h in [r["config_hash"]]}
 
     def arm(name: str, inverse: bool = False) -> tuple[dict | None, str]:
         if name not in arms:
             return None, "not measured for this workload"
         a, b = (arms[name], base) if inverse else (base, arms[name])
         c = choosing.paired(results, a.config_hash(), b.config_hash())
-        sa, sb = step.get(a.config_hash()), step.get(b.config_hash())
-        why = f"step {sa:.0f} ms -> {sb:.0f} ms" if sa and sb else "no step time"
+        steps = choosing.paired_steps(results, a.config_hash(), b.config_hash())
+        why = f"mean step {steps[0]:.0f} ms -> {steps[1]:.0f} ms" if steps else "no step time"
         return c, why
 
     rows = {}

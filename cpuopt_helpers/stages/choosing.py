@@ -65,13 +65,13 @@ def throughput_table(results: list[dict]) -> pd.DataFrame:
 
 
 def run_shape(runs: list[dict]) -> dict:
-    """What one run timed: ``batch`` (samples a step), ``timed_steps`` and ``warmup_steps`` (the most any of the
-    runs took: warm-up goes on until steps settle); None where the stored results do not say."""
+    """What one run timed: ``batch`` (samples a step, each instance's), ``timed_steps`` and ``warmup_steps``
+    (the most any of the runs took: warm-up goes on until steps settle); None where the results do not say."""
     def most(values):
         values = [v for v in values if v is not None]
         return max(values) if values else None
-    timed = (len(r["step_s"]) if r.get("step_s") else r.get("config", {}).get("steps") for r in runs)
-    return {"batch": most(r.get("batch_size") for r in runs), "timed_steps": most(timed),
+    return {"batch": most((r.get("instances") or [{}])[0].get("batch_size") for r in runs),
+            "timed_steps": most(r.get("config", {}).get("steps") for r in runs),
             "warmup_steps": most(r.get("warmup_steps") for r in runs)}
 
 
@@ -282,6 +282,17 @@ def paired(results: list[dict], a: str, b: str) -> dict | None:
     if not rounds:
         return None
     return dict(compare.paired_ratio([by[a][k] for k in rounds], [by[b][k] for k in rounds]), screened=True)
+
+
+def paired_steps(results: list[dict], a: str, b: str) -> tuple[float, float] | None:
+    """The mean step (ms) of configs a and b (hashes) over the rounds ``paired`` pairs, each the median over
+    those rounds: the step times its ratio is made of (a run's median step can differ from its mean)."""
+    by = {h: {(r.get("sweep"), r["round"]): 1e3 * r["instances"][0]["batch_size"] / r["samples_per_s"]
+              for r in results if r["status"] == "ok" and r["config_hash"] == h and r.get("instances")} for h in (a, b)}
+    rounds = set(by[a]) & set(by[b])
+    if not rounds:
+        return None
+    return tuple(stats.summarize([by[h][k] for k in rounds])["median"] for h in (a, b))
 
 
 def named_table(results: list[dict], configs: dict) -> pd.DataFrame:
