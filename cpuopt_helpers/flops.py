@@ -1,18 +1,22 @@
-"""FLOPs of one training step: torch's FLOP counter, with the CPU formulas it lacks or gets wrong."""
+"""FLOPs of one training step: torch's FLOP counter, with the CPU formulas it lacks or counts otherwise."""
 
 # Imports only the standard library and torch: worker.py imports this module, and the worker
 # also runs under the legacy IPEX interpreter (torch 2.8).
 #
-# Convention (torch's): a GEMM (m, k) x (k, n) is 2*m*k*n FLOPs; a convolution is 2 FLOPs per
-# multiply-accumulate of the weights over the positions the kernel visits; biases, activations,
-# normalisation, softmax and optimizer updates count nothing. What this module adds or corrects
-# on torch's FLOP counter (torch.utils.flop_counter, checked on torch 2.13 and 2.8 CPU builds):
+# Convention: a GEMM (m, k) x (k, n) is 2*m*k*n FLOPs; a convolution is 2 FLOPs per multiply-accumulate
+# of a weight with an input element: the kernel's taps that fall on padding are not work, as benchdnn
+# counts a problem's ops (oneDNN's tests/benchdnn/conv/conv.cpp, ``prb_t::count_ops``), so the
+# roofline of the whole step and ProfileDNN's of each primitive count alike (torch's formula counts
+# every tap: 15% more for the cnn workload, whose 3x3 convolutions run down to 4x4 images); biases,
+# activations, normalisation, softmax and optimizer updates count nothing. What this module adds or
+# corrects on torch's FLOP counter (torch.utils.flop_counter, checked on torch 2.13 and 2.8 CPU builds):
 #
+# - aten.convolution / aten._convolution: the taps on padding left out (above);
 # - aten.mkldnn_rnn_layer / aten.mkldnn_rnn_layer_backward: what nn.LSTM runs on CPU (fp32 and
 #   bf16), one call per layer and direction; torch has no formula, so LSTMs counted zero.
 #   nn.GRU and nn.RNN (tanh and relu) decompose to addmm/mm on CPU and are counted already.
 # - aten.convolution_backward: torch's formula ignores `groups` for the weight gradient, so a
-#   grouped convolution (ResNeXt) counted `groups` times its weight-gradient work.
+#   grouped convolution (ResNeXt) counted `groups` times its weight-gradient work; padding as above.
 # - aten._scaled_dot_product_flash_attention_for_cpu (+ backward): CPU attention without dropout
 #   (e.g. nn.MultiheadAttention in eval or with dropout 0, F.scaled_dot_product_attention)
 #   counted zero; attention with dropout decomposes to bmm and is counted already.
@@ -26,7 +30,7 @@ from __future__ import annotations
 import functools
 from math import prod
 
-__all__ = ["count_flops", "flop_formulas", "rnn_layer_flops", "conv_flops", "attention_flops"]
+__all__ = ["count_flops", "flop_formulas", "rnn_layer_flops", "conv_flops", "axis_taps", "attention_flops"]
 
 
 def rnn_layer_flops(input_shape, w_ih_shape, w_hh_shape) -> int:
@@ -51,20 +55,53 @@ def _mkldnn_rnn_layer_backward_flop(input_shape, w_ih_shape, w_hh_shape, *args, 
     return 2 * rnn_layer_flops(input_shape, w_ih_shape, w_hh_shape)
 
 
-def conv_flops(x_shape, w_shape, out_shape, transposed: bool = False) -> int:
-    """FLOPs of one convolution: 2 * batch * positions the kernel visits * weight elements.
+def axis_taps(inner: int, outer: int, kernel: int, stride: int = 1, padding: int = 0, dilation: int = 1) -> int:
+    """Along one spatial axis, the kernel taps that fall on the input (``inner`` positions), summed over the
+    ``outer`` positions it is applied at: tap k of position o reads o * stride - padding + k * dilation."""
+    taps = 0
+    for k in range(kernel):
+        offset = k * dilation - padding
+        first = max(0, -(offset // stride))  # the first o with o * stride + offset >= 0
+        last = min(outer - 1, (inner - 1 - offset) // stride)
+        taps += max(0, last - first + 1)
+    return taps
 
-    The weight (C_out, C_in/groups, k...) already holds the groups, so this is right for
-    grouped convolutions; transposed convolutions visit the input's positions.
-    """
-    return 2 * x_shape[0] * prod((x_shape if transposed else out_shape)[2:]) * prod(w_shape)
+
+def _per_axis(value, axis: int, default: int) -> int:
+    """A convolution argument for one axis: given per axis, once for all, or not at all (``default``)."""
+    if isinstance(value, (list, tuple)):
+        return int(value[axis] if len(value) > axis else value[0]) if value else default
+    return int(value) if isinstance(value, int) else default
 
 
-def _conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+def conv_flops(x_shape, w_shape, out_shape, transposed: bool = False, stride=None, padding=None,
+               dilation=None) -> int:
+    """FLOPs of one convolution: 2 * batch * the weight's channel pairs (C_out x C_in/groups, which holds
+    the groups) * the kernel's taps on the input (``axis_taps`` per axis). Without ``padding`` every tap
+    counts (torch's formula); a string padding ('same') counts so too. A transposed convolution is counted as
+    the convolution whose gradient it is: its input's positions are where the kernel is applied."""
+    outer, inner = (x_shape, out_shape) if transposed else (out_shape, x_shape)
+    known = padding is not None and not isinstance(padding, str)
+    taps = 1
+    for axis, k in enumerate(w_shape[2:]):
+        if known:
+            taps *= axis_taps(inner[2 + axis], outer[2 + axis], k, _per_axis(stride, axis, 1),
+                              _per_axis(padding, axis, 0), _per_axis(dilation, axis, 1))
+        else:
+            taps *= outer[2 + axis] * k
+    return 2 * x_shape[0] * w_shape[0] * w_shape[1] * taps
+
+
+def _conv_flop(x_shape, w_shape, _bias, stride, padding, dilation, transposed, *args, out_shape=None,
+               **kwargs) -> int:
+    return conv_flops(x_shape, w_shape, out_shape, transposed, stride, padding, dilation)
+
+
+def _conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, stride, padding, dilation, transposed,
                         _output_padding, _groups, output_mask, out_shape=None, **kwargs) -> int:
     """Input gradient and weight gradient each cost what the forward convolution costs (each
-    pairs every weight element with every position once), counted when autograd asks for it."""
-    forward = conv_flops(x_shape, w_shape, grad_out_shape, transposed)
+    pairs every weight element with every input element it meets once), counted when autograd asks for it."""
+    forward = conv_flops(x_shape, w_shape, grad_out_shape, transposed, stride, padding, dilation)
     return forward * (bool(output_mask[0]) + bool(output_mask[1]))
 
 
@@ -91,6 +128,8 @@ def _cpu_flash_attention_backward_flop(grad_out_shape, query_shape, key_shape, v
 FORMULAS = {
     "mkldnn_rnn_layer": _mkldnn_rnn_layer_flop,
     "mkldnn_rnn_layer_backward": _mkldnn_rnn_layer_backward_flop,
+    "convolution": _conv_flop,
+    "_convolution": _conv_flop,
     "convolution_backward": _conv_backward_flop,
     "_scaled_dot_product_flash_attention_for_cpu": _cpu_flash_attention_flop,
     "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_flash_attention_backward_flop,

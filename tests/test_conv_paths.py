@@ -24,6 +24,13 @@ def test_a_convolution_is_read_back_from_its_backwards_shapes(shapes, stride, pa
     assert F.conv2d(x[:1, :, :9, :9], w, stride=stride, padding=padding, groups=groups).shape[:2] == (1, conv.output[1])
 
 
+def test_a_convolutions_work_leaves_out_the_taps_on_padding():
+    conv = conv_paths.from_shapes("2x8x4x4; 2x4x4x4; 8x4x3x3")  # 3x3, padding 1, 4x4: 10 taps a row, not 12
+    assert conv.padding == 1 and conv.gflop * 1e9 == 2 * 2 * 8 * 4 * 10 * 10
+    strided = conv_paths.from_shapes("2x8x2x2; 2x4x4x4; 8x4x1x1")  # 1x1, stride 2: every tap on the input
+    assert strided.gflop * 1e9 == 2 * 2 * 8 * 4 * 2 * 2
+
+
 @pytest.mark.parametrize("shapes", ["2x256x50x50; 2x256x50x50", "2x256x50; 2x256x50x50; 256x256x3x3",
                                     "2x255x50x50; 2x256x50x50; 256x256x3x3", "2x256x7x7; 2x256x50x50; 256x256x3x3",
                                     "2x256x50x50; 2x256x50x50; 256x3x3x3"])

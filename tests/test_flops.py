@@ -1,7 +1,8 @@
 """FLOPs per training step: the counter against hand counts, and the GEMM ceilings by dtype.
 
-Hand counts follow torch's convention: a GEMM (m, k) x (k, n) is 2*m*k*n FLOPs, a convolution
-2 FLOPs per weight element per position the kernel visits; biases, activations, norms,
+Hand counts follow the workbook's convention: a GEMM (m, k) x (k, n) is 2*m*k*n FLOPs, a convolution
+2 FLOPs per weight element per input element it meets (``taps``: the kernel's taps on padding are not
+work, as benchdnn counts; torch's own formula counts them); biases, activations, norms,
 softmax, losses and the optimizer update count nothing. A trained layer's backward costs its
 forward twice over (the input gradient and the weight gradient, each a GEMM/convolution as
 large as the forward), minus what autograd skips: no input gradient where the layer's input
@@ -19,6 +20,11 @@ from cpuopt_helpers import flops, roofline, worker
 from cpuopt_helpers.workloads import build_workload
 
 TOLERANCE = 0.05
+
+
+def taps(inner: int, outer: int, kernel: int, stride: int = 1, padding: int = 0, dilation: int = 1) -> int:
+    """Along one axis, the kernel taps that land on the input, enumerated one by one (the hand count)."""
+    return sum(0 <= o * stride - padding + k * dilation < inner for o in range(outer) for k in range(kernel))
 
 
 @pytest.fixture(autouse=True)
@@ -122,9 +128,9 @@ def test_grouped_convolutions_count_their_groups_once():
         nn.Conv2d(32, 64, 3, stride=2, padding=1, groups=8), nn.ReLU(),  # 8x8 out
         nn.ConvTranspose2d(64, 32, 2, stride=2, groups=16), nn.ReLU(),   # 8x8 in, 16x16 out
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
-    conv1 = 2 * n * 16 * 16 * 32 * 8 * 3 * 3
-    conv2 = 2 * n * 8 * 8 * 64 * (32 // 8) * 3 * 3
-    conv3 = 2 * n * 8 * 8 * 64 * (32 // 16) * 2 * 2
+    conv1 = 2 * n * 32 * 8 * taps(16, 16, 3, padding=1) ** 2  # 46 taps a row of 16, not 48
+    conv2 = 2 * n * 64 * (32 // 8) * taps(16, 8, 3, stride=2, padding=1) ** 2
+    conv3 = 2 * n * 8 * 8 * 64 * (32 // 16) * 2 * 2  # no padding: every tap
     head = 2 * n * 32 * 10
     expected = 2 * conv1 + 3 * conv2 + 3 * conv3 + 3 * head
     assert_close(counted_step(model, torch.randn(n, 8, size, size)), expected)
@@ -140,9 +146,37 @@ def test_resnext_bottleneck_counts_its_grouped_convolution_once():
     n, size = 2, 8
     block = Bottleneck(256, 64, 1, groups=32, width_per_group=4, bn="separate")
     conv1 = 2 * n * size * size * 128 * 256
-    conv2 = 2 * n * size * size * 128 * 4 * 3 * 3
+    conv2 = 2 * n * 128 * 4 * taps(size, size, 3, padding=1) ** 2
     conv3 = 2 * n * size * size * 256 * 128
     assert_close(counted_step(block, torch.randn(n, 256, size, size, requires_grad=True)), 3 * (conv1 + conv2 + conv3))
+
+
+def test_a_convolutions_taps_on_padding_are_not_counted_as_profiledn_counts_its_primitive():
+    """The FLOP counter, the whole-step rows and ProfileDNN count a convolution alike: a 3x3 conv with padding 1
+    on a 4x4 image meets 10 input elements a row, not 12 (benchdnn's ``count_ops``; torch's formula: 12)."""
+    from cpuopt_helpers.profiledn.parse import conv_taps, parse_conv
+
+    conv = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+    x = torch.randn(2, 16, 4, 4)
+    counted = flops.count_flops(lambda: conv(x))
+    assert counted == 2 * 2 * 16 * 16 * 10 * 10
+    assert counted == 2 * 2 * 16 * 16 * conv_taps(parse_conv("mb2_ic16oc16_ih4oh4kh3ph1"))
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as torchs:
+        conv(x)
+    assert torchs.get_total_flops() == 2 * 2 * 16 * 16 * 12 * 12  # what the workbook no longer counts
+
+
+def test_the_tap_count_agrees_with_enumerating_the_taps():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        inner, outer, kernel = rng.randint(1, 30), rng.randint(1, 30), rng.randint(1, 7)
+        stride, padding, dilation = rng.randint(1, 4), rng.randint(0, 6), rng.randint(1, 3)
+        assert flops.axis_taps(inner, outer, kernel, stride, padding, dilation) == taps(
+            inner, outer, kernel, stride, padding, dilation), (inner, outer, kernel, stride, padding, dilation)
 
 
 class SelfAttention(nn.Module):
@@ -169,7 +203,7 @@ def analytic_step_flops(model, inputs) -> float:
     """A hand count of one training step from the layer shapes one forward pass shows.
 
     Counted per call of a layer (shared layers, like RetinaNet's heads over five levels,
-    count per call): Conv2d 2*N*H_out*W_out*C_out*(C_in/groups)*k*k; Linear 2*tokens*in*out;
+    count per call): Conv2d 2*N*C_out*(C_in/groups)*taps on the input; Linear 2*tokens*in*out;
     LSTM 2*T*B*4H*(I_l + H) per layer and direction; MultiheadAttention its input projection
     (to 3d), Q K^T and P V (2*B*S*S*d each) and its output projection. Backward: the same
     again for the input gradient when the layer's input requires grad (not for images, nor
@@ -184,8 +218,10 @@ def analytic_step_flops(model, inputs) -> float:
         return forward * (1 + bool(x.requires_grad) + bool(weight.requires_grad))
 
     def conv(m, args, out):
-        k = m.kernel_size[0] * m.kernel_size[1]
-        fwd = 2 * out.shape[0] * out.shape[2] * out.shape[3] * m.out_channels * (m.in_channels // m.groups) * k
+        fwd = 2 * out.shape[0] * m.out_channels * (m.in_channels // m.groups)
+        for axis in (0, 1):
+            fwd *= taps(args[0].shape[2 + axis], out.shape[2 + axis], m.kernel_size[axis], m.stride[axis],
+                        m.padding[axis], m.dilation[axis])
         total[0] += trained(fwd, args[0], m.weight)
 
     def linear(m, args, out):

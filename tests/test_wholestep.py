@@ -21,7 +21,7 @@ FLOP_US, BYTE_US = 1e5, 1e4
 # per step: (row, measured µs, FLOPs, bytes, bound)
 ADDMM = (2 * 64 * 256 * 64, (64 + 64 * 256 + 256 * 64 + 64 * 64) * 4)  # out 64x64
 MM = (2 * 64 * 64 * 256, (64 * 64 + 64 * 256 + 64 * 256) * 4)  # (64,64)x(64,256), out 64x256
-CONV_FLOPS = conv_flops([2, 3, 8, 8], [4, 3, 3, 3], [2, 4, 8, 8])
+CONV_FLOPS = 2 * 2 * 4 * 3 * 22 * 22  # 3x3, padding 1, 8x8: 22 taps on the input a row of 8, not 24 (benchdnn's count)
 CONV_BYTES = (2 * 3 * 8 * 8 + 4 * 3 * 3 * 3 + 2 * 4 * 8 * 8) * 4
 EXPECTED = {
     "aten::linear": (100, ADDMM[0], ADDMM[1], "compute"),  # aten::t (a view) + aten::addmm, not the linear again
@@ -186,7 +186,7 @@ def test_gemm_formulas_by_dtype_and_conv_backward():
     strided = {"Input Dims": [[1, 1, 7, 7], [2, 1, 3, 3]] + [[]] * 7, "Input type": ["float", "float"] + ["x"] * 7,
                "Concrete Inputs": ["", "", "", "[2, 2]", "[0, 0]", "[1, 1]", "False", "[0, 0]", "1"]}
     flops, _, _ = wholestep.kernel_work("aten::convolution", strided)
-    assert flops == conv_flops([1, 1, 7, 7], [2, 1, 3, 3], [1, 2, 3, 3])  # (7 - 3) // 2 + 1 = 3
+    assert flops == conv_flops([1, 1, 7, 7], [2, 1, 3, 3], [1, 2, 3, 3]) == 2 * 2 * 9 * 9  # (7 - 3) // 2 + 1 = 3
 
 
 def test_a_span_runs_in_the_dtype_of_its_gemm_not_of_the_cast_before_it():
@@ -234,8 +234,9 @@ def test_primitive_roofline_from_a_log():
                        "data_type": ["f32"] * 3, "time_ms": [0.01, 0.02, 0.001],
                        "problem": ["mb2_ic3oc4_ih8oh8kh3sh1ph1_iw8ow8kw3sw1pw1", "4x16:16x8", "2x4x8x8"]})
     t = wholestep.primitive_roofline(df, CEIL).set_index("kind")
-    # benchdnn's count: a 3x3 kernel with padding 1 on 8 positions takes 2 + 6 x 3 + 2 = 22 input taps a row, not 24
-    assert t.loc["convolution", "gflop"] * 1e9 == pytest.approx(CONV_FLOPS * (22 * 22) / (24 * 24))
+    # benchdnn's count: a 3x3 kernel with padding 1 on 8 positions takes 2 + 6 x 3 + 2 = 22 input taps a row, not 24:
+    # the same count as the whole-step rows' for the trace's conv of this shape
+    assert t.loc["convolution", "gflop"] * 1e9 == pytest.approx(CONV_FLOPS)
     assert t.loc["convolution", "mb"] * 1e6 == pytest.approx(CONV_BYTES)
     assert t.loc["matmul", "achieved_gflops"] == pytest.approx(2 * 4 * 16 * 8 / 0.02e-3 / 1e9)
     assert t.loc["eltwise", "achieved_gbs"] == pytest.approx(2 * 512 * 4 / 1e-6 / 1e9)
@@ -338,7 +339,7 @@ def test_a_real_quick_step_is_covered(tmp_path, workload):
     assert result["timing"] == "light trace"  # its operators matched the shaped trace's one to one
     assert result["steps"] == 5
     assert result["coverage"] >= 0.95, result["table"][result["table"]["bound"] == "unknown"].head()
-    # the FLOPs read off the trace's shapes agree with torch's FLOP counter in the worker (cpuopt_helpers.flops)
+    # the FLOPs read off the trace's shapes (padding included) agree with the worker's FLOP count (flops.py's formulas)
     assert result["gflop_per_step"] * 1e9 == pytest.approx(traced["flops_per_step"], rel=0.01)
     assert result["gb_per_step"] > 0
     assert result["projected_ms"] + sum(result["gap_ms"].values()) == pytest.approx(result["step_ms"])

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from cpuopt_helpers import compare, stats
+from cpuopt_helpers.flops import conv_flops
 
 ROUNDS = compare.FIXED_ROUNDS  # interleaved rounds, one look
 MIN_MEASURE_S = 0.2  # a small convolution is called this long a measurement (the mean of its calls)
@@ -53,9 +54,10 @@ class Conv:
 
     @property
     def gflop(self) -> float:
-        """Forward GFLOP (a multiply and an add a weight element a output element); the backward is twice."""
-        n, k, ho, wo = self.output
-        return 2.0 * n * k * ho * wo * self.weight[1] * self.weight[2] * self.weight[3] / 1e9
+        """Forward GFLOP (a multiply and an add a weight element an input element it meets: the taps on
+        padding are not work, as in ``flops.conv_flops``); the backward is twice."""
+        return conv_flops(list(self.input), list(self.weight), list(self.output), False, [self.stride] * 2,
+                          [self.padding] * 2, [1, 1]) / 1e9
 
 
 def _dims(text: str) -> tuple[int, ...]:

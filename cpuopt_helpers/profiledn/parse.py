@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from cpuopt_helpers.errors import CpuoptError
+from cpuopt_helpers.flops import axis_taps
 
 MARKERS = ("onednn_verbose", "dnnl_verbose", "mkldnn_verbose", "onednn_graph_verbose")
 GRAPH_MARKER = "onednn_graph_verbose"  # oneDNN Graph's own prefix, before 3.3 merged it
@@ -144,8 +145,7 @@ def conv_taps(p: dict, deconvolution: bool = False) -> int:
     taps = 1
     for d in p["dims"]:
         outer, inner = (p[f"i{d}"], p[f"o{d}"]) if deconvolution else (p[f"o{d}"], p[f"i{d}"])
-        stride, pad, dilation = p[f"s{d}"], p[f"p{d}"], p[f"d{d}"] + 1
-        taps *= sum(0 <= o * stride - pad + k * dilation < inner for o in range(outer) for k in range(p[f"k{d}"]))
+        taps *= axis_taps(inner, outer, p[f"k{d}"], p[f"s{d}"], p[f"p{d}"], p[f"d{d}"] + 1)
     return taps
 
 

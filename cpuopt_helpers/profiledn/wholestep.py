@@ -7,7 +7,7 @@ dtypes of every operator) and gives every operator of the timed steps its measur
 work and the ceiling that applies, the roofline of notebook 00 (``roofline.measure``):
 
 | rows                 | **top-level operator spans** of the step's thread: ``aten::conv2d``, ``autograd::engine::evaluate_function: XBackward0``, the optimizer's ``aten::add_`` ... A span nested in another is never a row of its own: its time is inside its parent's, so nothing is counted twice. A compiled region (``torch.compile``: Dynamo's frame, AOTAutograd's forward or backward) is the exception: its rows are the calls its generated code makes (``aten::convolution``, ``aten::convolution_backward``, ...) and one ``compiled code`` row, the rest of its time (Inductor's own kernels, which the profiler does not see: work unknown) |
-| FLOPs                | at the outermost GEMM-like operator of a row's subtree (``convolution``, ``convolution_backward``, ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``mkldnn_rnn_layer`` (+ backward), CPU flash attention (+ backward)), with the formulas of ``cpuopt_helpers.flops`` (2 FLOPs a multiply-accumulate; torch's convention); nothing else counts FLOPs |
+| FLOPs                | at the outermost GEMM-like operator of a row's subtree (``convolution``, ``convolution_backward``, ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``mkldnn_rnn_layer`` (+ backward), CPU flash attention (+ backward)), with the formulas of ``cpuopt_helpers.flops`` (2 FLOPs a multiply-accumulate; a convolution's taps on padding are not work, as benchdnn counts); nothing else counts FLOPs |
 | bytes moved          | a GEMM-like op: its tensor inputs + its outputs (shapes from the formula). Any other op: its tensor inputs + an output as large as its largest input (in-place ops: ``self`` written back; fills, copies and random fills: written once; reductions: the output left out); views, allocations and metadata ops: 0. An op with children takes the larger of its own estimate and its children's sum (``aten::dropout`` is its ``bernoulli_``, ``div_`` and ``mul``), never both. Ops with tensor lists (shapes not recorded) are unknown |
 | ceiling              | GEMM-like: ``max(FLOPs / GEMM GFLOP/s of the dtype that ran, bytes / copy GB/s)`` (fp32 or bf16 ceiling); others: ``bytes / copy GB/s``. Copy GB/s counts read + write, as bytes do |
 | projection           | the step if each row ran at its ceiling (a row measured faster than its ceiling, e.g. data that fits in cache beating the DRAM copy rate, keeps its measured time) and time between ops vanished; rows whose work is unknown keep their measured time |
@@ -227,11 +227,14 @@ def kernel_work(name: str, args: dict) -> tuple[float, float, str] | None:
             x, w = ins[0][0], ins[1][0]
             out = _conv_out(x, w, _concrete(args, 3), _concrete(args, 4), _concrete(args, 5), _concrete(args, 6),
                             _concrete(args, 7), _concrete(args, 8))
-            return float(conv_flops(x, w, out, bool(_concrete(args, 6)))), read + nbytes(out, dtype), dtype
+            flops = conv_flops(x, w, out, bool(_concrete(args, 6)), _concrete(args, 3), _concrete(args, 4),
+                               _concrete(args, 5))
+            return float(flops), read + nbytes(out, dtype), dtype
         if op == "convolution_backward":
             grad, x, w = ins[0][0], ins[1][0], ins[2][0]
             mask = _concrete(args, 10) or [True, True, False]
-            flops = conv_flops(x, w, grad, bool(_concrete(args, 7))) * (bool(mask[0]) + bool(mask[1]))
+            flops = conv_flops(x, w, grad, bool(_concrete(args, 7)), _concrete(args, 4), _concrete(args, 5),
+                               _concrete(args, 6)) * (bool(mask[0]) + bool(mask[1]))
             written = mask[0] * nbytes(x, dtype) + mask[1] * nbytes(w, dtype) + mask[2] * w[0] * ELEMENT_BYTES[dtype]
             return float(flops), read + written, ins[1][1]
         if op in ("mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"):
