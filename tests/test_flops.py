@@ -168,6 +168,26 @@ def test_a_convolutions_taps_on_padding_are_not_counted_as_profiledn_counts_its_
     assert torchs.get_total_flops() == 2 * 2 * 16 * 16 * 12 * 12  # what the workbook no longer counts
 
 
+@pytest.mark.parametrize("stride, padding, dilation, output_padding", [
+    (1, 0, 1, 0), (1, 2, 1, 0), (2, 1, 1, 1), (3, 4, 2, 0), (2, 5, 1, 1), (4, 1, 3, 2)])
+def test_the_count_is_the_multiply_accumulates_a_convolution_really_does(stride, padding, dilation, output_padding):
+    """Ground truth, not the formula again: on all-ones inputs and weights each output element is the number of
+    multiply-accumulates that made it, so the output's sum is the convolution's (transposed: its input's
+    positions are where the kernel is applied) work."""
+    import torch.nn.functional as F
+
+    x, w = torch.ones(2, 3, 11), torch.ones(4, 3, 3)
+    out = F.conv1d(x, w, stride=stride, padding=padding, dilation=dilation)
+    assert flops.count_flops(lambda: F.conv1d(x, w, stride=stride, padding=padding, dilation=dilation)) == \
+        2 * out.sum().item()
+    wt = torch.ones(3, 4, 3)  # transposed: (C_in, C_out, k)
+    if output_padding < max(stride, dilation):
+        out = F.conv_transpose1d(x, wt, stride=stride, padding=padding, dilation=dilation,
+                                 output_padding=output_padding)
+        assert flops.count_flops(lambda: F.conv_transpose1d(x, wt, stride=stride, padding=padding, dilation=dilation,
+                                                            output_padding=output_padding)) == 2 * out.sum().item()
+
+
 def test_the_tap_count_agrees_with_enumerating_the_taps():
     import random
 

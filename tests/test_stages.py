@@ -558,7 +558,10 @@ def test_the_paper_tables_step_times_are_those_its_ratio_is_made_of():
         "fused FrozenBatchNorm2d"]
     assert row["here"] == pytest.approx(1309 / 1270) and row["why"] == "mean step 1309 ms -> 1270 ms"
     assert "screened only, 1 round" in row["here, worded"]
-    assert choosing.paired_steps(runs, base.config_hash(), base.config_hash()) == pytest.approx((1309.0, 1309.0))
+    two = [dict(r, samples_per_s=2 * r["samples_per_s"], instances=[{"batch_size": 2}] * 2) for r in runs]
+    assert choosing.paired_steps(two, *(c.config_hash() for c in arms.values())) == pytest.approx((1309, 1270))
+    unpaired = runs[:1] + [dict(runs[1], round=1)]  # no round in common: no step times
+    assert choosing.paired_steps(unpaired, *(c.config_hash() for c in arms.values())) is None
 
 
 def test_baseline_findings_compare_workloads_with_the_ceiling_only_when_there_are_several():

@@ -187,6 +187,10 @@ def test_gemm_formulas_by_dtype_and_conv_backward():
                "Concrete Inputs": ["", "", "", "[2, 2]", "[0, 0]", "[1, 1]", "False", "[0, 0]", "1"]}
     flops, _, _ = wholestep.kernel_work("aten::convolution", strided)
     assert flops == conv_flops([1, 1, 7, 7], [2, 1, 3, 3], [1, 2, 3, 3]) == 2 * 2 * 9 * 9  # (7 - 3) // 2 + 1 = 3
+    unrecorded = {"Input Dims": back["Input Dims"], "Input type": back["Input type"]}  # no Concrete Inputs
+    node = wholestep.Node("aten::convolution_backward", 0.0, 10.0, unrecorded)
+    work = wholestep.node_work(node, CEIL)  # padding unknown: the work is not guessed, nor called memory-bound
+    assert (work.flops, work.unknown_us, work.compute_s, work.memory_s) == (0.0, 10.0, 0.0, 0.0)
 
 
 def test_a_span_runs_in_the_dtype_of_its_gemm_not_of_the_cast_before_it():
@@ -208,7 +212,8 @@ def test_an_autograd_node_is_named_by_the_gemms_shapes_below_it():
     """ConvolutionBackward0 records only the gradient it takes; the convolution's shapes say which layer
     it is (what the full study's trial needs to rebuild it)."""
     grad = {"Input Dims": [[2, 4, 8, 8]], "Input type": ["float"]}
-    back = {"Input Dims": [[2, 4, 8, 8], [2, 3, 8, 8], [4, 3, 3, 3]], "Input type": ["float"] * 3}
+    back = {"Input Dims": [[2, 4, 8, 8], [2, 3, 8, 8], [4, 3, 3, 3]], "Input type": ["float"] * 3,
+            "Concrete Inputs": ["", "", "", "[4]", "[1, 1]", "[1, 1]", "[1, 1]"]}  # stride, padding, dilation
     kernel = wholestep.Node("aten::convolution_backward", 1, 8, back)
     node = wholestep.Node(f"{wholestep.BACKWARD_PREFIX}ConvolutionBackward0", 0, 10, grad,
                           [wholestep.Node("ConvolutionBackward0", 0.5, 9, grad, [kernel])])

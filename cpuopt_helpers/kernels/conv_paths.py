@@ -55,7 +55,8 @@ class Conv:
     @property
     def gflop(self) -> float:
         """Forward GFLOP (a multiply and an add a weight element an input element it meets: the taps on
-        padding are not work, as in ``flops.conv_flops``); the backward is twice."""
+        padding are not work, as in ``flops.conv_flops``, with the padding ``from_shapes`` inferred: the same
+        on both axes, and at a stride of 3 or more the likeliest of those that fit); the backward is twice."""
         return conv_flops(list(self.input), list(self.weight), list(self.output), False, [self.stride] * 2,
                           [self.padding] * 2, [1, 1]) / 1e9
 

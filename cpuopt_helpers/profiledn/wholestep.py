@@ -208,6 +208,21 @@ def _conv_out(x: list[int], w: list[int], stride, padding, dilation, transposed,
     return out
 
 
+CONVOLUTIONS = ("convolution", "_convolution", "convolution_backward")
+
+
+def _conv_geometry(args: dict, op: str) -> list:
+    """A convolution's stride, padding and dilation, as its trace recorded them (None where it did not)."""
+    first = 4 if op == "convolution_backward" else 3
+    return [_concrete(args, first + i) for i in range(3)]
+
+
+def _guessed_conv(name: str, args: dict) -> bool:
+    """A convolution whose trace lacks its stride, padding or dilation: its work would be a guess."""
+    op = name.removeprefix("aten::")
+    return op in CONVOLUTIONS and None in _conv_geometry(args, op)
+
+
 def kernel_work(name: str, args: dict) -> tuple[float, float, str] | None:
     """(FLOPs, bytes, dtype) of a GEMM-like op from its recorded shapes; None for any other op."""
     op = name.removeprefix("aten::")
@@ -227,14 +242,13 @@ def kernel_work(name: str, args: dict) -> tuple[float, float, str] | None:
             x, w = ins[0][0], ins[1][0]
             out = _conv_out(x, w, _concrete(args, 3), _concrete(args, 4), _concrete(args, 5), _concrete(args, 6),
                             _concrete(args, 7), _concrete(args, 8))
-            flops = conv_flops(x, w, out, bool(_concrete(args, 6)), _concrete(args, 3), _concrete(args, 4),
-                               _concrete(args, 5))
+            flops = conv_flops(x, w, out, bool(_concrete(args, 6)), *_conv_geometry(args, op))
             return float(flops), read + nbytes(out, dtype), dtype
         if op == "convolution_backward":
             grad, x, w = ins[0][0], ins[1][0], ins[2][0]
             mask = _concrete(args, 10) or [True, True, False]
-            flops = conv_flops(x, w, grad, bool(_concrete(args, 7)), _concrete(args, 4), _concrete(args, 5),
-                               _concrete(args, 6)) * (bool(mask[0]) + bool(mask[1]))
+            flops = conv_flops(x, w, grad, bool(_concrete(args, 7)), *_conv_geometry(args, op)) * (
+                bool(mask[0]) + bool(mask[1]))
             written = mask[0] * nbytes(x, dtype) + mask[1] * nbytes(w, dtype) + mask[2] * w[0] * ELEMENT_BYTES[dtype]
             return float(flops), read + written, ins[1][1]
         if op in ("mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"):
@@ -276,8 +290,10 @@ def own_bytes(name: str, args: dict) -> float | None:
 
 def node_work(node: Node, ceilings: Ceilings) -> Work:
     """The work of a span and its nested spans, each unit at its ceiling; nothing counted twice."""
-    kernel = kernel_work(node.name, node.args)
     shapes = _shapes(node.args)
+    if _guessed_conv(node.name, node.args):
+        return Work(unknown_us=node.dur, shapes=shapes)
+    kernel = kernel_work(node.name, node.args)
     if kernel is not None:
         flops, moved, dtype = kernel
         peak = ceilings.gemm_for(_dtype_class(dtype))

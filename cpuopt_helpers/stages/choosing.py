@@ -64,13 +64,19 @@ def throughput_table(results: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(out).set_index("workload") if out else pd.DataFrame()
 
 
+def samples_a_step(result: dict) -> int | None:
+    """The samples one step of a run trains, over its instances (or DDP's ranks); None without instances."""
+    sizes = [i.get("batch_size") for i in result.get("instances") or []]
+    return sum(sizes) if sizes and None not in sizes else None
+
+
 def run_shape(runs: list[dict]) -> dict:
-    """What one run timed: ``batch`` (samples a step, each instance's), ``timed_steps`` and ``warmup_steps``
+    """What one run timed: ``batch`` (samples a step, over its instances), ``timed_steps`` and ``warmup_steps``
     (the most any of the runs took: warm-up goes on until steps settle); None where the results do not say."""
     def most(values):
         values = [v for v in values if v is not None]
         return max(values) if values else None
-    return {"batch": most((r.get("instances") or [{}])[0].get("batch_size") for r in runs),
+    return {"batch": most(samples_a_step(r) for r in runs),
             "timed_steps": most(r.get("config", {}).get("steps") for r in runs),
             "warmup_steps": most(r.get("warmup_steps") for r in runs)}
 
@@ -286,13 +292,17 @@ def paired(results: list[dict], a: str, b: str) -> dict | None:
 
 def paired_steps(results: list[dict], a: str, b: str) -> tuple[float, float] | None:
     """The mean step (ms) of configs a and b (hashes) over the rounds ``paired`` pairs, each the median over
-    those rounds: the step times its ratio is made of (a run's median step can differ from its mean)."""
-    by = {h: {(r.get("sweep"), r["round"]): 1e3 * r["instances"][0]["batch_size"] / r["samples_per_s"]
-              for r in results if r["status"] == "ok" and r["config_hash"] == h and r.get("instances")} for h in (a, b)}
+    those rounds: the step times its ratio is made of (a run's median step can differ from its mean). A run's
+    mean step is ``samples_a_step`` over its samples/s; None where a paired run has no instances to read
+    them from."""
+    by = {h: {(r.get("sweep"), r["round"]): r for r in results if r["status"] == "ok" and r["config_hash"] == h}
+          for h in (a, b)}
     rounds = set(by[a]) & set(by[b])
-    if not rounds:
+    runs = {h: [by[h][k] for k in rounds] for h in (a, b)}
+    if not rounds or any(samples_a_step(r) is None for h in (a, b) for r in runs[h]):
         return None
-    return tuple(stats.summarize([by[h][k] for k in rounds])["median"] for h in (a, b))
+    return tuple(stats.summarize([1e3 * samples_a_step(r) / r["samples_per_s"] for r in runs[h]])["median"]
+                 for h in (a, b))
 
 
 def named_table(results: list[dict], configs: dict) -> pd.DataFrame:
