@@ -574,7 +574,18 @@ def write_page(study: dict, folder: Path, facts) -> Path:
     return records.write_record(folder, f"retinanet-{preset}", f"RetinaNet at the {preset} preset, {study['classes']} "
                                 "classes", page_rows(study), page_command(preset, study["classes"],
                                                                          study.get("rounds", ROUNDS)),
-                                notes=notes, facts=facts, preset=preset)
+                                notes=notes, facts=facts, preset=preset, figures=page_figures(study))
+
+
+def page_figures(study: dict) -> list[tuple]:
+    """The page's figure, where an arm was traced: each arm's step by phase, traced and at every ceiling."""
+    if not any("phases" in p for p in study["profiles"].values()):
+        return []
+    from cpuopt_helpers import plots
+
+    title = f"RetinaNet, {study['preset']} preset, {study['classes']} classes: where a step's time goes"
+    return [("phases", "each arm's step by phase, traced and at every ceiling",
+             plots.study_phases_figure(study["profiles"], title))]
 
 
 def same_as_notebook_09(study: dict) -> bool:

@@ -12,7 +12,8 @@ import seaborn as sns
 from cpuopt_helpers.results import build_dir
 
 log = logging.getLogger(__name__)
-PHASE_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868", "other": "#8C8C8C"}
+PHASE_COLORS = {"forward": "#4C72B0", "loss": "#8172B3", "backward": "#DD8452", "optimizer": "#55A868",
+                "other": "#8C8C8C"}
 
 
 def figures_dir() -> Path:
@@ -39,11 +40,16 @@ def stamp() -> str:
     return f"{_machine()} · {datetime.now(timezone.utc):%Y-%m-%d} · cpuopt commit {own_commit()}"
 
 
-def save_figure(fig, name: str) -> Path:
-    """Save a figure as PNG under the figures folder, stamped (``stamp``), and return its path."""
-    path = figures_dir() / f"{name}.png"
+def save_figure(fig, name: str, folder: Path | None = None, close: bool = False) -> Path:
+    """Save a figure as PNG under the figures folder (or ``folder``), stamped (``stamp``), and return
+    its path; ``close``: then free it (a page's figure; a notebook's stays to be shown)."""
+    if folder is not None:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    path = (figures_dir() if folder is None else Path(folder)) / f"{name}.png"
     fig.text(0.995, 0.0, stamp(), ha="right", va="top", fontsize=7, color="#707070")
     fig.savefig(path, dpi=120, bbox_inches="tight")
+    if close:
+        plt.close(fig)
     log.info("figure saved to %s", path)
     return path
 
@@ -450,6 +456,44 @@ def step_composition_figure(results: dict, title: str = "Where the step goes (wh
     ax.set_xlabel("share of the traced step")
     ax.invert_yaxis()
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.1, 1.0))
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+STUDY_PHASES = ("forward", "loss", "backward", "optimizer")
+
+
+def phase_seconds(profile: dict) -> tuple[dict, dict]:
+    """A traced arm's step by phase in seconds (``account.phase_table``: its operators and the time
+    between them), and the same phases at every ceiling (the projection: each operator at its
+    ceiling, none of the time between them)."""
+    whole, table = profile["whole"], profile["phases"]
+    rows = whole["rows"]
+    projected = rows.groupby("phase")["projected_us"].sum() / 1e6 / whole["steps"]
+    return ({p: float(table.loc[p, "ms"]) / 1e3 for p in STUDY_PHASES},
+            {p: float(projected.get(p, 0.0)) for p in STUDY_PHASES})
+
+
+def study_phases_figure(profiles: dict, title: str):
+    """Each traced arm's step by phase in seconds, and beneath it the same step at every ceiling:
+    how much faster the top is, whether the forward or the backward holds it, and the room left."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    traced = {name: phase_seconds(p) for name, p in profiles.items() if "phases" in p and "whole" in p}
+    bars = [(f"{name}, traced", measured, False) for name, (measured, _) in traced.items()]
+    bars += [(f"{name}, at every ceiling", ceiling, True) for name, (_, ceiling) in traced.items()]
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.5 * len(bars)))
+    for y, (label, seconds, projected) in enumerate(bars):
+        left = 0.0
+        for phase in STUDY_PHASES:
+            ax.barh(y, seconds[phase], left=left, color=PHASE_COLORS[phase], alpha=0.55 if projected else 1.0,
+                    hatch="//" if projected else None, edgecolor="white", label=None if y else phase)
+            left += seconds[phase]
+        ax.text(left, y, f"  {left:.2f} s", va="center", fontsize=8)
+    ax.set_yticks(range(len(bars)), [label for label, _, _ in bars])
+    ax.set_xlabel("seconds a step (traced; hatched: every operator at its ceiling, no time between them)")
+    ax.invert_yaxis()
+    ax.legend(fontsize=8, loc="lower right", ncols=4)
     ax.set_title(title)
     fig.tight_layout()
     return fig

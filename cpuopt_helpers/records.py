@@ -90,16 +90,23 @@ def record_page(title: str, stamp_line: str, rows: Sequence[Row], notes: Sequenc
 
 def write_record(folder: Path, name: str, title: str, rows: Sequence[Row], command: str, *,
                  notes: Sequence[str] = (), facts: Facts | None = None, when: datetime | None = None,
-                 commit: str | None = None, preset: str | None = None) -> Path:
+                 commit: str | None = None, preset: str | None = None, figures: Sequence[tuple] = ()) -> Path:
     """Write FOLDER/DAY-CPU-ISA-NAME.md (replacing that day's page of this machine) and return its
     path. ``when``: the measurement's time (default now, the day taken in UTC like the store's);
-    ``facts``: the machine (default this one); ``commit``: default ``own_commit()``."""
+    ``facts``: the machine (default this one); ``commit``: default ``own_commit()``; ``figures``:
+    (file name, words, matplotlib figure) each, saved stamped beside the page (FOLDER/DAY-CPU-ISA-NAME/)
+    and shown below its table."""
+    from cpuopt_helpers import plots
+
     facts = facts or collect_facts()
     day = (when or datetime.now(timezone.utc)).astimezone(timezone.utc).date().isoformat()
     page = page_path(folder, facts, name, day)
     page.parent.mkdir(parents=True, exist_ok=True)
     line = stamp(facts, day, command, commit or own_commit(), preset) + words_link(page)
-    page.write_text(record_page(f"{title}: {facts.cpu_model} ({isa_slug(facts)}), {day}", line, rows, notes))
+    shown = [f"![{words}]({page.stem}/{plots.save_figure(fig, file, page.parent / page.stem, close=True).name})"
+             for file, words, fig in figures]
+    page.write_text(record_page(f"{title}: {facts.cpu_model} ({isa_slug(facts)}), {day}", line, rows,
+                                [*shown, *notes]))
     return page
 
 

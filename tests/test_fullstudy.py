@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cpuopt_helpers import fullstudy
+from cpuopt_helpers import fullstudy, plots
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.decisions import RECIPE
 from cpuopt_helpers.profiledn import account, wholestep
@@ -80,9 +80,37 @@ def test_the_page_holds_the_verdict_rates_phases_and_ends_with_the_next_fix(tmp_
     notes = text.split("\n\n")
     assert "the next fix the profile points at" in notes[-2]  # the last note before the page's footer
     assert "During the comparison's runs" not in text  # a study that kept no machine state says nothing of it
+    shown = f"![each arm's step by phase, traced and at every ceiling]({page.stem}/phases.png)"
+    assert notes[3] == shown and (page.parent / page.stem / "phases.png").stat().st_size > 10_000  # below the table
     study["comparison"]["machine_sentence"] = "The machine was quiet: none of the 10 runs measured on a loaded machine."
     said = fullstudy.write_page(study, tmp_path, facts()).read_text()
     assert "\n\nDuring the comparison's runs: The machine was quiet: none of the 10 runs" in said
+
+
+def test_the_figure_draws_each_arms_traced_phases_and_its_step_at_every_ceiling(facts):
+    study = made_up_study(facts, bf16_fast=False)
+    prof = study["profiles"]["top"]
+    fig = plots.study_phases_figure({"defaults": prof, "top": prof}, "t")
+    ax = fig.axes[0]
+    widths = {}  # bar (its y) -> its phases' seconds, left to right
+    for patch in ax.patches:
+        widths.setdefault(round(patch.get_y() + patch.get_height() / 2), []).append(patch.get_width())
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == ["defaults, traced", "top, traced", "defaults, at every ceiling", "top, at every ceiling"]
+    whole = prof["whole"]
+    assert sum(widths[1]) == pytest.approx(prof["phases"]["ms"].sum() / 1e3)  # the phases: operators and waits
+    assert sum(widths[1]) == pytest.approx(whole["step_ms"] / 1e3)  # the whole traced step, nothing lost
+    assert sum(widths[3]) == pytest.approx(whole["projected_ms"] / 1e3)  # the projection, phase by phase
+    assert len(widths[3]) == 4 and sum(widths[3]) < sum(widths[1])
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["forward", "loss", "backward", "optimizer"]
+    plots.plt.close(fig)
+
+
+def test_a_study_without_a_trace_draws_no_figure(tmp_path, facts):
+    study = made_up_study(facts, bf16_fast=False)
+    study["profiles"] = {name: {"error": "a traced run did not finish"} for name in study["profiles"]}
+    page = fullstudy.write_page(study, tmp_path, facts())
+    assert "![" not in page.read_text() and not (page.parent / page.stem).exists()
 
 
 def test_the_page_bounds_the_ratio_by_the_fastests_step_at_every_ceiling(tmp_path, facts):
