@@ -6,6 +6,7 @@ fallback cannot pass for a compiled run.
 """
 
 import contextlib
+import math
 
 import pytest
 import torch
@@ -353,3 +354,30 @@ def test_the_whole_step_compiled_leaves_a_fused_optimizer_step_as_it_is(impl, co
                      optimizer_impl=impl, compile="default", compile_scope="step")
     step = prepare(base).optimizer.step
     assert hasattr(step, "_torchdynamo_orig_callable") is compiled
+
+
+def test_the_frozen_batch_norm_benchmark_times_each_layer_as_the_step_meets_it():
+    """Every FrozenBatchNorm2d of RetinaNet once, at its input's shape in a forward pass, with a backward only
+    where the step has one (the frozen stem and first stage have none); both ways give the same values."""
+    from cpuopt_helpers.fixes import FrozenBatchNorm2d
+    from cpuopt_helpers.kernels import benchmark
+    from cpuopt_helpers.workloads import retinanet
+
+    layers = benchmark.frozen_bn_layers("quick")
+    model = retinanet.build("quick").model
+    assert len(layers) == sum(isinstance(m, FrozenBatchNorm2d) for m in model.modules())
+    assert 0 < sum(layer["grad"] for layer in layers) < len(layers)
+    assert all(not layer["grad"] for layer in layers[:2])  # the stem's, then layer1's first: frozen, no gradient
+    x = torch.randn(layers[-1]["shape"])
+    bn = layers[-1]["module"]
+    ways = {}
+    for mode in ("separate", "fused"):
+        bn.mode = mode
+        ways[mode] = bn(x)
+    torch.testing.assert_close(ways["separate"], ways["fused"])
+    out = benchmark.frozen_bn("quick", rounds=2)
+    assert (out["layers"], out["with_backward"], out["rounds"]) == (len(layers), sum(lay["grad"] for lay in layers), 2)
+    rows = {(r["kernel"], r["part"]): r for r in out["rows"]}
+    assert set(rows) == {(k, p) for k in ("separate", "fused") for p in ("forward", "backward", "both")}
+    assert rows[("separate", "both")]["speedup"] == 1.0 and rows[("fused", "both")]["median_ms"] > 0
+    assert rows[("fused", "both")]["elements"] == sum(math.prod(layer["shape"]) for layer in layers)

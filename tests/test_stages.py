@@ -547,6 +547,37 @@ def test_frozen_layers_and_the_paper_table_are_worded_from_the_runs():
                         "428 ms with 0")
 
 
+def bn_bench(separate: float, fused: float) -> dict:
+    """kernels.benchmark frozen-bn's JSON: the parts' medians of both ways, the fused one's ratio."""
+    rows = [{"part": "both", "kernel": "separate", "median_ms": separate, "speedup": 1.0, "speedup_low": 1.0,
+             "speedup_high": 1.0, "verdict": "equivalent", "rounds": 10},
+            {"part": "both", "kernel": "fused", "median_ms": fused, "speedup": separate / fused,
+             "speedup_low": separate / fused * 0.9, "speedup_high": separate / fused * 1.1,
+             "verdict": "faster" if fused < separate * 0.9 else "no different", "rounds": 10}]
+    return {"dtype": "fp32", "rounds": 10, "layers": 53, "with_backward": 40, "rows": rows}
+
+
+def test_the_paper_tables_batch_norm_rows_give_the_most_their_kernels_save_of_the_step():
+    base = RunConfig.for_preset("retinanet", "quick", optimizer="lamb", threads=4)
+    arms = {"baseline": base, "fused FrozenBatchNorm2d": choosing.with_options(base, frozen_bn="fused"),
+            "FrozenBatchNorm2d folded into the conv": choosing.with_options(base, frozen_bn="folded")}
+    runs = [dict(result(config, 0, 2 / s, arm=i), step_ms={"median": s * 1e3}, instances=[{"batch_size": 2}])
+            for i, (config, s) in enumerate(zip(arms.values(), (1.5, 1.3, 1.4)))]  # one round: 1.15x, 1.07x
+    table = case_study.paper_table(runs, arms, None, None, None, None, "quick", bn_bench=bn_bench(44.0, 36.0))
+    fused, folded = table.set_index("fix").loc[["fused FrozenBatchNorm2d", "FrozenBatchNorm2d folded into the conv"],
+                                               "why"]
+    assert fused == ("mean step 1500 ms -> 1300 ms; the 53 frozen batch norms alone (fp32, 10 interleaved rounds): "
+                     "44.0 ms a step as multiply + add, 36.0 ms as one call, 1.22x (95% CI: 1.10-1.34, 10 rounds): "
+                     "faster; at most 8 ms of the 1500 ms step: 1.01x at most")  # 1500 / 1492
+    assert folded.endswith("44.0 ms a step as multiply + add, which folding removes (it scales the weights instead); "
+                           "at most 44 ms of the 1500 ms step: 1.03x at most")  # 1500 / 1456
+    slower = case_study.paper_table(runs, arms, None, None, None, None, "quick", bn_bench=bn_bench(36.0, 44.0))
+    assert slower.set_index("fix").loc["fused FrozenBatchNorm2d", "why"].endswith("; fusing them saves nothing of "
+                                                                                  "the step")
+    plain = case_study.paper_table(runs, arms, None, None, None, None, "quick")  # no benchmark: the steps alone
+    assert plain.set_index("fix").loc["fused FrozenBatchNorm2d", "why"] == "mean step 1500 ms -> 1300 ms"
+
+
 def test_the_paper_tables_step_times_are_those_its_ratio_is_made_of():
     base = RunConfig.for_preset("retinanet", "quick", optimizer="lamb", threads=4)
     arms = {"baseline": base, "fused FrozenBatchNorm2d": choosing.with_options(base, frozen_bn="fused")}

@@ -11,13 +11,16 @@ the loss in one pass (``loss=fused``). ``... lamb [--json]`` times Lamb on Retin
 trainable parameters, each round a training step's optimizer work (``zero_grad``, backward's
 gradients landing, ``step``): the per-parameter loop against the multi-tensor (foreach) and
 fused updates, and IPEX's fused Lamb in the IPEX runtime (a second process, beside that
-runtime's own loop: every speedup is a ratio measured inside one process).
+runtime's own loop: every speedup is a ratio measured inside one process). ``... frozen-bn
+[--preset standard] [--json]`` times RetinaNet's frozen batch norms at their shapes in a step,
+torchvision's multiply + add against one batch-norm call, forward and backward.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -192,6 +195,58 @@ def lamb_here(kinds: list[str], preset: str, rounds: int) -> dict:
     return out
 
 
+def frozen_bn_layers(preset: str) -> list[dict]:
+    """Every FrozenBatchNorm2d of RetinaNet at the preset as one training step's forward meets it:
+    the module, its input's shape, and whether the backward passes through it (its input needs a
+    gradient: not in the frozen stem and first stage, whose inputs need none)."""
+    from cpuopt_helpers.fixes import FrozenBatchNorm2d
+    from cpuopt_helpers.workloads import retinanet
+
+    w = retinanet.build(preset)
+    seen = []
+
+    def hook(module, args, _):
+        seen.append({"module": module, "shape": tuple(args[0].shape), "grad": args[0].requires_grad})
+
+    hooks = [m.register_forward_hook(hook) for m in w.model.modules() if isinstance(m, FrozenBatchNorm2d)]
+    w.model.train()
+    w.model(w.make_batch(w.default_batch_size)[0])
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+def _time_frozen_bn(mode: str, layers: list[dict], data) -> tuple[float, float]:
+    """Seconds of every layer's forward in ``mode``, and of the backward through those with one."""
+    forward = backward = 0.0
+    for layer, x, g in zip(layers, *data):
+        layer["module"].mode = mode
+        x = x.detach().requires_grad_(layer["grad"])
+        start = time.perf_counter()
+        y = layer["module"](x)
+        mid = time.perf_counter()
+        if layer["grad"]:
+            torch.autograd.grad(y, x, g)
+        forward, backward = forward + mid - start, backward + time.perf_counter() - mid
+    return forward, backward
+
+
+def frozen_bn(preset: str = "standard", rounds: int = 10) -> dict:
+    """RetinaNet's frozen batch norms at the preset, fp32, each at its input's shape in the step:
+    torchvision's multiply + add (``separate``) against one batch-norm call (``fused``), every
+    layer's forward (and backward where the step has one) a round, interleaved."""
+    layers = frozen_bn_layers(preset)
+    g = torch.Generator().manual_seed(0)
+    data = ([torch.randn(layer["shape"], generator=g) for layer in layers],
+            [torch.randn(layer["shape"], generator=g) for layer in layers])
+    kinds = {mode: mode for mode in ("separate", "fused")}
+    timer = lambda mode, layers, data: _time_frozen_bn(mode, layers, data)  # noqa: E731 (the timer's signature)
+    rows = _interleaved(kinds, layers, data, rounds, f"{preset} RetinaNet's frozen batch norms",
+                        sum(math.prod(layer["shape"]) for layer in layers), timer)
+    return {"dtype": "fp32", "threads": torch.get_num_threads(), "rounds": rounds, "preset": preset,
+            "layers": len(layers), "with_backward": sum(layer["grad"] for layer in layers), "rows": rows}
+
+
 def lamb(preset: str = "standard", rounds: int = 20) -> list[dict]:
     """This runtime's loop, foreach and fused; then the IPEX runtime's loop and fused Lamb (or why not)."""
     from cpuopt_helpers import runtimes
@@ -211,16 +266,24 @@ def lamb(preset: str = "standard", rounds: int = 20) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="focal-loss, detection-loss and Lamb kernel benchmarks")
-    parser.add_argument("what", choices=("focal", "loss", "lamb", "lamb-ipex"))
+    parser = argparse.ArgumentParser(description="focal-loss, detection-loss, Lamb and frozen batch-norm kernel "
+                                     "benchmarks")
+    parser.add_argument("what", choices=("focal", "loss", "lamb", "lamb-ipex", "frozen-bn"))
     parser.add_argument("--rounds", type=int, help="interleaved rounds (focal 15, loss 10, lamb 20)")
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="focal: input dtype")
-    parser.add_argument("--preset", default="standard", help="lamb: RetinaNet preset whose parameters are updated")
+    parser.add_argument("--preset", default="standard", help="lamb, frozen-bn: the RetinaNet preset whose parameters "
+                        "are updated, whose frozen batch norms are timed")
     parser.add_argument("--presets", help="focal, loss: presets whose shapes are timed (quick,standard; standard,full)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.what == "lamb-ipex":
         print(json.dumps(lamb_here(["loop", "ipex fused"], args.preset, args.rounds or 20)))
+        return 0
+    if args.what == "frozen-bn":
+        out = frozen_bn(args.preset, args.rounds or 10)
+        print(json.dumps(out) if args.json else "\n".join(
+            f"{r['part']:<8} {r['kernel']:<9} {r['median_ms']:8.2f} ms a step  {r['speedup']:5.2f}x the separate ops "
+            f"(95% CI {r['speedup_low']:.2f}-{r['speedup_high']:.2f}): {r['verdict']}" for r in out["rows"]))
         return 0
     if args.what in ("focal", "loss"):
         if args.what == "focal":

@@ -317,29 +317,55 @@ def frozen_logged(frozen: pd.DataFrame | None) -> str:
             f"stages trainable, {ms[1]:.0f} ms with {int(lo.trainable_layers)}")
 
 
+def frozen_bn_alone(bench: dict | None, fix: str, step_ms: float | None) -> str:
+    """'; the N frozen batch norms alone ...': what ``kernels.benchmark frozen-bn`` timed, and the
+    most the fix can save of the baseline's mean step: ``fused`` the multiply + add's time less one
+    batch-norm call's, ``folded`` all of the multiply + add's (it adds the weights' scaling); ''
+    where the benchmark did not run."""
+    if not bench or not bench.get("rows"):
+        return ""
+    rows = {r["kernel"]: r for r in bench["rows"] if r["part"] == "both"}
+    separate, fused = rows["separate"]["median_ms"], rows["fused"]["median_ms"]
+    alone = (f"; the {bench['layers']} frozen batch norms alone ({bench['dtype']}, {bench['rounds']} interleaved "
+             "rounds): ")
+    saves = separate - fused if fix == "fused" else separate
+    if fix == "fused":
+        r = rows["fused"]
+        c = _kernel_comparison(r["speedup"], r["speedup_low"], r["speedup_high"], r["rounds"], r["verdict"])
+        alone += f"{separate:.1f} ms a step as multiply + add, {fused:.1f} ms as one call, {compare.describe(c)}"
+    else:
+        alone += f"{separate:.1f} ms a step as multiply + add, which folding removes (it scales the weights instead)"
+    if saves <= 0:
+        return alone + "; fusing them saves nothing of the step"
+    if not step_ms or saves >= step_ms:
+        return alone
+    return alone + f"; at most {saves:.0f} ms of the {step_ms:.0f} ms step: {step_ms / (step_ms - saves):.2f}x at most"
+
+
 def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: dict | None, lamb_bench: list | None,
-                climb: dict | None, copy_gbs: float | None, preset: str, frozen: pd.DataFrame | None = None
-                ) -> pd.DataFrame:
+                climb: dict | None, copy_gbs: float | None, preset: str, frozen: pd.DataFrame | None = None,
+                bn_bench: dict | None = None) -> pd.DataFrame:
     """Each of the paper's numbers beside this machine's, with the interval and a reason from the data.
     ``frozen``: ``frozen_layers``' table, whose logs give the frozen stages' backward directly (the
-    screened step times alone are one round's)."""
+    screened step times alone are one round's); ``bn_bench``: the frozen batch norms timed alone
+    (``kernels.benchmark frozen-bn``), the most their fixes can save of the step."""
     base = arms["baseline"]
 
-    def arm(name: str, inverse: bool = False) -> tuple[dict | None, str]:
+    def arm(name: str, inverse: bool = False, fix: str = "") -> tuple[dict | None, str]:
         if name not in arms:
             return None, "not measured for this workload"
         a, b = (arms[name], base) if inverse else (base, arms[name])
         c = choosing.paired(results, a.config_hash(), b.config_hash())
         steps = choosing.paired_steps(results, a.config_hash(), b.config_hash())
         why = f"mean step {steps[0]:.0f} ms -> {steps[1]:.0f} ms" if steps else "no step time"
-        return c, why
+        return c, why + (frozen_bn_alone(bn_bench, fix, steps[0] if steps else None) if fix else "")
 
     rows = {}
     shape = f"{preset} 80 classes"
     rows["focal loss forward"] = _kernel_row(focal_bench, "forward", shape)
     rows["focal loss backward"] = _kernel_row(focal_bench, "backward", shape)
-    rows["fused FrozenBatchNorm2d"] = arm("fused FrozenBatchNorm2d")
-    rows["FrozenBatchNorm2d folded into the conv"] = arm("FrozenBatchNorm2d folded into the conv")
+    rows["fused FrozenBatchNorm2d"] = arm("fused FrozenBatchNorm2d", fix="fused")
+    rows["FrozenBatchNorm2d folded into the conv"] = arm("FrozenBatchNorm2d folded into the conv", fix="folded")
     c, why = arm(UNFIXED, inverse=True)
     unfixed = f"computing the frozen stages' backward: {why.replace('->', 'against')}" if c else why
     rows["frozen layers (backward skipped)"] = (c, unfixed + frozen_logged(frozen))
