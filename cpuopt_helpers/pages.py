@@ -229,9 +229,11 @@ def _precision_lines(store: ResultStore, machine: str, preset: str) -> list[str]
         references[w] = min((r for r in runs if r["config"]["workload"] == w), key=lambda r: r["arm"])["config"]
     named = "; ".join(f"{w}: {setting_label(c, RunConfig.for_preset(w, c['preset']).to_dict()) or 'the defaults'}"
                       for w, c in references.items())
+    quick = any(c["preset"] != preset for c in references.values())  # no bf16 fast path: notebook 06 moves to quick
+    where = "; at the quick preset, since this CPU has no bf16 fast path and bf16 runs slowly" if quick else ""
     lines = ["", "bf16 autocast and the layout, each against fp32 as notebook 05 handed it on (notebook 06, loss in "
-             f"fp32; on a CPU without a bf16 fast path it runs on the quick preset; {named}). Screening rounds: the "
-             "winner's confirmation is in the table of confirmations below.", "",
+             f"fp32{where}; {named}). Screening rounds: the winner's confirmation is in the table of confirmations "
+             "below.", "",
              "| workload | setting | against fp32 as handed on |", "|---|---|---|"]
     for w, first in references.items():
         for _, row in choosing.compare_configs(runs, first, w).iterrows():

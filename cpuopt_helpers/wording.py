@@ -146,7 +146,8 @@ def _best_layout(v: dict, c) -> str:
                 if v["mode"] == "independent" else "one model trained by all ranks")
         said += (f"; {v['samples_per_s'] / alone:.2f}x one process on all {v['ranks'] * v['threads']} threads "
                  f"({alone:.1f} samples/s; {what})")
-    return said + "."
+    runs = v.get("runs")  # a finding stored before its runs were kept says nothing of them
+    return said + (f" (screened only, {runs} run{'s' * (runs != 1)} of each layout: no verdict)." if runs else ".")
 
 
 def _larger_batch(v: dict, c) -> str:
@@ -277,9 +278,10 @@ def _logs_time(v: dict, c) -> str:
     (la, lb), (ta, tb) = v["labels"], v["ms"]
     if not v["per_step"]:
         return f"Logged oneDNN time: {_ms(ta)} in {la} vs {_ms(tb)} in {lb}."
-    return (f"oneDNN time per step: {_ms(ta)} in {la} vs {_ms(tb)} in {lb} (the second's time over the first's: "
-            f"{tb / ta:.2f}x).") if ta else \
-        f"{la} logged no oneDNN time."
+    if not (ta and tb):
+        return f"{la if not ta else lb} logged no oneDNN time."
+    return (f"oneDNN time per step: {_ms(ta)} in {la} vs {_ms(tb)} in {lb} (the first's time over the second's: "
+            f"{ta / tb:.2f}x, as every ratio here reads: above 1, the second is faster).")
 
 
 def _log_reorders(v: dict, c) -> str:
@@ -302,8 +304,10 @@ def _replay_against_log(v: dict, c) -> str:
             f"first creation and warm-up excluded): {_ms(v['alike_replayed_ms_per_step'])} per step replayed vs "
             f"{_ms(v['alike_logged_ms_per_step'])} logged ({v['agreement']:.2f}x). Timed as whole PyTorch calls the "
             f"replayed primitives take {_ms(v['call_replayed_ms_per_step'])} against "
-            f"{_ms(v['call_logged_ms_per_step'])} logged: the difference is the call's dispatch and the reorders it "
-            "adds around the primitive, which the projection leaves out.")
+            f"{_ms(v['call_logged_ms_per_step'])} logged" + (
+                ": the difference is the call's dispatch and the reorders it adds around the primitive, which the "
+                "projection leaves out." if _ms(v["call_replayed_ms_per_step"]) != _ms(v["call_logged_ms_per_step"])
+                else "."))
 
 
 def _projection_efficiency(v: dict, c) -> str:
@@ -311,8 +315,10 @@ def _projection_efficiency(v: dict, c) -> str:
     if v["efficiency"] > 1:
         return (head + ": replayed one by one, the kernels take longer than the whole step, so the step is "
                 "kernel-bound and isolated replay (cold caches, no overlap between primitives) overstates them.")
-    return (head + f": the other {1 - v['efficiency']:.0%} of the step is spent outside oneDNN kernels (framework "
-            "overhead, operators served by other libraries, Python).")
+    return (head + " (oneDNN's kernels, replayed alone where they can be, take that share of it): the other "
+            f"{1 - v['efficiency']:.0%} is time they do not account for, spent outside oneDNN (framework overhead, "
+            "operators served by other libraries, Python) or in its kernels running slower in the step than alone "
+            "(the logged share above times them as they ran).")
 
 
 def _whole_step_coverage(v: dict, c) -> str:
@@ -541,6 +547,8 @@ def _target(v: dict, c) -> str:
                 + (f", the interval's lower end at {v['lower']:.1f} or more" if v["lower"] else ""))
         unit, got = "x", f"measured {compare.describe(c.to_dict() if c else None)}"
     said = f"Target for {v['path_name']} CPUs {at}: {want}. "
+    if c is not None and v["status"] == "not met" and v["figure"] != "per_core" and c.verdict == "faster":
+        got += " than the defaults, yet short of the target"  # a verdict on the defaults, not on the target
     if c is not None and v["status"] == "not met" and v["figure"] != "per_core" and c.n < v["rounds"]:
         got += (f"; in {c.n} rounds, fewer than the {v['rounds']} it needs, but the interval's upper end is already "
                 f"below {v['value']:.1f}x")
@@ -691,8 +699,11 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "ipex over its torch": lambda v, c: (f"{v['workload']}: IPEX over its own stock torch 2.8"
                                         f"{', in fresh paired rounds' if v.get('confirmed') else ''}: {describe(c)}."),
     "stock over ipex": lambda v, c: f"{v['workload']}: stock torch (this venv) over torch 2.8 + IPEX: {describe(c)}.",
-    "fastest upstream": lambda v, c: (f"{v['workload']}: fastest with this torch in screening: {v['name']} at "
-                                      f"{v['samples_per_s']:.1f} samples/s, {describe(c)} against stock."),
+    "fastest upstream": lambda v, c: (
+        f"{v['workload']}: fastest with this torch in screening: {v['name']} at {v['samples_per_s']:.1f} samples/s, "
+        f"{describe(c)} against stock." if c is None or c.ratio is None or c.ratio > 1 else
+        f"{v['workload']}: with this torch no setting outran stock in screening; the closest, {v['name']} at "
+        f"{v['samples_per_s']:.1f} samples/s, {describe(c)} against stock."),
     "handed on over ipex": lambda v, c: (
         f"{v['workload']}: this torch as notebook 05 hands it on ({v['setting'] or 'stock, nothing beat it'}) over "
         f"torch 2.8 + IPEX, in fresh paired rounds: {describe(c)}."),
@@ -745,7 +756,10 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "lamb not run": lambda v, c: f"IPEX's fused Lamb: {v['reason']}",
     "lamb kernel": lambda v, c: (
         f"Lamb on RetinaNet[{v['preset']}]'s {v['elements']:,} trainable parameters, torch {v['torch']}: "
-        f"{v['kernel']} {v['median_ms']:.1f} ms vs the loop's {v['loop_ms']:.1f} ms: {describe(c)}."),
+        f"{v['kernel']} {v['median_ms']:.1f} ms vs the loop's {v['loop_ms']:.1f} ms: {describe(c)}" + (
+            f"; each runtime's ratio is over its own loop: beside it, torch {v['here']['torch']}'s loop takes "
+            f"{v['here']['loop_ms']:.1f} ms and its fastest, {v['here']['kernel']}, {v['here']['median_ms']:.1f} ms."
+            if v.get("here") else ".")),
     # stages.summary: each arm of a table against its first (the case study's fixes against the baseline)
     "no case study result": lambda v, c: "case study: no configuration produced a result.",
     "arm over first": lambda v, c: f"{v['name']} over {v['first']}: {describe(c)}.",
@@ -819,10 +833,9 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "trace spans": lambda v, c: (
         f"{_who(v)}{v['ops_per_step']:.0f} operator spans per step ({v['ops_per_ms']:.1f} per ms), median "
         f"{v['median_span_us']:.0f} µs; {v['short_span_share']:.0%} are shorter than 10 µs."),
-    "trace fragmented": lambda v, c: (f"{_who(v)}the step is many short operator spans ({v['ops_per_ms']:.1f} a ms, "
-                                      f"median {v['median_span_us']:.0f} µs): what dispatching them costs is the "
-                                      "whole-step projection's time between operators; where that is large, fusing "
-                                      "operators (a compiled graph or a custom kernel) may pay."),
+    "trace fragmented": lambda v, c: (f"{_who(v)}with spans this short (the line above), what dispatching them costs "
+                                      "is the whole-step projection's time between operators; where that is large, "
+                                      "fusing operators (a compiled graph or a custom kernel) may pay."),
     "trace loss": lambda v, c: (
         f"{_who(v)}the loss: forward {_ms(v['loss_forward_ms'])} a step, backward {_ms(v['loss_backward_ms'])}, "
         f"{v['loss_backward_share']:.1%} of the {_ms(v['backward_ms'])} of backward nodes (autograd sequence numbers "
@@ -840,7 +853,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "whole step gemm": lambda v, c: (
         f"{_who(v)}GEMM-like operators run at {v['of_ceiling']:.0%} of the measured GEMM ceiling on average "
         f"(time-weighted){_of_theory(v.get('of_theoretical'))}; the heaviest, {v['heaviest']} ({v['shapes']}), at "
-        f"{v['heaviest_of_ceiling']:.0%}{_of_theory(v.get('heaviest_of_theoretical'))}."),
+        f"{v['heaviest_of_ceiling']:.0%} of that ceiling{_of_theory(v.get('heaviest_of_theoretical'))}."),
     # profiledn.account: a traced step by phase; fullstudy: RetinaNet at the full preset
     "forward backward": _forward_backward,
     "kernel time": _kernel_time,

@@ -247,7 +247,8 @@ def test_ipex_runtimes_and_upstream_replacements_side_by_side(quick_run):
         assert arms == {("ipex", False), ("ipex", True), ("main", False)}, arms
     else:
         assert "IPEX runtime skipped:" in text
-    assert "fastest with this torch in screening:" in text and "compiled in" in text
+    assert ("fastest with this torch in screening:" in text or "with this torch no setting outran stock" in text)
+    assert "compiled in" in text
     ladder = store.get_fact(system.collect_facts().fingerprint, "ladder/cnn/quick")
     assert "runtime" in [s["step"] for s in ladder]
     assert (out / "figures" / "05_runtimes.png").stat().st_size > 1000

@@ -236,7 +236,10 @@ def test_projection_arithmetic():
                                                                      "not_replayed": 1})
     assert efficiency.kind == "projection efficiency" and efficiency.values == {"step_ms": 20.0,
                                                                               "efficiency": pytest.approx(0.45)}
-    assert efficiency.sentence.startswith("measured step 20.0 ms; efficiency ratio 45%: the other 55% of the step")
+    assert efficiency.sentence.startswith("measured step 20.0 ms; efficiency ratio 45% (oneDNN's kernels, replayed "
+                                          "alone where they can be, take that share of it): the other 55% is time "
+                                          "they do not account for, spent outside oneDNN")
+    assert "or in its kernels running slower in the step than alone" in efficiency.sentence
     assert missing.values == {"kinds": ["rnn"], "ms_per_step": 4.0}
 
 
@@ -546,7 +549,8 @@ def test_the_answer_is_records_each_profiles_under_its_label():
     assert named.sentence.startswith("retinanet before vs retinanet after (the climb's top): measured step")  # once
     logs = Finding("", "profiledn", "logs onednn time",
                    {"labels": ["fp32", "bf16"], "ms": [40.0, 30.0], "per_step": True})
-    assert logs.sentence.endswith("(the second's time over the first's: 0.75x).")  # a time ratio, named so
+    assert logs.sentence.endswith("(the first's time over the second's: 1.33x, as every ratio here reads: above 1, "
+                                  "the second is faster).")  # a time ratio, named so, the way speedups read
     assert note.sentence == "bf16 has a fast path here: amx"
     per_profile = next(f for f in found if f.kind == "log total" and f.workload == "rnn")
     assert per_profile.sentence.startswith("rnn: 7 primitive executions took ")  # after its label, as a detail

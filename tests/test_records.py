@@ -327,3 +327,18 @@ def test_the_paper_tables_overall_row_is_the_ladders_confirmed_top_once_measured
     assert lines[-1].startswith("| overall | 2.00x | 1.70x (95% CI: 1.50-1.90, 5 rounds): faster | the ladder's top "
                                 "against PyTorch's defaults in fresh paired rounds")
     assert lines[-1].endswith("notebook 08: 1.90x (screened only, 1 round) |")
+
+
+@pytest.mark.parametrize("ran_at, said", [("quick", True), ("standard", False)])
+def test_the_pages_bf16_table_says_the_quick_preset_only_where_notebook_06_moved_to_it(monkeypatch, ran_at, said):
+    from cpuopt_helpers import pages
+    from cpuopt_helpers.config import RunConfig
+
+    fp32 = RunConfig.for_preset("cnn", ran_at, threads=2)
+    runs = [{"status": "ok", "config": c.to_dict(), "config_hash": c.config_hash(), "round": 0, "sweep": "s", "arm": a,
+             "peak_rss_mb": 100.0, "samples_per_s": s}
+            for a, (c, s) in enumerate(((fp32, 10.0), (fp32.replace(dtype="bf16"), 17.0)))]
+    monkeypatch.setattr(pages, "last_sweep_runs", lambda store, tag, machine, preset=None: runs)
+    lines = pages._precision_lines(None, "m", "standard")
+    assert ("at the quick preset, since this CPU has no bf16 fast path" in lines[1]) == said
+    assert lines[-1] == "| cnn | dtype=bf16 | 1.70x (screened only, 1 round) |"

@@ -1,5 +1,6 @@
 """Sweep plans for notebooks 03/04 and the statistics that choose what is handed on."""
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -330,7 +331,11 @@ def test_runtime_findings_when_stock_torch_beats_every_replacement():
     fastest = found["fastest upstream"]
     assert fastest.values == {"name": "SGD foreach", "samples_per_s": 90.0}
     assert fastest.comparison.ratio == pytest.approx(0.9)
-    assert "fastest with this torch in screening: SGD foreach at 90.0 samples/s, 0.90x" in fastest.sentence
+    assert fastest.sentence.startswith("cnn: with this torch no setting outran stock in screening; the closest, "
+                                       "SGD foreach at 90.0 samples/s, 0.90x")
+    faster = Finding("cnn", "ipex", "fastest upstream", fastest.values, dataclasses.replace(fastest.comparison,
+                                                                                             ratio=1.1))
+    assert faster.sentence.startswith("cnn: fastest with this torch in screening: SGD foreach at 90.0 samples/s, 1.10x")
 
 
 def test_a_compile_too_short_to_have_generated_a_kernel_is_said_so():
@@ -462,10 +467,13 @@ def test_layout_choice_confirms_ddp_and_says_what_memory_it_holds():
     best = next(f for f in multi_instance.layout_findings(table, results, "cnn") if f.kind == "best layout")
     assert "2 ranks x 1 thread at 19.0 samples/s = 1.90x one rank on 1 thread (10.0 samples/s)" in best.sentence
     assert best.sentence.endswith("; 1.27x one process on all 2 threads (15.0 samples/s; independent copies train "
-                                  "separate models: more trials at once, not one training run sooner).")
-    stored = {k: v for k, v in best.values.items() if not k.startswith("base_")} | {"threads": 2, "ideal": 2.0}
+                                  "separate models: more trials at once, not one training run sooner) (screened "
+                                  "only, 2 runs of each layout: no verdict).")
+    stored = {k: v for k, v in best.values.items() if not k.startswith("base_") and k != "runs"} | {"threads": 2,
+                                                                                                  "ideal": 2.0}
     old = Finding("cnn", "multi_instance", "best layout", stored)  # stored before the reference was kept
     assert "= 1.90x one rank on 2 threads (ideal 2x" in old.sentence  # its threads from the ideal: 2 x 2 / 2
+    assert old.sentence.endswith("sooner).")  # nor its runs
     seen = []
 
     def confirm(a, b):
@@ -837,3 +845,39 @@ def test_notebook_09_checks_retinanets_targets_on_its_headline_at_its_class_coun
                                    ({"retinanet": table({})}, {"retinanet": c}, "quick"),
                                    ({"cnn": table({})}, {"cnn": c}, "standard")):
         assert summary.target_findings(tables, finals, preset, avx512) == []
+
+
+def test_notebook_06_counts_every_setting_it_screened_only():
+    """bf16 in each layout and fp32 in the other layout: three settings screened, one record for all three; a
+    bf16 setting with a verdict is its own finding."""
+    from cpuopt_helpers.stages import precision
+
+    facts = make_facts(bf16={"accelerated": True, "path": "avx512_bf16", "reason": "AVX512-BF16"})
+    plan = precision.configs(RunConfig.for_preset("cnn", "quick", threads=2), facts, channels_last=True)
+    speeds = dict(zip((c.config_hash() for c in plan.configs), (10.0, 16.0, 9.0, 17.0)))
+    one = [result(c, 0, speeds[c.config_hash()], arm=i) for i, c in enumerate(plan.configs)]
+    only, = precision.findings(precision.table(one, plan), plan)
+    assert only.kind == "screened only" and len(only.values["settings"]) == 3
+    assert only.sentence.startswith("cnn: 3 settings screened only (1 round")
+    many = [result(c, i, speeds[c.config_hash()] * (1 + 0.01 * (i % 2)), arm=a)
+            for i in range(6) for a, c in enumerate(plan.configs)]
+    found = precision.findings(precision.table(many, plan), plan)
+    assert [f.kind for f in found] == ["bf16 over fp32", "bf16 over fp32"]  # fp32 in the other layout: no bf16 finding
+
+
+def test_ipexs_lamb_is_set_beside_this_torchs_loop_and_fastest_kernel():
+    def kernel(ms, loop_ms):
+        return {"median_ms": ms, "speedup_vs_loop": loop_ms / ms, "ci": [loop_ms / ms * 0.9, loop_ms / ms * 1.1],
+                "rounds": 10, "verdict": "faster"}
+
+    here = {"preset": "standard", "elements": 1000, "torch": "2.13.0+cpu",
+            "kernels": {"loop": {"median_ms": 90.8}, "foreach": kernel(70.0, 90.8), "fused": kernel(62.9, 90.8)}}
+    ipex = {"preset": "standard", "elements": 1000, "torch": "2.8.0",
+            "kernels": {"loop": {"median_ms": 314.1}, "ipex fused": kernel(95.8, 314.1)}}
+    found = case_study.lamb_findings([here, ipex])
+    assert [f.values["kernel"] for f in found] == ["foreach", "fused", "ipex fused"]
+    assert "here" not in found[1].values and found[1].sentence.endswith("faster.")
+    assert found[2].sentence.startswith("Lamb on RetinaNet[standard]'s 1,000 trainable parameters, torch 2.8.0: ipex "
+                                        "fused 95.8 ms vs the loop's 314.1 ms: 3.28x")
+    assert found[2].sentence.endswith("; each runtime's ratio is over its own loop: beside it, torch 2.13.0+cpu's "
+                                      "loop takes 90.8 ms and its fastest, fused, 62.9 ms.")

@@ -403,6 +403,9 @@ def test_gemm_rows_give_the_theoretical_peak_beside_the_measured_ceiling():
     said = next(f for f in wholestep.wholestep_findings(result) if f.kind == "whole step gemm")
     assert said.values["of_theoretical"] == pytest.approx(said.values["of_ceiling"] / 4)
     assert f"and {said.values['of_theoretical']:.0%} of the theoretical peak" in said.sentence
+    v = said.values  # the heaviest operator's two shares, each named
+    assert (f"at {v['heaviest_of_ceiling']:.0%} of that ceiling and {v['heaviest_of_theoretical']:.0%} of the "
+            "theoretical peak.") in said.sentence
     unknown = next(f for f in wholestep.wholestep_findings(wholestep.whole_step(TRACE, CEIL)) if f.kind == "whole step gemm")
     assert unknown.values["of_theoretical"] is None and "the theoretical peak is unknown here" in unknown.sentence
     low = wholestep.Ceilings({"fp32": 100.0}, 10.0, 2, "test", {"fp32": 1.0})  # a peak taken at far too low a clock

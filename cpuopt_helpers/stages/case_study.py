@@ -182,20 +182,28 @@ def focal_limit_findings(bench: dict, copy_gbs: float) -> list[Finding]:
 
 
 def lamb_findings(bench: list[dict]) -> list[Finding]:
-    """Each Lamb kernel against the per-tensor loop on RetinaNet's trainable parameters (or why it did not run)."""
-    found = []
+    """Each Lamb kernel against the per-tensor loop on RetinaNet's trainable parameters (or why it did not run);
+    another runtime's (IPEX's, against its own loop) with this runtime's loop and fastest kernel beside it."""
+    found, here = [], None
     for r in bench:
         if "kernels" not in r:
             found.append(_note("retinanet", "lamb not run", reason=r.get("skipped") or r.get("error")))
             continue
         found += [_note("retinanet", "kernel fell back", benchmark="Lamb", **f) for f in r.get("fallbacks", [])]
+        beside = {}
+        if here is None:  # the first: this runtime's
+            here = r
+        else:
+            fastest = min(here["kernels"].items(), key=lambda kv: kv[1]["median_ms"])
+            beside = {"here": {"torch": here["torch"], "loop_ms": here["kernels"]["loop"]["median_ms"],
+                               "kernel": fastest[0], "median_ms": fastest[1]["median_ms"]}}
         for k, v in r["kernels"].items():
             if k != "loop":
                 ratio = _kernel_comparison(v["speedup_vs_loop"], v["ci"][0], v["ci"][1], v.get("rounds", 0),
                                            v.get("verdict", "no different"))
                 found.append(_note("retinanet", "lamb kernel", ratio, preset=r["preset"], elements=r["elements"],
                                    torch=r["torch"], kernel=k, median_ms=v["median_ms"],
-                                   loop_ms=r["kernels"]["loop"]["median_ms"]))
+                                   loop_ms=r["kernels"]["loop"]["median_ms"], **beside))
     return found
 
 

@@ -163,6 +163,7 @@ def layout_findings(table: pd.DataFrame, results: list[dict], workload: str) -> 
         found.append(note("best layout", mode=mode, ranks=int(best.ranks), threads=int(best.threads),
                           one_process_samples_per_s=float(alone["samples_per_s"].iloc[0]) if len(alone) else None,
                           samples_per_s=float(best.samples_per_s), normalised=float(best.normalised),
+                          runs=int(best.runs),
                           ideal=float(best.ideal), efficiency=float(best.efficiency),
                           # the reference normalised by: one rank on the fewest threads measured
                           base_threads=round(best.threads * best.ranks / best.ideal),

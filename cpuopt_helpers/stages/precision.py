@@ -44,11 +44,12 @@ def gate_findings(gate: dict) -> list[Finding]:
 
 
 def findings(table: pd.DataFrame, plan: Plan) -> list[Finding]:
-    """bf16 against fp32 for the plan's workload, in each layout it measured."""
+    """bf16 against fp32 for the plan's workload, in each layout it measured; every setting screened
+    only (fp32 in the other layout too) in one record."""
     w = plan.workload
-    rows = [r for _, r in table.iterrows() if r["config"]["dtype"] == "bf16" and isinstance(r.get("comparison"), dict)]
+    rows = [r for _, r in table.iterrows() if isinstance(r.get("comparison"), dict)]
     return [Finding(w, "precision", "bf16 over fp32", {"setting": r["setting"]}, Comparison.from_dict(r["comparison"]))
-            for r in rows if not choosing.is_screened(r)] + \
+            for r in rows if r["config"]["dtype"] == "bf16" and not choosing.is_screened(r)] + \
         choosing.screened_only(w, "precision", [r for r in rows if choosing.is_screened(r)])
 
 
