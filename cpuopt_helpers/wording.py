@@ -594,6 +594,9 @@ def _headline(v: dict, c) -> str:
         head += f"; {v['peak_share']:.0%} of the measured {v['ceiling']} ceiling"
         head += (f", {v['theoretical_share']:.0%} of the theoretical {dtype} peak" if v["theoretical_share"] is not None
                  else f", the theoretical {dtype} peak unknown here (`cpuopt doctor`)")
+        if v["peak_share"] > 1:  # the ceiling is a plain GEMM at a few sizes, measured once: not a bound
+            head += (" (above the measured ceiling: its kernels beat a plain GEMM at the sizes measured, or the ceiling "
+                     "was measured while something else ran: a quiet rerun measures it again)")
     return head + "."
 
 

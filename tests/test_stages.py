@@ -881,3 +881,14 @@ def test_ipexs_lamb_is_set_beside_this_torchs_loop_and_fastest_kernel():
                                         "fused 95.8 ms vs the loop's 314.1 ms: 3.28x")
     assert found[2].sentence.endswith("; each runtime's ratio is over its own loop: beside it, torch 2.13.0+cpu's "
                                       "loop takes 90.8 ms and its fastest, fused, 62.9 ms.")
+
+
+@pytest.mark.parametrize("share, said", [(1.65, True), (0.62, False)])
+def test_a_headline_above_the_measured_ceiling_says_why_that_can_be(share, said):
+    values = {"workload": "cnn", "largest_step": None, "usd_per_1000": None, "peak_share": share,
+              "ceiling": "bf16 GEMM", "theoretical_share": 0.5, "price_per_hour": 1.0}
+    headline = Finding("cnn", "summary", "ladder headline", values, as_comparison(
+        {"ratio": 1.9, "ci_low": 1.8, "ci_high": 2.0, "n": 5, "verdict": "faster", "label": "95% CI"}))
+    assert f"; {share:.0%} of the measured bf16 GEMM ceiling, 50% of the theoretical bf16 peak" in headline.sentence
+    assert ("(above the measured ceiling: its kernels beat a plain GEMM at the sizes measured, or the ceiling was "
+            "measured while something else ran" in headline.sentence) == said
