@@ -248,17 +248,41 @@ def _digits_accuracy(v: dict) -> str:
     head = f"digits, {mode}: final test accuracy {v['accuracy']:.1%} vs {v['fp32_accuracy']:.1%} in fp32"
     n = v.get("test_samples")
     if n:
-        diff = round(v["accuracy"] * n) - round(v["fp32_accuracy"] * n)
+        diff, noise = _images_apart(v["accuracy"], v["fp32_accuracy"], n)
         head += (f" ({abs(diff)} of {n} test images {'more' if diff > 0 else 'fewer'} right, one seed each)" if diff
                  else f" (the same count of {n} test images right, one seed each)")
-        # two standard errors of the difference of two accuracies over n test images (binomial): the test set noise
-        p = (v["accuracy"] + v["fp32_accuracy"]) / 2
-        noise = max(1, round(2 * math.sqrt(2 * p * (1 - p) / n) * n))
         head += (f": within the test set's own noise (about {noise} images), so on this model {mode} did not hurt "
                  "accuracy that one seed can show" if abs(diff) <= noise else
                  f": beyond the test set's own noise (about {noise} images); one seed each, so confirm it with more "
                  "seeds before relying on it")
-    return f"{head}; final loss {v['loss']:.4f}."
+    fp32 = f" (fp32: {v['fp32_loss']:.4f})" if v.get("fp32_loss") is not None else ""
+    return f"{head}; final loss {v['loss']:.4f}{fp32}."
+
+
+def _images_apart(a: float, b: float, n: int) -> tuple[int, int]:
+    """Test images more right at accuracy ``a`` than at ``b`` over ``n``, and the test set's own noise: two
+    standard errors of the difference of two accuracies over n test images (binomial), at least one image."""
+    p = (a + b) / 2
+    return round(a * n) - round(b * n), max(1, round(2 * math.sqrt(2 * p * (1 - p) / n) * n))
+
+
+def _loss_precision(v: dict, c) -> str:
+    """Notebook 06's third question: the loss in fp32 (the paper's advice) against the loss in bf16 too, on the
+    digits' accuracy, one seed each; its speed is not measured apart."""
+    head = (f"digits, the loss under bf16: {v['fp32_loss_accuracy']:.1%} of the test images right with the loss in "
+            f"fp32, {v['bf16_loss_accuracy']:.1%} with it in bf16")
+    if not v.get("test_samples"):
+        return head + " (one seed each); the workbook keeps the loss in fp32, as the paper advises."
+    diff, noise = _images_apart(v["fp32_loss_accuracy"], v["bf16_loss_accuracy"], v["test_samples"])
+    if abs(diff) <= noise:
+        return (head + f": within the test set's own noise (about {noise} images), so this model cannot tell whether "
+                "the loss must stay in fp32; the workbook keeps it in fp32, as the paper advises (the loss's speed "
+                "is not measured apart).")
+    if diff > 0:
+        return (head + f": {diff} images more right with the loss in fp32, beyond the test set's own noise (about "
+                f"{noise}): keep the loss in fp32, as the paper advises (one seed each: more seeds confirm it).")
+    return (head + f": {-diff} images more right with the loss in bf16, beyond the test set's own noise (about "
+            f"{noise}), one seed each: not reason enough to leave the paper's advice without more seeds.")
 
 
 def _ms(ms: float) -> str:
@@ -733,6 +757,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
                                f"({v['reason']})."),
     "bf16 over fp32": lambda v, c: f"{v['workload']}: {v['setting']} over fp32: {describe(c)}.",
     "digits accuracy": lambda v, c: _digits_accuracy(v),
+    "loss precision": _loss_precision,
     # stages.multi_instance: the best layouts, DDP against independent instances, convergence
     # (a table with no result says "no layout", as choose does)
     "best layout": _best_layout,

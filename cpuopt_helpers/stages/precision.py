@@ -55,16 +55,22 @@ def findings(table: pd.DataFrame, plan: Plan) -> list[Finding]:
 
 def accuracy_findings(accuracy: pd.DataFrame) -> list[Finding]:
     """Each precision mode's final accuracy on the digits against fp32's (one seed each), with the
-    test images it is a share of where the run says how many."""
+    test images it is a share of where the run says how many; then the loss in fp32 against the
+    loss in bf16 too, where both ran."""
     if "fp32" not in accuracy.index:
         return []
-    base = float(accuracy.loc["fp32", "final_accuracy"])
+    base, base_loss = (float(accuracy.loc["fp32", k]) for k in ("final_accuracy", "final_loss"))
     images = accuracy["test_samples"].iloc[0] if "test_samples" in accuracy else None
     images = int(images) if images == images and images is not None else None  # NaN: not said
-    return [Finding("", "precision", "digits accuracy", {"mode": mode, "accuracy": float(row.final_accuracy),
-                                                         "fp32_accuracy": base, "loss": float(row.final_loss),
-                                                         "test_samples": images})
-            for mode, row in accuracy.iterrows() if mode != "fp32"]
+    found = [Finding("", "precision", "digits accuracy", {"mode": mode, "accuracy": float(row.final_accuracy),
+                                                          "fp32_accuracy": base, "loss": float(row.final_loss),
+                                                          "fp32_loss": base_loss, "test_samples": images})
+             for mode, row in accuracy.iterrows() if mode != "fp32"]
+    if {"bf16", "bf16_loss"} <= set(accuracy.index):
+        found.append(Finding("", "precision", "loss precision", {
+            "fp32_loss_accuracy": float(accuracy.loc["bf16", "final_accuracy"]),
+            "bf16_loss_accuracy": float(accuracy.loc["bf16_loss", "final_accuracy"]), "test_samples": images}))
+    return found
 
 
 def choose(table: pd.DataFrame, plan: Plan, confirm=None, *, accuracy: pd.DataFrame, gate: dict,
