@@ -49,11 +49,14 @@ def relative_spread(values: Sequence[float]) -> float:
 
 
 def spread_warning(values: Sequence[float], label: str = "measurement", limit: float = WIDE_SPREAD) -> str | None:
-    """A sentence when the spread is too wide to trust a comparison, else None."""
+    """A sentence when the spread is too wide to trust a comparison, else None (below 5 runs the
+    spread said is the range: percentiles of so few values mean nothing)."""
     spread = relative_spread(values)
     if len(values) >= 2 and spread > limit:
-        return (f"{label}: spread p10-p90 is {spread:.0%} of the median over {len(values)} runs; "
-                "the machine is noisy, add repeats before trusting small differences")
+        said = (f"spread p10-p90 is {spread:.0%} of the median over {len(values)} runs" if len(values) >= 5 else
+                f"its {len(values)} runs range from {min(values):.3g} to {max(values):.3g}, "
+                f"{(max(values) - min(values)) / statistics.median(values):.0%} of their median")
+        return f"{label}: {said}; the machine is noisy, add repeats before trusting small differences"
     return None
 
 

@@ -17,7 +17,10 @@ def test_summarize_and_quantiles():
 def test_spread_warning_only_when_wide():
     assert stats.spread_warning([100, 101, 99, 100]) is None
     warning = stats.spread_warning([100, 200, 50, 100], "cnn")
-    assert warning and warning.startswith("cnn:") and "noisy" in warning
+    assert warning == ("cnn: its 4 runs range from 50 to 200, 150% of their median; the machine is noisy, add "
+                       "repeats before trusting small differences")  # too few runs for percentiles: the range
+    many = stats.spread_warning([100, 200, 50, 100, 100, 90], "cnn")
+    assert many.startswith("cnn: spread p10-p90 is ") and "of the median over 6 runs; the machine is noisy" in many
     assert stats.spread_warning([100]) is None
     assert stats.relative_spread([1, 1, 1]) == 0
 
