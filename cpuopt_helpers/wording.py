@@ -648,8 +648,11 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     # stages.choosing.screened_only: settings ranked by a screening, no verdict (the table shows them)
     "screened only": lambda v, c: (
         f"{_who(v)}{len(v['settings'])} setting{'s' * (len(v['settings']) != 1)} screened only ({v['rounds']} "
-        f"round{'s' * (v['rounds'] != 1)}, fewer than the {v['min_rounds']} a verdict needs): the table ranks them, "
-        "a confirmation decides."),
+        f"round{'s' * (v['rounds'] != 1)}, fewer than the {v['min_rounds']} a verdict needs)" + (
+            ", each against the baseline: " + ", ".join(f"{s} {r:.2f}x" for s, r in sorted(
+                ((s, r) for s, r in zip(v["settings"], v["ratios"]) if r == r), key=lambda sr: -sr[1]))
+            if v.get("ratios") and any(r == r for r in v["ratios"]) else "")
+        + ": the table ranks them, a confirmation decides."),
     # settings.choose: screening, then the winner confirmed against the incumbent
     "no result": lambda v, c: f"{v['what']}: no setting produced a result.",
     "no baseline": lambda v, c: f"{v['what']}: {v.get('incumbent', 'the baseline')} produced no result; "

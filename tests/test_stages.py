@@ -151,8 +151,12 @@ def test_compare_pairs_by_round_and_words_verdicts_from_compare():
     only, = threads.settings_findings(few, "cnn")  # one record for every setting screened only
     assert (only.kind, only.values["settings"], only.values["rounds"]) == (
         "screened only", ["allocator=jemalloc", "allocator=tcmalloc"], 2)
-    assert only.sentence == ("cnn: 2 settings screened only (2 rounds, fewer than the 5 a verdict needs): the "
-                                 "table ranks them, a confirmation decides.")
+    assert only.sentence.startswith("cnn: 2 settings screened only (2 rounds, fewer than the 5 a verdict needs), "
+                                    "each against the baseline: allocator=jemalloc 1.2")
+    assert only.sentence.endswith("x: the table ranks them, a confirmation decides.")
+    ratios = dict(zip(only.values["settings"], only.values["ratios"]))
+    assert only.sentence.index("allocator=jemalloc") < only.sentence.index("allocator=tcmalloc")  # fastest first
+    assert ratios["allocator=jemalloc"] > ratios["allocator=tcmalloc"]
     assert math.isnan(few.set_index("setting").loc["allocator=jemalloc"].ratio_low)
 
 

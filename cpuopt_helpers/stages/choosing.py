@@ -205,11 +205,12 @@ def settings_table(results: list[dict], plan: Plan) -> pd.DataFrame:
 
 def screened_only(workload: str, stage: str, rows: list[dict]) -> list[Finding]:
     """Settings a screening ranked without a verdict (fewer rounds than a verdict needs): one
-    record for all of them, not a "too few rounds" sentence each; the table shows their ratios."""
+    record for all of them, with their ratios, not a "too few rounds" sentence each."""
     if not rows:
         return []
     return [Finding(workload, stage, "screened only", {
         "settings": [r["setting"] for r in rows], "rounds": max(int(r["comparison"]["n"]) for r in rows),
+        "ratios": [float(r["comparison"]["ratio"]) for r in rows],
         "min_rounds": int(rows[0]["comparison"].get("min_rounds", compare.MIN_ROUNDS))})]
 
 
