@@ -794,6 +794,9 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     # stages.summary: each arm of a table against its first (the case study's fixes against the baseline)
     "no case study result": lambda v, c: "case study: no configuration produced a result.",
     "arm over first": lambda v, c: f"{v['name']} over {v['first']}: {describe(c)}.",
+    "bf16 in the recipe": lambda v, c: (
+        f"{v['workload']}: {v['dtype']} on top of the fixes (the paper's recipe over all the fixes in fp32): "
+        f"{describe(c)}; set beside the fixes' own ratio above, this says how much of the recipe is {v['dtype']}'s."),
     # stages.climb: a rung skipped, torch.compile's rung, each rung after its ladder's name, the top
     "rung skipped": lambda v, c: f"{v['rung']}: skipped: {v['reason']}.",
     "compile no result": lambda v, c: (f"{v.get('rung', 'runtime: torch.compile')}: no result to compare; not "

@@ -896,3 +896,20 @@ def test_a_headline_above_the_measured_ceiling_says_why_that_can_be(share, said)
     assert f"; {share:.0%} of the measured bf16 GEMM ceiling, 50% of the theoretical bf16 peak" in headline.sentence
     assert ("(above the measured ceiling: its kernels beat a plain GEMM at the sizes measured, or the ceiling was "
             "measured while something else ran" in headline.sentence) == said
+
+
+def test_notebook_08_says_how_much_of_the_recipe_is_bf16s():
+    """The recipe is the fixes in bf16: the recipe over all the fixes in fp32 is bf16's part, paired by round."""
+    fast = make_facts(bf16={"accelerated": True, "path": "AMX", "reason": "made up"})
+    plan = case_study.configs(RunConfig.for_preset("retinanet", "quick", optimizer="lamb", threads=2), fast)
+    speeds = {"baseline": 1.0, "all fixes": 1.04, case_study.RECIPE: 2.05}
+    results = [dict(result(plan.named[n], 0, s, arm=i), step_ms={"median": 1000 / s}) for i, (n, s) in
+               enumerate(speeds.items())]
+    table = case_study.table(results, plan)
+    said = next(f for f in case_study.findings(table, plan, results) if f.kind == "bf16 in the recipe")
+    assert said.comparison.ratio == pytest.approx(2.05 / 1.04)
+    assert said.sentence.startswith("retinanet: bf16 on top of the fixes (the paper's recipe over all the fixes in "
+                                    "fp32): 1.97x (screened only, 1 round); set beside the fixes' own ratio above")
+    slow = make_facts(bf16={"accelerated": False, "path": None, "reason": "made up"})  # no recipe in bf16 there
+    plain = case_study.configs(RunConfig.for_preset("retinanet", "quick", optimizer="lamb", threads=2), slow)
+    assert not any(f.kind == "bf16 in the recipe" for f in case_study.findings(table, plain, results))

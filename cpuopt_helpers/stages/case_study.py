@@ -104,6 +104,11 @@ def findings(table: pd.DataFrame, plan: Plan, results: list[dict], name: str = "
     frozen = {n: c for n, c in plan.named.items() if n in frozen_layer_configs(plan.base)}
     arms = [dataclasses.replace(f, stage="case_study")  # notebook 08's notes: 09's own do not replace them
             for f in summary.ladder_findings(table, name or plan.workload)]
+    if {RECIPE, "all fixes"} <= set(plan.named):  # where the recipe's gain comes from: bf16 over the fixes in fp32
+        fixes_fp32, recipe = plan.named["all fixes"], plan.named[RECIPE]
+        if fixes_fp32.dtype != recipe.dtype:
+            arms.append(_note(plan.workload, "bf16 in the recipe", choosing.paired(
+                results, fixes_fp32.config_hash(), recipe.config_hash()), dtype=recipe.dtype))
     return arms + frozen_time_findings(results, plan.base, frozen)
 
 
