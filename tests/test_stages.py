@@ -913,3 +913,13 @@ def test_notebook_08_says_how_much_of_the_recipe_is_bf16s():
     slow = make_facts(bf16={"accelerated": False, "path": None, "reason": "made up"})  # no recipe in bf16 there
     plain = case_study.configs(RunConfig.for_preset("retinanet", "quick", optimizer="lamb", threads=2), slow)
     assert not any(f.kind == "bf16 in the recipe" for f in case_study.findings(table, plain, results))
+
+
+def test_a_screened_setting_without_a_ratio_is_counted_not_listed():
+    rows = [{"setting": "a", "comparison": {"ratio": None, "n": 1, "verdict": "too few rounds"}},
+            {"setting": "b", "comparison": {"ratio": 1.05, "n": 1, "verdict": "too few rounds"}}]
+    only, = choosing.screened_only("cnn", "threads", rows)
+    assert only.sentence == ("cnn: 2 settings screened only (1 round, fewer than the 5 a verdict needs), each against "
+                             "the baseline: b 1.05x: the table ranks them, a confirmation decides.")
+    none, = choosing.screened_only("cnn", "threads", rows[:1])
+    assert none.sentence.endswith("a verdict needs): the table ranks them, a confirmation decides.")

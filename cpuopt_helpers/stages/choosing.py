@@ -210,7 +210,8 @@ def screened_only(workload: str, stage: str, rows: list[dict]) -> list[Finding]:
         return []
     return [Finding(workload, stage, "screened only", {
         "settings": [r["setting"] for r in rows], "rounds": max(int(r["comparison"]["n"]) for r in rows),
-        "ratios": [float(r["comparison"]["ratio"]) for r in rows],
+        "ratios": [math.nan if r["comparison"].get("ratio") is None else float(r["comparison"]["ratio"])
+                   for r in rows],
         "min_rounds": int(rows[0]["comparison"].get("min_rounds", compare.MIN_ROUNDS))})]
 
 
