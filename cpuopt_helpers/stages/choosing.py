@@ -184,7 +184,7 @@ def compare_configs(results: list[dict], baseline: dict, workload: str | None = 
             row.update(ratio=ratio["ratio"], ratio_low=ratio["ci_low"], ratio_high=ratio["ci_high"], comparison=ratio,
                        verdict=f"screened, {ratio['n']} round{'s' * (ratio['n'] != 1)}" if screened else ratio["verdict"])
         elif key == base_key:
-            row.update(ratio=1.0)
+            row.update(ratio=1.0, verdict="the reference")  # every ratio is over it: no verdict of its own
         if key != base_key and setting_hash(runs[0]["config"]) == wanted:
             row["setting"] = "baseline (repeat arm)"
         fell = list({f["what"]: f for r in runs for f in r.get("fallbacks") or []}.values())
