@@ -406,6 +406,16 @@ def test_the_headline_is_the_top_against_the_defaults_in_fresh_rounds_and_is_kep
     _, spread = summary.headline_findings(tables(), finals, 2.0)
     assert spread.sentence.startswith("cnn: PyTorch's defaults ran at 42.0-50.0 samples/s over the 3 runs of them "
                                       "stored on this machine (median 48.0)")
+    view = summary.ladder_view(tables()["cnn"])  # as notebook 09 shows it: every cell says something
+    assert list(view["over the rung below"]) == ["the reference", "1.30x (1.10-1.50, 6 rounds): faster",
+                                                 "kept: nothing changed"]
+    assert list(view[summary.TO_DEFAULTS]) == ["the reference", "1.30x (1.10-1.50)", "1.30x (1.10-1.50)"]
+    assert list(view["samples/s (median)"]) == ["48", "no run stored", "no run stored"]
+    assert view["runs (slowest-fastest)"][0] == "3 (42-50)" and set(view["of the theoretical peak"]) == {"unknown"}
+    assert not view.isna().any().any()
+    start_kept = tables()["cnn"].astype({"kept": object})  # a first stage that kept PyTorch's defaults
+    start_kept.loc[1, ["kept", "cumulative_speedup", "cumulative_low", "cumulative_high"]] = [True, 1.0, 1.0, 1.0]
+    assert summary.ladder_view(start_kept)[summary.TO_DEFAULTS][1] == "1.00x: nothing changed yet"
 
 
 def test_a_stage_rerun_alone_starts_from_its_own_base_and_keeps_the_ladders_order(tmp_path):
@@ -828,6 +838,8 @@ def test_make_runs_retinanet_ladder_is_the_papers_recipe_named_and_confirmed_onc
         table = summary.ladder_table(session.store, "m", "retinanet", "standard", None, 1.0, 2)
         assert table["cumulative_speedup"].iloc[0] == 1.0  # the recipe has no gain of its own: its headline says
         assert table["cumulative_speedup"].iloc[1] != table["cumulative_speedup"].iloc[1]  # NaN, not a kept 1.0
+        assert summary.ladder_view(table)[summary.TO_DEFAULTS].iloc[1] == (
+            "tried as one block: the headline below is its verdict")
 
 
 def test_notebook_09_checks_retinanets_targets_on_its_headline_at_its_class_count():
@@ -923,3 +935,23 @@ def test_a_screened_setting_without_a_ratio_is_counted_not_listed():
                              "the baseline: b 1.05x: the table ranks them, a confirmation decides.")
     none, = choosing.screened_only("cnn", "threads", rows[:1])
     assert none.sentence.endswith("a verdict needs): the table ranks them, a confirmation decides.")
+
+
+def test_notebook_08s_answer_puts_the_fixes_first_the_profiles_why_next_and_their_details_last():
+    def said(who, kind):
+        return Finding(who, "case_study", kind, {})
+
+    fixes, kernels = [said("retinanet", "arm over first")], [said("retinanet", "focal kernel")]
+    profile = [said("before", "profile coverage"), said("before", "projection kernels"), said("before", "log reorders"),
+               said("before", "trace spans"), said("before", "profile comparison"),
+               said("before", "logs distinct primitives"), said("before", "logs onednn time")]
+    sections = case_study.answer_sections(fixes, kernels, profile)
+    assert [h for h, _ in sections] == ["The fixes, each alone and all together:",
+                                        "The kernels alone, at RetinaNet's shapes:",
+                                        "Why, from ProfileDNN (the logs and traces of the profiled runs):",
+                                        "ProfileDNN's details (notebook 02 explains each):"]
+    assert [f.kind for f in sections[2][1]] == ["profile comparison", "logs onednn time", "profile coverage",
+                                                "log reorders"]  # the before-and-after pair first
+    assert [f.kind for f in sections[3][1]] == ["projection kernels", "trace spans", "logs distinct primitives"]
+    assert sum(len(found) for _, found in sections) == len(fixes + kernels + profile)  # every finding told once
+    assert [h for h, _ in case_study.answer_sections(fixes, [], [])] == ["The fixes, each alone and all together:"]

@@ -299,6 +299,27 @@ def profile_case_study(session, configs: dict[str, RunConfig], log_dir, repeats:
 
 
 # The paper's numbers (arXiv 2206.10034, RetinaNet-ResNeXt50 on Xeon with IPEX), as ratios.
+# ProfileDNN's findings that say why the fixes paid or not; the rest (the replay, the spans, the directions, the
+# distinct primitives) follow them as details, worded as in notebook 02, which explains each
+PROFILE_WHY = frozenset({"profile failed", "profile coverage", "profile logged faster", "profile outside onednn",
+                         "log total", "log reorders", "trace top operators", "trace loss", "profile comparison",
+                         "profile comparison note", "logs onednn time", "logs share moved",
+                         "logs heaviest implementation"})
+
+
+def answer_sections(fixes: list[Finding], kernels: list[Finding], profile: list[Finding]) -> list[tuple[str, list]]:
+    """Notebook 08's answer in the order its question asks: the fixes, the kernels alone, why from
+    the profiles (the before-and-after comparison first), then the profiles' details. Empty
+    sections are left out; every finding is in one section."""
+    pair = lambda f: f.kind.startswith(("profile comparison", "logs "))  # noqa: E731  (the two logs compared)
+    why = [f for f in profile if f.kind in PROFILE_WHY and pair(f)] + [
+        f for f in profile if f.kind in PROFILE_WHY and not pair(f)]
+    sections = [("The fixes, each alone and all together:", fixes), ("The kernels alone, at RetinaNet's shapes:", kernels),
+                ("Why, from ProfileDNN (the logs and traces of the profiled runs):", why),
+                ("ProfileDNN's details (notebook 02 explains each):", [f for f in profile if f.kind not in PROFILE_WHY])]
+    return [(heading, found) for heading, found in sections if found]
+
+
 PAPER = {"focal loss forward": 2.6, "focal loss backward": 1.3, "fused FrozenBatchNorm2d": 1.298,
          "FrozenBatchNorm2d folded into the conv": None, "frozen layers (backward skipped)": 1.16,
          "conv + frozen BN + ReLU fused": 1.30, "fused Lamb": 5.5, "overall": 2.0}

@@ -70,6 +70,55 @@ def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict
     return table
 
 
+def _ratio_words(ratio, low, high, n=None, verdict=None) -> str:
+    """'1.23x (1.10-1.38, 8 rounds): faster'; a ratio without an interval says so."""
+    if not _number(ratio):
+        return "not measured"
+    head = f"{ratio:.2f}x"
+    if not (_number(low) and _number(high)):
+        return f"{head} (no interval)"
+    rounds = f", {int(n)} rounds" if n else ""
+    return f"{head} ({low:.2f}-{high:.2f}{rounds})" + (f": {verdict}" if verdict else "")
+
+
+def _share_words(share) -> str:
+    return f"{share:.0%}" if _number(share) else "unknown"
+
+
+TO_DEFAULTS = "over PyTorch's defaults (product of the rungs, after selection: reads high)"
+
+
+def ladder_view(table: pd.DataFrame) -> pd.DataFrame:
+    """The ladder as a reader reads it (notebooks 08 and 09): no empty cells. Each rung's ratio
+    to the rung below and to PyTorch's defaults worded with its interval and verdict; the first
+    rung is the reference; a kept rung changed nothing; a rung tried as one block has no ratio of
+    its own (the headline below is its verdict); shares of a ceiling unknown where it is."""
+    rows = []
+    for i, r in enumerate(table.itertuples(index=False)):
+        if i == 0:
+            below = from_defaults = "the reference"
+        elif r.kept:
+            below = "kept: nothing changed"
+            from_defaults = "1.00x: nothing changed yet" if r.cumulative_low == r.cumulative_high == 1 else _ratio_words(
+                r.cumulative_speedup, r.cumulative_low, r.cumulative_high)
+        elif r.confirmed is None:  # tried as one block
+            below = from_defaults = "tried as one block: the headline below is its verdict"
+        else:
+            n = (r.comparison or {}).get("n")
+            below = _ratio_words(r.vs_previous, r.vs_previous_low, r.vs_previous_high, n, r.verdict)
+            from_defaults = _ratio_words(r.cumulative_speedup, r.cumulative_low, r.cumulative_high)
+        rate = _number(r.samples_per_s)
+        rows.append({"step": r.step, "change": r.change,
+                     "samples/s (median)": f"{rate:.3g}" if rate else "no run stored",
+                     "runs (slowest-fastest)": f"{r.runs} ({r.samples_low:.3g}-{r.samples_high:.3g})" if rate else "0",
+                     "over the rung below": below, TO_DEFAULTS: from_defaults,
+                     "GFLOP/s": f"{r.achieved_gflops:.0f}" if _number(r.achieved_gflops) else "not counted",
+                     "of the measured GEMM ceiling": f"{_share_words(r.peak_share)} ({r.ceiling})",
+                     "of the theoretical peak": _share_words(r.theoretical_share),
+                     "$ per 1000 samples": f"{r.usd_per_1000_samples:.4f}" if rate else "no run stored"})
+    return pd.DataFrame(rows)
+
+
 def ends(session, tables: dict, rounds: int, budget_min: float | None, resume: bool = True) -> dict:
     """Per workload, the headline: the ladder's top against its start (PyTorch's defaults) in
     ``rounds`` fresh paired rounds, a fixed number, so its interval is the plain 95% t interval
