@@ -314,9 +314,11 @@ def answer_sections(fixes: list[Finding], kernels: list[Finding], profile: list[
     pair = lambda f: f.kind.startswith(("profile comparison", "logs "))  # noqa: E731  (the two logs compared)
     why = [f for f in profile if f.kind in PROFILE_WHY and pair(f)] + [
         f for f in profile if f.kind in PROFILE_WHY and not pair(f)]
-    sections = [("The fixes, each alone and all together:", fixes), ("The kernels alone, at RetinaNet's shapes:", kernels),
+    details = [f for f in profile if f.kind not in PROFILE_WHY]
+    sections = [("The fixes, each alone and all together:", fixes),
+                ("The kernels alone, at RetinaNet's shapes:", kernels),
                 ("Why, from ProfileDNN (the logs and traces of the profiled runs):", why),
-                ("ProfileDNN's details (notebook 02 explains each):", [f for f in profile if f.kind not in PROFILE_WHY])]
+                ("ProfileDNN's details (notebook 02 explains each):", details)]
     return [(heading, found) for heading, found in sections if found]
 
 

@@ -99,8 +99,9 @@ def ladder_view(table: pd.DataFrame) -> pd.DataFrame:
             below = from_defaults = "the reference"
         elif r.kept:
             below = "kept: nothing changed"
-            from_defaults = "1.00x: nothing changed yet" if r.cumulative_low == r.cumulative_high == 1 else _ratio_words(
-                r.cumulative_speedup, r.cumulative_low, r.cumulative_high)
+            from_defaults = _ratio_words(r.cumulative_speedup, r.cumulative_low, r.cumulative_high)
+            if r.cumulative_low == r.cumulative_high == 1:  # no change below it yet
+                from_defaults = "1.00x: nothing changed yet"
         elif r.confirmed is None:  # tried as one block
             below = from_defaults = "tried as one block: the headline below is its verdict"
         else:
