@@ -407,7 +407,7 @@ def test_the_headline_is_the_top_against_the_defaults_in_fresh_rounds_and_is_kep
     assert spread.sentence.startswith("cnn: PyTorch's defaults ran at 42.0-50.0 samples/s over the 3 runs of them "
                                       "stored on this machine (median 48.0)")
     view = summary.ladder_view(tables()["cnn"])  # as notebook 09 shows it: every cell says something
-    assert list(view["over the rung below"]) == ["the reference", "1.30x (1.10-1.50, 6 rounds): faster",
+    assert list(view["over the rung below"]) == ["the reference", "1.30x (95% CI: 1.10-1.50, 6 rounds): faster",
                                                  "kept: nothing changed"]
     assert list(view[summary.TO_DEFAULTS]) == ["the reference", "1.30x (1.10-1.50)", "1.30x (1.10-1.50)"]
     assert list(view["samples/s (median)"]) == ["48", "no run stored", "no run stored"]

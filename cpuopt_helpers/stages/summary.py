@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 
-from cpuopt_helpers import stats, targets
+from cpuopt_helpers import compare, stats, targets
 from cpuopt_helpers.config import RunConfig
 from cpuopt_helpers.decisions import Comparison, Finding
 
@@ -70,15 +70,13 @@ def ladder_table(store, machine: str, workload: str, preset: str, roofline: dict
     return table
 
 
-def _ratio_words(ratio, low, high, n=None, verdict=None) -> str:
-    """'1.23x (1.10-1.38, 8 rounds): faster'; a ratio without an interval says so."""
+def _ratio_words(ratio, low, high) -> str:
+    """A chained ratio: '1.23x (1.10-1.38)'; one without an interval says so."""
     if not _number(ratio):
         return "not measured"
-    head = f"{ratio:.2f}x"
     if not (_number(low) and _number(high)):
-        return f"{head} (no interval)"
-    rounds = f", {int(n)} rounds" if n else ""
-    return f"{head} ({low:.2f}-{high:.2f}{rounds})" + (f": {verdict}" if verdict else "")
+        return f"{ratio:.2f}x (no interval)"
+    return f"{ratio:.2f}x ({low:.2f}-{high:.2f})"
 
 
 def _share_words(share) -> str:
@@ -104,9 +102,8 @@ def ladder_view(table: pd.DataFrame) -> pd.DataFrame:
                 from_defaults = "1.00x: nothing changed yet"
         elif r.confirmed is None:  # tried as one block
             below = from_defaults = "tried as one block: the headline below is its verdict"
-        else:
-            n = (r.comparison or {}).get("n")
-            below = _ratio_words(r.vs_previous, r.vs_previous_low, r.vs_previous_high, n, r.verdict)
+        else:  # the confirmation that handed it on, worded as every comparison is
+            below = compare.describe(r.comparison) if r.comparison else "no comparison stored"
             from_defaults = _ratio_words(r.cumulative_speedup, r.cumulative_low, r.cumulative_high)
         rate = _number(r.samples_per_s)
         rows.append({"step": r.step, "change": r.change,
