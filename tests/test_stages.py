@@ -554,6 +554,10 @@ def test_frozen_layers_and_the_paper_table_are_worded_from_the_runs():
     assert "`make case-study` measures it" in table.loc["conv + frozen BN + ReLU fused", "why"]
     assert "0.03 GB move, 2.8 GB/s of the 20.0 GB/s copy bandwidth" in table.loc["fused Lamb", "why"]
     assert table.loc["overall", "here, worded"] == "not measured" and "make case-study" in table.loc["overall", "why"]
+    shown = case_study.paper_view(table.reset_index()).set_index("fix")  # as notebook 08 displays it: no NaN
+    assert shown.loc["conv + frozen BN + ReLU fused", "here"] == "not measured"
+    assert shown.loc["FrozenBatchNorm2d folded into the conv", "paper"] == "no number in the paper"
+    assert shown.loc["focal loss forward", "here"] == 2.0 and not shown.isna().any().any()
     recipe = base.replace(dtype="bf16")  # with the recipe (the fixes in bf16), the overall row is the recipe's
     results += [dict(result(recipe, i, 15.0, arm=len(arms)), step_ms={"median": 1000 / 15.0}) for i in range(5)]
     table = case_study.paper_table(results, arms | {case_study.RECIPE: recipe}, focal, lamb, None, 20.0, "quick")

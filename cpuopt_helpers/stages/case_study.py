@@ -440,6 +440,13 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
     return pd.DataFrame(out)
 
 
+def paper_view(table: pd.DataFrame) -> pd.DataFrame:
+    """The paper table as notebook 08 shows it: a ratio the paper does not give, or this run did
+    not measure, said in words rather than NaN."""
+    shown = table.round(2).astype({"paper": object, "here": object})
+    return shown.fillna({"paper": "no number in the paper", "here": "not measured"})
+
+
 def climbed_fact(ladder: str, preset: str) -> str:
     """The store's mark of a ladder that a climb made (``make case-study``): a later run keeps it."""
     return f"climbed/{ladder}/{preset}"
