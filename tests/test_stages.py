@@ -959,3 +959,11 @@ def test_notebook_08s_answer_puts_the_fixes_first_the_profiles_why_next_and_thei
     assert [f.kind for f in sections[3][1]] == ["projection kernels", "trace spans", "logs distinct primitives"]
     assert sum(len(found) for _, found in sections) == len(fixes + kernels + profile)  # every finding told once
     assert [h for h, _ in case_study.answer_sections(fixes, [], [])] == ["The fixes, each alone and all together:"]
+
+
+def test_a_table_shown_in_words_says_what_a_missing_cell_means_and_keeps_the_numbers():
+    table = pd.DataFrame({"name": ["eager", "compiled"], "compile_s": [None, 31.23456], "ratio": [1.0, float("nan")]})
+    shown = choosing.in_words(table, {"compile_s": "not compiled", "absent": "never used"})
+    assert list(shown["compile_s"]) == ["not compiled", 31.235]  # rounded, the gap in words
+    assert shown["ratio"].isna().tolist() == [False, True]  # a column not named keeps its NaN
+    assert table["compile_s"].dtype == float and pd.isna(table["compile_s"].iloc[0])  # the table is untouched

@@ -443,8 +443,7 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
 def paper_view(table: pd.DataFrame) -> pd.DataFrame:
     """The paper table as notebook 08 shows it: a ratio the paper does not give, or this run did
     not measure, said in words rather than NaN."""
-    shown = table.round(2).astype({"paper": object, "here": object})
-    return shown.fillna({"paper": "no number in the paper", "here": "not measured"})
+    return choosing.in_words(table, {"paper": "no number in the paper", "here": "not measured"}, digits=2)
 
 
 def climbed_fact(ladder: str, preset: str) -> str:

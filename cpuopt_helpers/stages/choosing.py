@@ -203,6 +203,14 @@ def settings_table(results: list[dict], plan: Plan) -> pd.DataFrame:
     return compare_configs(results, plan.base.to_dict(), plan.workload)
 
 
+def in_words(table: pd.DataFrame, words: dict[str, str], digits: int = 3) -> pd.DataFrame:
+    """A table as a notebook shows it: rounded, and each named column's missing cells (None, NaN)
+    said in its words ("not compiled", "not reached") rather than left blank or NaN."""
+    named = [c for c in words if c in table]
+    shown = table.round(digits).astype({c: object for c in named})
+    return shown.fillna({c: words[c] for c in named})
+
+
 def screened_only(workload: str, stage: str, rows: list[dict]) -> list[Finding]:
     """Settings a screening ranked without a verdict (fewer rounds than a verdict needs): one
     record for all of them, with their ratios, not a "too few rounds" sentence each."""
