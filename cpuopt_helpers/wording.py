@@ -793,7 +793,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
             if v.get("here") else ".")),
     # stages.summary: each arm of a table against its first (the case study's fixes against the baseline)
     "no case study result": lambda v, c: "case study: no configuration produced a result.",
-    "arm over first": lambda v, c: f"{v['name']} over {v['first']}: {describe(c)}.",
+    "arm over first": lambda v, c: f"{_who(v)}{v['name']} over {v['first']}: {describe(c)}.",
     "bf16 in the recipe": lambda v, c: (
         f"{v['workload']}: {v['dtype']} on top of the fixes (the paper's recipe over all the fixes in fp32): "
         f"{describe(c)}; set beside the fixes' own ratio above, this says how much of the recipe is {v['dtype']}'s."),

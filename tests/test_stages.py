@@ -412,6 +412,7 @@ def test_the_headline_is_the_top_against_the_defaults_in_fresh_rounds_and_is_kep
     assert list(view[summary.TO_DEFAULTS]) == ["the reference", "1.30x (1.10-1.50)", "1.30x (1.10-1.50)"]
     assert list(view["samples/s (median)"]) == ["48", "no run stored", "no run stored"]
     assert view["runs (slowest-fastest)"][0] == "3 (42-50)" and set(view["of the theoretical peak"]) == {"unknown"}
+    assert summary._rate(2803.4) == "2803" and summary._rate(0.01234) == "0.0123"  # never 2.8e+03
     assert not view.isna().any().any()
     start_kept = tables()["cnn"].astype({"kept": object})  # a first stage that kept PyTorch's defaults
     start_kept.loc[1, ["kept", "cumulative_speedup", "cumulative_low", "cumulative_high"]] = [True, 1.0, 1.0, 1.0]

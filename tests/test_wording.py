@@ -174,3 +174,11 @@ def test_the_allocator_handed_on_is_named_in_words():
     assert kept.sentence.startswith("cnn: the C library's allocator (glibc's malloc, nothing preloaded) stays")
     assert won.sentence == ("rnn: tcmalloc is handed on, confirmed faster than the allocator before it in fresh "
                             "paired rounds.")
+
+
+def test_a_fix_over_its_baseline_names_its_workload_where_notebook_08_measures_several():
+    c = Comparison(1.2, n=1, verdict="too few rounds", screened=True)
+    assert Finding("retinanet", "case_study", "arm over first", {"name": "fused Lamb", "first": "baseline"}, c).sentence \
+        == "retinanet: fused Lamb over baseline: 1.20x (screened only, 1 round)."
+    assert Finding("", "case_study", "arm over first", {"name": "fused Lamb", "first": "baseline"}, c).sentence \
+        .startswith("fused Lamb over baseline")

@@ -79,6 +79,11 @@ def _ratio_words(ratio, low, high) -> str:
     return f"{ratio:.2f}x ({low:.2f}-{high:.2f})"
 
 
+def _rate(value: float) -> str:
+    """Three significant digits, never in exponent form: 0.0123, 1.56, 75.4, 2803."""
+    return f"{value:.3g}" if value < 1000 else f"{value:.0f}"
+
+
 def _share_words(share) -> str:
     return f"{share:.0%}" if _number(share) else "unknown"
 
@@ -107,8 +112,9 @@ def ladder_view(table: pd.DataFrame) -> pd.DataFrame:
             from_defaults = _ratio_words(r.cumulative_speedup, r.cumulative_low, r.cumulative_high)
         rate = _number(r.samples_per_s)
         rows.append({"step": r.step, "change": r.change,
-                     "samples/s (median)": f"{rate:.3g}" if rate else "no run stored",
-                     "runs (slowest-fastest)": f"{r.runs} ({r.samples_low:.3g}-{r.samples_high:.3g})" if rate else "0",
+                     "samples/s (median)": _rate(rate) if rate else "no run stored",
+                     "runs (slowest-fastest)": (f"{r.runs} ({_rate(r.samples_low)}-{_rate(r.samples_high)})"
+                                                if rate else "0"),
                      "over the rung below": below, TO_DEFAULTS: from_defaults,
                      "GFLOP/s": f"{r.achieved_gflops:.0f}" if _number(r.achieved_gflops) else "not counted",
                      "of the measured GEMM ceiling": f"{_share_words(r.peak_share)} ({r.ceiling})",
