@@ -298,7 +298,6 @@ def profile_case_study(session, configs: dict[str, RunConfig], log_dir, repeats:
     return profiles, [c for c in comparisons if c.ok]
 
 
-# The paper's numbers (arXiv 2206.10034, RetinaNet-ResNeXt50 on Xeon with IPEX), as ratios.
 # ProfileDNN's findings that say why the fixes paid or not; the rest (the replay, the spans, the directions, the
 # distinct primitives) follow them as details, worded as in notebook 02, which explains each
 PROFILE_WHY = frozenset({"profile failed", "profile coverage", "profile logged faster", "profile outside onednn",
@@ -322,6 +321,7 @@ def answer_sections(fixes: list[Finding], kernels: list[Finding], profile: list[
     return [(heading, found) for heading, found in sections if found]
 
 
+# The paper's numbers (arXiv 2206.10034, RetinaNet-ResNeXt50 on Xeon with IPEX), as ratios.
 PAPER = {"focal loss forward": 2.6, "focal loss backward": 1.3, "fused FrozenBatchNorm2d": 1.298,
          "FrozenBatchNorm2d folded into the conv": None, "frozen layers (backward skipped)": 1.16,
          "conv + frozen BN + ReLU fused": 1.30, "fused Lamb": 5.5, "overall": 2.0}
