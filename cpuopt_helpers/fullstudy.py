@@ -66,7 +66,8 @@ BUDGET_MIN = 60.0  # the study's minutes on 2 cores: the allocator trial starts 
 LADDER_SOURCE = "the top of this machine's standard-preset ladder"  # where the top comes from, when stored
 # a path of kernels.conv_paths -> how a run takes it
 PATH_FLAGS = {"channels-last": "--channels-last", "bf16": "--dtype bf16",
-              "bf16 channels-last": "--dtype bf16 --channels-last", "GEMM form": None}
+              "bf16 channels-last": "--dtype bf16 --channels-last", "GEMM form": None,
+              "NCHW": None, "bf16 NCHW": None}  # the step ran channels-last (Inductor's choice): no flag undoes it
 # (a path, the dtype the step ran) -> the climb's rung that compares that flag over the whole step (every layer)
 WHOLE_STEP_RUNGS = {("channels-last", "bf16"): "bf16: channels-last",
                     ("channels-last", "fp32"): "runtime: channels-last",
@@ -116,7 +117,7 @@ def profile(config: RunConfig, trace: Path, ceilings: wholestep.Ceilings, reuse:
     result = wholestep.whole_step(trace, ceilings)
     table = account.phase_table(result, ceilings)
     return {"whole": result, "phases": table, "account": account.forward_backward(table),
-            "next": account.next_fix(result)}
+            "next": account.next_fix(result), "trace": str(trace)}
 
 
 def arm_figures(runs: list[dict], cores: int) -> dict:
@@ -271,8 +272,10 @@ def run_study(session, rounds: int = ROUNDS, classes: int = CLASSES, folder: Pat
 
 def next_fix_target(prof: dict) -> dict | None:
     """Where the next fix is a convolution's backward (what ``kernels.conv_paths`` tries): its
-    heaviest instance, the one with the most time above its ceiling, with its shapes, time a step
-    and rate in the step; None for any other operator."""
+    heaviest instance, the one with the most time above its ceiling, with its shapes, time a step,
+    rate in the step and the layout it ran in (``wholestep.layout_of``: the trace's strides, since
+    ``torch.compile`` may have turned it channels-last; None where they are not recorded); None for
+    any other operator."""
     nxt = prof.get("next") or {}
     if "convolutionbackward" not in nxt.get("op", "").lower().replace("_", ""):
         return None
@@ -281,21 +284,24 @@ def next_fix_target(prof: dict) -> dict | None:
     if rows.empty:
         return None
     row = rows.loc[(rows["ms"] - rows["projected_ms"]).idxmax()]
+    layout = wholestep.layout_of(prof["trace"], row["shapes"]) if prof.get("trace") else None
     return {"op": nxt["op"], "shapes": row["shapes"], "dtype": row["dtype"] or "fp32", "step_ms": float(row["ms"]),
-            "step_gflops": float(row["achieved_gflops"])}
+            "step_gflops": float(row["achieved_gflops"]), "layout": layout}
 
 
 def try_next_fix(target: dict, config: RunConfig, facts, rounds: int = TRY_ROUNDS) -> dict:
     """The next fix's convolution (``next_fix_target``) alone under each path this CPU offers
     (``kernels.conv_paths``, in a process of its own at the top's threads): the target, and
     ``trial``, ``error``, or ``skipped`` where the step runs IPEX's convolutions (weights prepacked, in
-    torch 2.8), which the benchmark, in this torch, would not time as the step ran them."""
+    torch 2.8), which the benchmark, in this torch, would not time as the step ran them. The layout
+    the trace did not record is the run's own (``--channels-last`` or not)."""
+    target = target | {"layout": target.get("layout") or ("channels-last" if config.channels_last else "NCHW")}
     if config.ipex:
         return target | {"skipped": "the step runs IPEX's convolutions (weights prepacked, torch 2.8), and the "
                                     "benchmark alone runs this torch's: it would not time the kernel the step ran"}
     command = [sys.executable, "-m", "cpuopt_helpers.kernels.conv_paths", target["shapes"], "--dtype",
-               target["dtype"], "--threads", str(config.threads or facts.physical_cores), "--rounds", str(rounds),
-               "--json"] + (["--bf16-fast"] if facts.bf16.get("accelerated") else [])
+               target["dtype"], "--layout", target["layout"], "--threads", str(config.threads or facts.physical_cores),
+               "--rounds", str(rounds), "--json"] + (["--bf16-fast"] if facts.bf16.get("accelerated") else [])
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=TRY_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -317,7 +323,7 @@ def whole_step_rungs(session, dtype: str) -> dict[str, dict]:
 
 def tried_finding(tried: dict, ceiling: float | None, who: str = "retinanet (top)") -> Finding:
     """The trial in words: each path against the one the step ran, and what that leaves."""
-    values = {k: tried[k] for k in ("op", "shapes", "step_ms", "step_gflops")}
+    values = {k: tried[k] for k in ("op", "shapes", "step_ms", "step_gflops")} | {"layout": tried.get("layout")}
     for why in ("error", "skipped"):
         if why in tried:
             return Finding(who, "case_study", "next fix tried", values | {why: tried[why]})
@@ -349,7 +355,7 @@ def tried_lines(tried: dict | None, ceilings: wholestep.Ceilings) -> list[str]:
         over = "" if both["speedup"] is None else f"{both['speedup']:.2f}x"
         interval = "" if both["speedup"] is None else f"95% CI {both['speedup_low']:.2f}-{both['speedup_high']:.2f}"
         forward, backward = (_ms_cell(rows[(path, part)]["median_ms"]) for part in ("forward", "backward"))
-        label = f"as run ({tried['dtype']}, NCHW)" if path == "as run" else path
+        label = f"as run ({tried['dtype']}, {tried.get('layout') or 'NCHW'})" if path == "as run" else path
         out.append(f"| {label} | {forward} | {backward} | {both['gflops']:.0f} | {share} | {over} | {interval} "
                    f"| {both['verdict']} |")
     return ["\n".join(out)]

@@ -467,8 +467,8 @@ def _next_fix_tried(v: dict, c) -> str:
     if "skipped" in v:
         return f"{said}: not run: {v['skipped']}."
     share = f" ({v['alone_gflops'] / v['ceiling']:.0%} of the measured GEMM ceiling)" if v["ceiling"] else ""
-    said += (f", {v['rounds']} interleaved rounds: in the step's dtype with NCHW tensors, {v['alone_gflops']:.0f} "
-             f"GFLOP/s alone{share}, "
+    said += (f", {v['rounds']} interleaved rounds: in the step's dtype and layout ({v.get('layout') or 'NCHW'}), "
+             f"{v['alone_gflops']:.0f} GFLOP/s alone{share}, "
              f"{v['step_gflops']:.0f} GFLOP/s in the step; "
              + "; ".join(f"{p['path']} {p['ratio']:.2f}x (95% CI {p['low']:.2f}-{p['high']:.2f}): {p['verdict']}"
                          for p in v["paths"]) + ".")

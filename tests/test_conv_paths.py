@@ -46,10 +46,12 @@ def test_the_command_line_refuses_bad_shapes_and_too_few_rounds_in_one_line(caps
     assert len(err) == 2 and all(line.startswith("cpuopt: ") for line in err)
 
 
-@pytest.mark.parametrize("shapes", ["2x8x6x6; 2x4x6x6; 8x4x3x3", "2x8x3x3; 2x4x6x6; 8x4x3x3", "2x8x4x4; 2x4x7x7; 8x4x1x1"])
-def test_the_gemm_form_equals_the_convolution_in_outputs_and_gradients(shapes):
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("shapes", ["2x8x6x6; 2x4x6x6; 8x4x3x3", "2x8x3x3; 2x4x6x6; 8x4x3x3",
+                                    "2x8x4x4; 2x4x7x7; 8x4x1x1", "2x8x6x6; 2x4x6x6; 8x4x1x1"])
+def test_the_gemm_form_equals_the_convolution_in_outputs_and_gradients(shapes, channels_last):
     conv = conv_paths.from_shapes(shapes)
-    t = conv_paths.tensors(conv, "fp32", channels_last=False)
+    t = conv_paths.tensors(conv, "fp32", channels_last=channels_last)
     x2, w2 = (t[k].detach().clone().requires_grad_() for k in ("x", "w"))
     y = conv_paths.gemm_form(t["x"], t["w"], conv)
     y.backward(t["grad"])
@@ -67,6 +69,14 @@ def test_bf16_is_tried_only_from_fp32_where_fast_and_the_gemm_form_only_ungroupe
     assert "bf16 channels-last" in conv_paths.paths(plain, "fp32", bf16_fast=True)
     assert "bf16" not in conv_paths.paths(plain, "bf16", bf16_fast=True)  # the step ran bf16 already
     assert "GEMM form" not in conv_paths.paths(grouped, "fp32", bf16_fast=False)
+
+
+def test_a_step_that_ran_channels_last_is_tried_as_run_in_it_and_against_nchw():
+    plain = conv_paths.from_shapes("2x8x6x6; 2x4x6x6; 8x4x3x3")
+    chosen = conv_paths.paths(plain, "fp32", bf16_fast=True, layout="channels-last")
+    assert list(chosen) == ["as run", "NCHW", "GEMM form", "bf16", "bf16 NCHW"]
+    assert chosen["as run"] == ("fp32", True, "kernel") and chosen["NCHW"] == ("fp32", False, "kernel")
+    assert chosen["GEMM form"] == ("fp32", True, "gemm") and chosen["bf16 NCHW"] == ("bf16", False, "kernel")
 
 
 def test_a_trial_times_every_path_against_the_one_the_step_ran():

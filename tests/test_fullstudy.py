@@ -2,8 +2,11 @@
 writes, from a made-up study whose profiles are the hand-made trace of test_wholestep. Starts no
 worker: `make case-study PRESET=full` is the real run (its page is committed under docs/results)."""
 
+import json
+import subprocess
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 
 from cpuopt_helpers import fullstudy, plots
@@ -492,8 +495,6 @@ def test_no_trial_runs_where_the_step_runs_ipexs_convolutions(tmp_path, facts, m
 
 
 def test_only_a_convolutions_backward_is_tried_at_its_heaviest_shape():
-    import pandas as pd
-
     table = pd.DataFrame([
         {"op": "ConvolutionBackward0", "phase": "backward", "shapes": "a", "dtype": "fp32", "ms": 100.0,
          "projected_ms": 90.0, "achieved_gflops": 50.0},
@@ -503,8 +504,51 @@ def test_only_a_convolutions_backward_is_tried_at_its_heaviest_shape():
          "projected_ms": 0.0, "achieved_gflops": 1.0}])
     prof = {"next": {"op": "ConvolutionBackward0", "phase": "backward"}, "whole": {"table": table}}
     assert fullstudy.next_fix_target(prof) == {"op": "ConvolutionBackward0", "shapes": "b", "dtype": "fp32",
-                                               "step_ms": 80.0, "step_gflops": 30.0}  # the most time above its ceiling
+                                               "step_ms": 80.0, "step_gflops": 30.0,  # the most time above its ceiling
+                                               "layout": None}  # no trace to read it from
     assert fullstudy.next_fix_target({**prof, "next": {"op": "aten::copy_", "phase": "backward"}}) is None
+
+
+def conv_event(strides: list[int], dims=(2, 8, 4, 4)) -> dict:
+    """A convolution's backward as torch.profiler records it with shapes: grad, input, weight."""
+    return {"ph": "X", "cat": "cpu_op", "name": "aten::convolution_backward", "ts": 0, "dur": 1, "args": {
+        "Input type": ["float", "float", "float", ""], "Input Dims": [list(dims), list(dims), [8, 8, 1, 1], []],
+        "Input Strides": [strides, strides, [8, 1, 1, 1], []]}}
+
+
+def test_the_trial_runs_the_convolution_in_the_layout_the_trace_recorded(tmp_path, facts, monkeypatch):
+    """Under torch.compile Inductor may run a model's convolutions channels-last: the trace's strides
+    say so, and the trial's as-run path takes that layout, not the model's own."""
+    trace = tmp_path / "top.json"
+    channels_last, contiguous = [128, 1, 32, 8], [128, 16, 4, 1]
+    trace.write_text(json.dumps({"traceEvents": [conv_event(channels_last), conv_event(channels_last),
+                                                 conv_event(contiguous)]}))
+    table = pd.DataFrame([{"op": "aten::convolution_backward", "phase": "backward", "dtype": "bf16", "ms": 10.0,
+                           "shapes": "2x8x4x4; 2x8x4x4; 8x8x1x1", "projected_ms": 5.0, "achieved_gflops": 3.0}])
+    prof = {"next": {"op": "aten::convolution_backward", "phase": "backward"}, "whole": {"table": table},
+            "trace": str(trace)}
+    target = fullstudy.next_fix_target(prof)
+    assert target["layout"] == "channels-last"  # most calls
+    assert wholestep.input_layout({"Input Dims": [[2, 8, 4, 4]]}) is None  # no strides recorded
+    assert wholestep.input_layout(conv_event([128, 16, 1, 4])["args"]) is None  # neither layout
+    commands = []
+    monkeypatch.setattr(fullstudy.subprocess, "run", lambda command, **_: commands.append(command) or
+                        subprocess.CompletedProcess(command, 2, "", "cpuopt: stop here"))
+    top = RunConfig.for_preset("retinanet", "standard", dtype="bf16")
+    tried = fullstudy.try_next_fix(target, top, facts())
+    assert commands[-1][commands[-1].index("--layout") + 1] == "channels-last" and tried["error"] == "stop here"
+    fullstudy.try_next_fix(target | {"layout": None}, top.replace(channels_last=True), facts())
+    assert commands[-1][commands[-1].index("--layout") + 1] == "channels-last"  # not recorded: the run's own
+    fullstudy.try_next_fix(target | {"layout": None}, top, facts())
+    assert commands[-1][commands[-1].index("--layout") + 1] == "NCHW"
+
+
+def test_the_page_names_the_layout_the_step_ran(tmp_path, facts):
+    study = made_up_study(facts, bf16_fast=True)
+    study["tried"] = made_up_trial(1.8) | {"layout": "channels-last"}
+    text = fullstudy.write_page(study, tmp_path, facts()).read_text()
+    assert "| as run (fp32, channels-last) | 1000 | 1000 | 90 | 90% |  |  |  |" in text
+    assert "interleaved rounds: in the step's dtype and layout (channels-last), 90 GFLOP/s alone" in text
 
 
 def test_an_allocator_trial_that_finished_no_run_claims_nothing(tmp_path, facts):

@@ -7,18 +7,21 @@ backward (the gradients of its input and weight, as training runs it), timed alo
 interleaved round by round in one process, each against the path the step ran
 (``compare.paired_ratio``: every speedup with its interval and verdict):
 
-- ``as run``: the step's dtype, contiguous (NCHW) tensors;
-- ``channels-last``: the same kernels on NHWC tensors (``--channels-last``);
-- ``GEMM form``: im2col (``F.unfold``) and one matrix multiply per image, its backward two more
-  and a col2im (ungrouped convolutions only): the path of a framework without a convolution kernel;
-- ``bf16`` and ``bf16 channels-last`` (``--dtype bf16``), only where the step ran fp32 and the
+- ``as run``: the step's dtype, in the layout the step ran (``--layout``: NCHW, the default, or
+  channels-last, which the trace's strides show where ``torch.compile`` chose it or the run asked for it);
+- ``channels-last`` (or ``NCHW`` where the step ran channels-last): the same kernels in the other layout;
+- ``GEMM form``: the convolution as matrix multiplies in the step's layout (ungrouped convolutions only),
+  the path of a framework without a convolution kernel: a 1x1 convolution is one matrix multiply over
+  its (strided) input, any other im2col (``F.unfold``) and one an image; autograd takes the backward;
+- ``bf16``, and bf16 in the other layout (``--dtype bf16``), only where the step ran fp32 and the
   bf16 gate found a fast path (elsewhere bf16 runs emulated kernels, many times slower).
 
 Each path's rate alone (GFLOP/s) also tells a slow kernel from one the step slows (its caches,
 other work, the tracer): a path as fast alone as the GEMM ceiling leaves nothing to a kernel fix.
 The bias is left out (its gradient is a sum, no GEMM). Run it as the full study does, or alone::
 
-    python -m cpuopt_helpers.kernels.conv_paths "2x2376x100x100; 2x256x100x100; 2376x256x3x3" [--rounds 8]
+    python -m cpuopt_helpers.kernels.conv_paths "2x2376x100x100; 2x256x100x100; 2376x256x3x3" [--rounds 8] \\
+        [--layout channels-last]
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from cpuopt_helpers.flops import conv_flops
 ROUNDS = compare.FIXED_ROUNDS  # interleaved rounds, one look
 MIN_MEASURE_S = 0.2  # a small convolution is called this long a measurement (the mean of its calls)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+LAYOUTS = ("NCHW", "channels-last")
 
 
 @dataclass(frozen=True)
@@ -82,19 +86,30 @@ def from_shapes(shapes: str) -> Conv:
     raise ValueError(f"no stride (1-4) and padding map input {x} onto output {out} with kernel {kh}x{kw}")
 
 
-def paths(conv: Conv, dtype: str, bf16_fast: bool) -> dict[str, tuple[str, bool, str]]:
-    """Path -> (dtype, channels-last, form) this convolution can take here; ``as run`` first."""
-    out = {"as run": (dtype, False, "kernel"), "channels-last": (dtype, True, "kernel")}
+def paths(conv: Conv, dtype: str, bf16_fast: bool, layout: str = "NCHW") -> dict[str, tuple[str, bool, str]]:
+    """Path -> (dtype, channels-last, form) this convolution can take here; ``as run`` (the step's
+    dtype and layout) first, then the other layout, the GEMM form and bf16 in both layouts."""
+    ran_cl = layout == "channels-last"
+    other = LAYOUTS[0] if ran_cl else LAYOUTS[1]
+    out = {"as run": (dtype, ran_cl, "kernel"), other: (dtype, not ran_cl, "kernel")}
     if conv.groups == 1:
-        out["GEMM form"] = (dtype, False, "gemm")
+        out["GEMM form"] = (dtype, ran_cl, "gemm")
     if dtype == "fp32" and bf16_fast:
-        out |= {"bf16": ("bf16", False, "kernel"), "bf16 channels-last": ("bf16", True, "kernel")}
+        out |= {"bf16": ("bf16", ran_cl, "kernel"), f"bf16 {other}": ("bf16", not ran_cl, "kernel")}
     return out
 
 
 def gemm_form(x: torch.Tensor, w: torch.Tensor, conv: Conv) -> torch.Tensor:
-    """The convolution as im2col and a matrix multiply (autograd takes its backward)."""
+    """The convolution as matrix multiplies (autograd takes its backward), in the input's layout: a
+    1x1 convolution one multiply over the strided input (channels-last: one [n*h*w, c] by [c, k]),
+    any other im2col and a multiply an image."""
     n, k, ho, wo = conv.output
+    if w.shape[-2:] == (1, 1) and conv.padding == 0:
+        x = x[:, :, ::conv.stride, ::conv.stride]
+        c = x.shape[1]
+        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+            return (x.permute(0, 2, 3, 1).reshape(-1, c) @ w.reshape(k, c).t()).view(n, ho, wo, k).permute(0, 3, 1, 2)
+        return (w.reshape(k, c) @ x.reshape(n, c, ho * wo)).view(n, k, ho, wo)
     cols = F.unfold(x, w.shape[-2:], padding=conv.padding, stride=conv.stride)  # [n, c*kh*kw, ho*wo]
     return (w.reshape(k, -1) @ cols).view(n, k, ho, wo)
 
@@ -123,9 +138,9 @@ def time_once(conv: Conv, form: str, t: dict[str, torch.Tensor], calls: int = 1)
 
 
 def trial(conv: Conv, dtype: str = "fp32", bf16_fast: bool = False, rounds: int = ROUNDS, say=None,
-          min_measure_s: float = MIN_MEASURE_S) -> dict:
+          min_measure_s: float = MIN_MEASURE_S, layout: str = "NCHW") -> dict:
     """Each path's forward, backward and both against ``as run``, paired by round; rates alone."""
-    chosen = paths(conv, dtype, bf16_fast)
+    chosen = paths(conv, dtype, bf16_fast, layout)
     data = {name: tensors(conv, d, cl) for name, (d, cl, _) in chosen.items()}
     for name, (_, _, form) in chosen.items():  # warm up outside the clock (oneDNN builds its primitives)
         time_once(conv, form, data[name])
@@ -149,8 +164,8 @@ def trial(conv: Conv, dtype: str = "fp32", bf16_fast: bool = False, rounds: int 
                          "speedup_low": ratio["ci_low"] if against else None,
                          "speedup_high": ratio["ci_high"] if against else None,
                          "verdict": ratio["verdict"] if against else "", "rounds": ratio["n"]})
-    return {"conv": asdict(conv), "dtype": dtype, "threads": torch.get_num_threads(), "rounds": rounds,
-            "calls": calls, "rows": rows}
+    return {"conv": asdict(conv), "dtype": dtype, "layout": layout, "threads": torch.get_num_threads(),
+            "rounds": rounds, "calls": calls, "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("shapes", help="grad_output; input; weight, as a trace records them: '2x256x50x50; 2x256x50x50; "
                                    "256x256x3x3'")
     ap.add_argument("--dtype", default="fp32", choices=tuple(DTYPES), help="the dtype the step ran (default fp32)")
+    ap.add_argument("--layout", default="NCHW", choices=LAYOUTS,
+                    help="the layout the step ran the convolution in (default NCHW; a trace's strides tell)")
     ap.add_argument("--bf16-fast", action="store_true", help="also try bf16 (where the bf16 gate found a fast path)")
     ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds (default {ROUNDS}; 5 or more)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -175,11 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     result = trial(conv, args.dtype, args.bf16_fast, args.rounds,
-                   say=None if args.json else lambda s: print(s, file=sys.stderr, flush=True))
+                   say=None if args.json else lambda s: print(s, file=sys.stderr, flush=True), layout=args.layout)
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"{conv}: {result['rounds']} interleaved rounds, {result['threads']} threads")
+    print(f"{conv}: as run in {args.dtype}, {args.layout}; {result['rounds']} interleaved rounds, "
+          f"{result['threads']} threads")
     for r in result["rows"]:
         against = "" if r["speedup"] is None else (f"  {r['speedup']:.2f}x (95% CI {r['speedup_low']:.2f}-"
                                                    f"{r['speedup_high']:.2f}): {r['verdict']}")

@@ -328,6 +328,34 @@ def _shapes(args: dict) -> str:
     return "; ".join("x".join(map(str, s)) or "scalar" for s, _ in ins)
 
 
+def input_layout(args: dict) -> str | None:
+    """The memory layout of an op's first 4-D tensor input, from the strides the profiler records:
+    ``channels-last`` (channels innermost), ``NCHW`` (contiguous), None (no strides, or neither)."""
+    for dims, strides in zip(args.get("Input Dims") or [], args.get("Input Strides") or []):
+        if isinstance(dims, list) and len(dims) == 4 and isinstance(strides, list) and len(strides) == 4:
+            n, c, h, w = dims
+            if list(strides) == [c * h * w, h * w, w, 1]:
+                return "NCHW"
+            if list(strides) == [h * w * c, 1, w * c, c]:
+                return "channels-last"
+            return None
+    return None
+
+
+def layout_of(trace: str | Path, shapes: str) -> str | None:
+    """The layout (``input_layout``) most calls with these input shapes ran in: under ``torch.compile``
+    Inductor may turn a model's convolutions channels-last, so the model's own layout need not be the
+    step's. None where no call with these shapes recorded its strides."""
+    seen: dict[str, int] = {}
+    for e in load_events(trace):
+        args = e.get("args") or {}
+        if e.get("cat") == "cpu_op" and "Input Strides" in args and _shapes(args) == shapes:
+            layout = input_layout(args)
+            if layout:
+                seen[layout] = seen.get(layout, 0) + 1
+    return max(seen, key=seen.get) if seen else None
+
+
 # ---------------------------------------------------------------------------------- the projection
 
 def _phase(node: Node, notes: list[tuple[str, float, float]]) -> str:
