@@ -477,7 +477,10 @@ def _next_fix_tried(v: dict, c) -> str:
         how = f"`{best['flags']}`" if best["flags"] else "no option applies it yet"
         said += (f" {best['path']} is the fastest confirmed path: about {v['saving_ms'] / 1e3:.2f} s a step less "
                  f"at this shape ({how}).")
-        return said + _flag_over_whole_step(best) if best["flags"] else said
+        if best["flags"]:
+            return said + _flag_over_whole_step(best)
+        return said + (" A saving alone, not yet over the whole step: there the tensors around this layer, the "
+                       "layouts they are in and what a compiled graph fuses decide whether it stays.")
     said += f" No path is confirmed faster by {compare.MIN_GAIN:.0%} or more"
     if not v["ceiling"] or v["step_gflops"] >= v["ceiling"]:
         return said + "."

@@ -587,3 +587,13 @@ def test_the_page_gives_each_target_of_its_size_with_its_verdict_and_bound(tmp_p
     full = made_up_study(facts, bf16_fast=False)  # no bf16 fast path: the study runs in fp32, no target is checked
     assert "Not checked here (this CPU: no bf16 fast path); the top trains 0.046." in \
         fullstudy.write_page(full, tmp_path, facts()).read_text()
+
+
+def test_a_path_no_option_applies_is_said_to_save_alone_only(facts):
+    study = made_up_study(facts, bf16_fast=False)
+    study["tried"] = made_up_trial(1.8)
+    for row in study["tried"]["trial"]["rows"]:
+        row["path"] = "GEMM form" if row["path"] == "bf16 channels-last" else row["path"]
+    sentence = fullstudy.study_findings(study)[-1].sentence
+    assert "GEMM form is the fastest confirmed path: about 1.78 s a step less at this shape (no option applies it " \
+           "yet). A saving alone, not yet over the whole step:" in sentence

@@ -660,6 +660,30 @@ def test_the_baseline_says_what_one_run_timed():
     assert "(median of 1 run, range" in found.sentence
 
 
+def test_the_baseline_view_gives_both_peaks_shares_and_no_blank_cell():
+    from cpuopt_helpers.stages import baseline, choosing
+
+    ok = {"status": "ok", "samples_per_s": 10.0, "step_ms": {"median": 100.0}, "achieved_gflops": 20.0,
+          "startup_s": 1.0, "peak_rss_mb": 100.0, "phase_ms": {"forward": 30.0, "backward": 60.0, "optimizer": 10.0},
+          "config": {"workload": "cnn", "steps": 6}, "instances": [{"batch_size": 32}], "warmup_steps": 3,
+          "system_share": 0.05, "page_faults_per_step": 1200}
+    uncounted = {k: v for k, v in ok.items() if k not in ("instances", "system_share")} | {
+        "config": {"workload": "mine"}, "achieved_gflops": None}
+    table = choosing.throughput_table([ok, dict(ok, samples_per_s=12.0), uncounted])
+    view = baseline.view(table, 200.0, 400.0)
+    assert not view.isna().any().any()
+    cnn, mine = view.loc["cnn"], view.loc["mine"]
+    assert cnn["a run timed"] == "batch 32, 6 steps after 3 warm-up" and mine["a run timed"] == "not recorded"
+    assert cnn["samples/s"] == "11.0 (range 10.0-12.0, 2 runs)" and mine["samples/s"] == "10.0 (1 run)"
+    assert cnn["forward / backward / optimizer / other"] == "30% / 60% / 10% / 0%"
+    assert (cnn["of the measured fp32 GEMM ceiling"], cnn["of the theoretical fp32 peak"]) == ("10%", "5%")
+    assert mine["GFLOP/s"] == mine["of the theoretical fp32 peak"] == "FLOPs not counted"
+    assert cnn["kernel's share of CPU time (page faults a step)"] == "5% (1,200)"
+    assert mine["kernel's share of CPU time (page faults a step)"] == "not read"
+    unknown = baseline.view(table, 200.0, None).loc["cnn", "of the theoretical fp32 peak"]
+    assert unknown == "unknown (this CPU is not in the peak table)"
+
+
 def test_uncounted_work_is_unknown_never_zero_gflops():
     import math
 

@@ -4,6 +4,7 @@ The fixture (tests/fixtures/traces/wholestep_step.trace.json) is two identical s
 hand-made Chrome trace, 1000 µs apart; every expected number below is counted by hand from it.
 """
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -488,3 +489,18 @@ def test_the_shaped_traces_cost_is_said_only_where_it_was_slower():
     assert "recording shapes stretched the step to 360 ms" in slower
     faster = Finding("cnn", "profiling", "whole step coverage", dict(values, shaped_step_ms=330.0)).sentence
     assert "stretched" not in faster and "the trace with shapes took 330 ms, not longer in this run" in faster
+
+
+def test_the_operator_view_says_what_each_share_divides_by_and_leaves_no_cell_blank(result):
+    view = wholestep.operator_view(result["table"])
+    assert len(view) == len(result["table"]) and not view.isna().any().any()
+    rows = {r["operator"]: r for r in view.to_dict(orient="records")}
+    assert rows["aten::linear"]["of its measured ceiling"] == "21% of the fp32 GEMM ceiling"
+    assert rows["aten::linear"]["of the theoretical peak"] == "peak unknown"  # CEIL states none
+    assert rows["aten::add_"]["of its measured ceiling"] == "49% of the copy rate"
+    assert rows["aten::add_"]["of the theoretical peak"] == "not compute-bound"
+    assert rows["aten::cat"]["of its measured ceiling"] == "work unknown"
+    assert rows["aten::view"]["of the theoretical peak"] == "no work (views, allocations)"
+    peak = dataclasses.replace(CEIL, theoretical_gflops={"fp32": 200.0})
+    linear = wholestep.operator_view(wholestep.whole_step(TRACE, peak)["table"], rows=1).iloc[0]
+    assert linear["of the theoretical peak"] == "10%"  # 21 GFLOP/s of 200

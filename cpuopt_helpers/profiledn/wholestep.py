@@ -603,6 +603,35 @@ def records(table: pd.DataFrame) -> list[dict]:
             for row in table.to_dict(orient="records")]
 
 
+def operator_view(table: pd.DataFrame, rows: int = 10) -> pd.DataFrame:
+    """The heaviest operators as notebook 02 shows them: every share said against what it divides by
+    (the measured GEMM ceiling of its dtype, or the copy rate), and no blank cell: a memory-bound
+    operator has no compute peak to be a share of, an unknown ceiling or peak says so."""
+    top = table.head(rows)
+    no_share = {"no work": "no work (views, allocations)", "unknown": "work unknown"}
+
+    def of_ceiling(r) -> str:
+        if r["bound"] in no_share:
+            return no_share[r["bound"]]
+        if r["of_ceiling"] is None or pd.isna(r["of_ceiling"]):
+            return "no ceiling measured"
+        against = f"the {r['dtype'] or 'fp32'} GEMM ceiling" if r["bound"] == "compute" else "the copy rate"
+        return f"{r['of_ceiling']:.0%} of {against}"
+
+    def of_theory(r) -> str:
+        if r["bound"] != "compute":
+            return no_share.get(r["bound"], "not compute-bound")
+        return "peak unknown" if r["of_theoretical"] is None or pd.isna(r["of_theoretical"]) else \
+            f"{r['of_theoretical']:.0%}"
+
+    return pd.DataFrame({
+        "phase": top["phase"], "operator": top["op"], "input shapes": top["shapes"], "bound by": top["bound"],
+        "calls a step": top["calls"].round(1), "ms a step": top["ms"].round(3), "share of operators' time":
+        top["share"].map("{:.1%}".format), "GFLOP/s": top["achieved_gflops"].round(1),
+        "GB/s": top["achieved_gbs"].round(2), "of its measured ceiling": top.apply(of_ceiling, axis=1),
+        "of the theoretical peak": top.apply(of_theory, axis=1), "ms at its ceiling": top["projected_ms"].round(3)})
+
+
 def cause_table(result: dict) -> pd.DataFrame:
     """The gap between the measured and projected step, by cause, in ms per step and share of the step."""
     return pd.DataFrame({"ms_per_step": result["gap_ms"], "share_of_step": result["gap_share"]}).loc[CAUSES]

@@ -96,3 +96,39 @@ def choose(table: pd.DataFrame, plan: Plan, confirm=None) -> Choice:
         return Choice(None, None, Finding(plan.workload, "baseline", "no baseline result"))
     return Choice(plan.base, None, Finding(plan.workload, "baseline", "ladder starts",
                                            {"samples_per_s": float(table.loc[plan.workload, "samples_per_s"])}))
+
+
+def view(table: pd.DataFrame, peak_gflops: float | None, theoretical_gflops: float | None = None) -> pd.DataFrame:
+    """Notebook 01's table as a reader takes it: a row a workload, each rate with its runs' range, the step's
+    phases in one cell, and GFLOP/s as a share of both peaks (the measured fp32 GEMM ceiling and the
+    theoretical one); a cell the runs did not give says why instead of NaN."""
+    def pct(value, of):
+        return f"{value / of:.0%}" if _known(value) and of else None
+
+    def rate(r) -> str:
+        runs = int(r["runs"])
+        spread = f" (range {r['low']:,.1f}-{r['high']:,.1f}, {runs} runs)" if runs > 1 else " (1 run)"
+        return f"{r['samples_per_s']:,.1f}{spread}"
+
+    def timed(r) -> str:
+        known = {k: int(r[k]) for k in ("batch", "timed_steps", "warmup_steps") if _known(r.get(k))}
+        if len(known) < 3:
+            return "not recorded"
+        return f"batch {known['batch']}, {known['timed_steps']} steps after {known['warmup_steps']} warm-up"
+
+    rows = []
+    for name, r in table.iterrows():
+        kernel = (f"{r['system_share']:.0%} ({r['page_faults_per_step']:,.0f})" if _known(r.get("system_share"))
+                  else "not read")
+        rows.append({
+            "workload": name, "a run timed": timed(r), "samples/s": rate(r), "step ms": round(float(r["step_ms"]), 2),
+            "forward / backward / optimizer / other": " / ".join(f"{r[f'{p}_share']:.0%}" for p in (*PHASES, "other")),
+            "GFLOP/s": round(float(r["gflops"]), 1) if _known(r["gflops"]) else "FLOPs not counted",
+            "of the measured fp32 GEMM ceiling": pct(r["gflops"], peak_gflops) or (
+                "FLOPs not counted" if not _known(r["gflops"]) else "no ceiling measured"),
+            "of the theoretical fp32 peak": pct(r["gflops"], theoretical_gflops) or (
+                "FLOPs not counted" if not _known(r["gflops"]) else "unknown (this CPU is not in the peak table)"),
+            "kernel's share of CPU time (page faults a step)": kernel,
+            "start-up s": round(float(r["startup_s"]), 1), "peak RSS MB": round(float(r["peak_rss_mb"])),
+            "failed runs": int(r["failed"])})
+    return pd.DataFrame(rows).set_index("workload") if rows else pd.DataFrame()
