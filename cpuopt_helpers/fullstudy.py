@@ -19,9 +19,9 @@ with its work and ceiling) and the trace accounts for its step by phase (``profi
 why the forward takes what it takes against the backward, and where the top's time goes by
 cause; a profile that fails is said, and the comparison kept. The output ends with the next fix
 the top's profile points at and, where that is a convolution's backward, the fix tried: that
-convolution alone under each path this CPU offers (``kernels.conv_paths``: channels-last, the GEMM
-form, bf16 where fast), each against the path the step ran, and its rate alone against the rate in
-the step. The page states how long the study took.
+convolution alone under each path this CPU offers (``kernels.conv_paths``: the other layout, the GEMM
+form, bf16 where fast), each against the path the step ran (its dtype, and the layout its trace
+recorded), and its rate alone against the rate in the step. The page states how long the study took.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ LADDER_SOURCE = "the top of this machine's standard-preset ladder"  # where the 
 # a path of kernels.conv_paths -> how a run takes it
 PATH_FLAGS = {"channels-last": "--channels-last", "bf16": "--dtype bf16",
               "bf16 channels-last": "--dtype bf16 --channels-last", "GEMM form": None,
-              "NCHW": None, "bf16 NCHW": None}  # the step ran channels-last (Inductor's choice): no flag undoes it
+              "NCHW": None, "bf16 NCHW": None}  # channels-last by Inductor's choice: no flag turns it off
+UNFLAGGED = {"NCHW": "no --channels-last", "bf16 NCHW": "--dtype bf16, no --channels-last"}  # by --channels-last
 # (a path, the dtype the step ran) -> the climb's rung that compares that flag over the whole step (every layer)
 WHOLE_STEP_RUNGS = {("channels-last", "bf16"): "bf16: channels-last",
                     ("channels-last", "fp32"): "runtime: channels-last",
@@ -294,8 +295,10 @@ def try_next_fix(target: dict, config: RunConfig, facts, rounds: int = TRY_ROUND
     (``kernels.conv_paths``, in a process of its own at the top's threads): the target, and
     ``trial``, ``error``, or ``skipped`` where the step runs IPEX's convolutions (weights prepacked, in
     torch 2.8), which the benchmark, in this torch, would not time as the step ran them. The layout
-    the trace did not record is the run's own (``--channels-last`` or not)."""
-    target = target | {"layout": target.get("layout") or ("channels-last" if config.channels_last else "NCHW")}
+    the trace did not record is assumed from the run's ``--channels-last`` (and said so: under
+    ``torch.compile`` Inductor may have chosen another)."""
+    target = target | {"layout": target.get("layout") or ("channels-last" if config.channels_last else "NCHW"),
+                       "layout_assumed": not target.get("layout"), "channels_last_flag": config.channels_last}
     if config.ipex:
         return target | {"skipped": "the step runs IPEX's convolutions (weights prepacked, torch 2.8), and the "
                                     "benchmark alone runs this torch's: it would not time the kernel the step ran"}
@@ -323,13 +326,14 @@ def whole_step_rungs(session, dtype: str) -> dict[str, dict]:
 
 def tried_finding(tried: dict, ceiling: float | None, who: str = "retinanet (top)") -> Finding:
     """The trial in words: each path against the one the step ran, and what that leaves."""
-    values = {k: tried[k] for k in ("op", "shapes", "step_ms", "step_gflops")} | {"layout": tried.get("layout")}
+    values = {k: tried[k] for k in ("op", "shapes", "step_ms", "step_gflops")} | {"layout": layout_words(tried)}
     for why in ("error", "skipped"):
         if why in tried:
             return Finding(who, "case_study", "next fix tried", values | {why: tried[why]})
     both = [r for r in tried["trial"]["rows"] if r["part"] == "both"]
+    flags = PATH_FLAGS | (UNFLAGGED if tried.get("channels_last_flag") else {})
     paths = [{"path": r["path"], "ratio": r["speedup"], "low": r["speedup_low"], "high": r["speedup_high"],
-              "verdict": r["verdict"], "flags": PATH_FLAGS.get(r["path"]),
+              "verdict": r["verdict"], "flags": flags.get(r["path"]),
               "whole_step": (tried.get("whole_step") or {}).get(r["path"])} for r in both if r["path"] != "as run"]
     won = [p for p in paths if compare.pays({"verdict": p["verdict"], "ratio": p["ratio"]})]
     best = max(won, key=lambda p: p["ratio"]) if won else None
@@ -355,10 +359,16 @@ def tried_lines(tried: dict | None, ceilings: wholestep.Ceilings) -> list[str]:
         over = "" if both["speedup"] is None else f"{both['speedup']:.2f}x"
         interval = "" if both["speedup"] is None else f"95% CI {both['speedup_low']:.2f}-{both['speedup_high']:.2f}"
         forward, backward = (_ms_cell(rows[(path, part)]["median_ms"]) for part in ("forward", "backward"))
-        label = f"as run ({tried['dtype']}, {tried.get('layout') or 'NCHW'})" if path == "as run" else path
+        label = f"as run ({tried['dtype']}, {layout_words(tried)})" if path == "as run" else path
         out.append(f"| {label} | {forward} | {backward} | {both['gflops']:.0f} | {share} | {over} | {interval} "
                    f"| {both['verdict']} |")
     return ["\n".join(out)]
+
+
+def layout_words(tried: dict) -> str:
+    """The layout the trial's as-run path took, and whether the trace said it or it was assumed."""
+    layout = tried.get("layout") or "NCHW"
+    return f"{layout}, assumed: the trace recorded no strides" if tried.get("layout_assumed") else layout
 
 
 def _ms_cell(ms: float) -> str:

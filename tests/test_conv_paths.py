@@ -60,6 +60,8 @@ def test_the_gemm_form_equals_the_convolution_in_outputs_and_gradients(shapes, c
     torch.testing.assert_close(y, ref)
     torch.testing.assert_close(t["x"].grad, x2.grad)
     torch.testing.assert_close(t["w"].grad, w2.grad)
+    if conv.weight[2:] == (1, 1):  # one multiply in the input's layout: its output in that layout too
+        assert y.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
 def test_bf16_is_tried_only_from_fp32_where_fast_and_the_gemm_form_only_ungrouped():

@@ -509,11 +509,11 @@ def test_only_a_convolutions_backward_is_tried_at_its_heaviest_shape():
     assert fullstudy.next_fix_target({**prof, "next": {"op": "aten::copy_", "phase": "backward"}}) is None
 
 
-def conv_event(strides: list[int], dims=(2, 8, 4, 4)) -> dict:
+def conv_event(strides: list[int], dims=(2, 8, 4, 4), grad_strides: list[int] | None = None) -> dict:
     """A convolution's backward as torch.profiler records it with shapes: grad, input, weight."""
     return {"ph": "X", "cat": "cpu_op", "name": "aten::convolution_backward", "ts": 0, "dur": 1, "args": {
         "Input type": ["float", "float", "float", ""], "Input Dims": [list(dims), list(dims), [8, 8, 1, 1], []],
-        "Input Strides": [strides, strides, [8, 1, 1, 1], []]}}
+        "Input Strides": [grad_strides or strides, strides, [8, 1, 1, 1], []]}}
 
 
 def test_the_trial_runs_the_convolution_in_the_layout_the_trace_recorded(tmp_path, facts, monkeypatch):
@@ -531,24 +531,58 @@ def test_the_trial_runs_the_convolution_in_the_layout_the_trace_recorded(tmp_pat
     assert target["layout"] == "channels-last"  # most calls
     assert wholestep.input_layout({"Input Dims": [[2, 8, 4, 4]]}) is None  # no strides recorded
     assert wholestep.input_layout(conv_event([128, 16, 1, 4])["args"]) is None  # neither layout
+    event = conv_event(channels_last, grad_strides=contiguous)  # PyTorch picks the layout from input and weight
+    assert wholestep.input_layout(event["args"], event["name"]) == "channels-last"
+    assert wholestep.input_layout(event["args"]) == "NCHW"  # any other op: its first readable tensor
+    assert wholestep.tensor_layout([2, 1, 4, 4], [16, 16, 4, 1]) is None  # one channel: both layouts fit
+    assert wholestep.tensor_layout([2, 8, 4, 4], [999, 1, 32, 8]) == "channels-last"  # a batch slice's stride
     commands = []
     monkeypatch.setattr(fullstudy.subprocess, "run", lambda command, **_: commands.append(command) or
                         subprocess.CompletedProcess(command, 2, "", "cpuopt: stop here"))
     top = RunConfig.for_preset("retinanet", "standard", dtype="bf16")
     tried = fullstudy.try_next_fix(target, top, facts())
     assert commands[-1][commands[-1].index("--layout") + 1] == "channels-last" and tried["error"] == "stop here"
-    fullstudy.try_next_fix(target | {"layout": None}, top.replace(channels_last=True), facts())
+    assert not tried["layout_assumed"]
+    tried = fullstudy.try_next_fix(target | {"layout": None}, top.replace(channels_last=True), facts())
     assert commands[-1][commands[-1].index("--layout") + 1] == "channels-last"  # not recorded: the run's own
+    assert tried["layout_assumed"] and tried["channels_last_flag"]
     fullstudy.try_next_fix(target | {"layout": None}, top, facts())
     assert commands[-1][commands[-1].index("--layout") + 1] == "NCHW"
 
 
+def channels_last_trial(best: str, **changes) -> dict:
+    """``made_up_trial`` of a step that ran channels-last: its paths NCHW (slower) and ``best`` (faster)."""
+    tried = made_up_trial(1.8) | {"layout": "channels-last"} | changes
+    names = {"channels-last": "NCHW", "bf16 channels-last": best}
+    for row in tried["trial"]["rows"]:
+        row["path"] = names.get(row["path"], row["path"])
+    return tried
+
+
 def test_the_page_names_the_layout_the_step_ran(tmp_path, facts):
     study = made_up_study(facts, bf16_fast=True)
-    study["tried"] = made_up_trial(1.8) | {"layout": "channels-last"}
+    study["tried"] = channels_last_trial("bf16")
     text = fullstudy.write_page(study, tmp_path, facts()).read_text()
     assert "| as run (fp32, channels-last) | 1000 | 1000 | 90 | 90% |  |  |  |" in text
-    assert "interleaved rounds: in the step's dtype and layout (channels-last), 90 GFLOP/s alone" in text
+    assert "| NCHW | 1600 | 1600 | 56 | 56% | 0.62x | 95% CI 0.58-0.66 | slower |" in text
+    last = text.split("\n\n")[-2]
+    assert "interleaved rounds: in the step's dtype and layout (channels-last), 90 GFLOP/s alone" in last
+    assert "bf16 is the fastest confirmed path: about 1.78 s a step less at this shape (`--dtype bf16`)" in last
+    assumed = channels_last_trial("bf16", layout="NCHW", layout_assumed=True)
+    study["tried"] = assumed
+    assert "| as run (fp32, NCHW, assumed: the trace recorded no strides) |" in \
+        fullstudy.write_page(study, tmp_path, facts()).read_text()
+
+
+@pytest.mark.parametrize("flag, how", [(False, "no option applies it yet"), (True, "`no --channels-last`")])
+def test_nchw_is_applied_by_dropping_channels_last_only_where_the_run_asked_for_it(facts, flag, how):
+    study = made_up_study(facts, bf16_fast=False)
+    study["tried"] = channels_last_trial("NCHW", channels_last_flag=flag)
+    for row in study["tried"]["trial"]["rows"]:  # NCHW the one faster path
+        if row["path"] == "NCHW" and row["verdict"] == "slower":
+            row.update(path="bf16", verdict="slower")
+    sentence = fullstudy.study_findings(study)[-1].sentence
+    assert f"NCHW is the fastest confirmed path: about 1.78 s a step less at this shape ({how})" in sentence
 
 
 def test_an_allocator_trial_that_finished_no_run_claims_nothing(tmp_path, facts):

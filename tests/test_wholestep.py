@@ -501,6 +501,8 @@ def test_the_operator_view_says_what_each_share_divides_by_and_leaves_no_cell_bl
     assert rows["aten::add_"]["of the theoretical peak"] == "not compute-bound"
     assert rows["aten::cat"]["of its measured ceiling"] == "work unknown"
     assert rows["aten::view"]["of the theoretical peak"] == "no work (views, allocations)"
+    assert rows["aten::add_"]["GFLOP/s"] == "not counted (not GEMM-like)" and rows["aten::add_"]["GB/s"] == 4.92
+    assert rows["aten::cat"]["GFLOP/s"] == rows["aten::cat"]["GB/s"] == "work unknown"  # never a measured 0
     peak = dataclasses.replace(CEIL, theoretical_gflops={"fp32": 200.0})
     linear = wholestep.operator_view(wholestep.whole_step(TRACE, peak)["table"], rows=1).iloc[0]
     assert linear["of the theoretical peak"] == "10%"  # 21 GFLOP/s of 200

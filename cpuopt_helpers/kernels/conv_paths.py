@@ -10,9 +10,10 @@ interleaved round by round in one process, each against the path the step ran
 - ``as run``: the step's dtype, in the layout the step ran (``--layout``: NCHW, the default, or
   channels-last, which the trace's strides show where ``torch.compile`` chose it or the run asked for it);
 - ``channels-last`` (or ``NCHW`` where the step ran channels-last): the same kernels in the other layout;
-- ``GEMM form``: the convolution as matrix multiplies in the step's layout (ungrouped convolutions only),
-  the path of a framework without a convolution kernel: a 1x1 convolution is one matrix multiply over
-  its (strided) input, any other im2col (``F.unfold``) and one an image; autograd takes the backward;
+- ``GEMM form``: the convolution as matrix multiplies (ungrouped convolutions only), the path of a
+  framework without a convolution kernel: a 1x1 convolution is one matrix multiply over its (strided)
+  input in the step's layout; any other is im2col (``F.unfold``, whose columns are NCHW's whatever
+  the input's layout) and one multiply an image; autograd takes the backward;
 - ``bf16``, and bf16 in the other layout (``--dtype bf16``), only where the step ran fp32 and the
   bf16 gate found a fast path (elsewhere bf16 runs emulated kernels, many times slower).
 
@@ -100,16 +101,16 @@ def paths(conv: Conv, dtype: str, bf16_fast: bool, layout: str = "NCHW") -> dict
 
 
 def gemm_form(x: torch.Tensor, w: torch.Tensor, conv: Conv) -> torch.Tensor:
-    """The convolution as matrix multiplies (autograd takes its backward), in the input's layout: a
-    1x1 convolution one multiply over the strided input (channels-last: one [n*h*w, c] by [c, k]),
-    any other im2col and a multiply an image."""
+    """The convolution as matrix multiplies (autograd takes its backward): a 1x1 convolution one
+    multiply over the strided input in its layout (channels-last: one [n*h*w, c] by [c, k], the output
+    channels-last too), any other im2col and a multiply an image (NCHW columns and output)."""
     n, k, ho, wo = conv.output
     if w.shape[-2:] == (1, 1) and conv.padding == 0:
-        x = x[:, :, ::conv.stride, ::conv.stride]
-        c = x.shape[1]
-        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
-            return (x.permute(0, 2, 3, 1).reshape(-1, c) @ w.reshape(k, c).t()).view(n, ho, wo, k).permute(0, 3, 1, 2)
-        return (w.reshape(k, c) @ x.reshape(n, c, ho * wo)).view(n, k, ho, wo)
+        c, s = x.shape[1], conv.stride
+        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():  # before the stride's slice
+            rows = x.permute(0, 2, 3, 1)[:, ::s, ::s].reshape(-1, c)  # [n*ho*wo, c]: a view where the stride is 1
+            return (rows @ w.reshape(k, c).t()).view(n, ho, wo, k).permute(0, 3, 1, 2)  # channels-last out
+        return (w.reshape(k, c) @ x[:, :, ::s, ::s].reshape(n, c, ho * wo)).view(n, k, ho, wo)
     cols = F.unfold(x, w.shape[-2:], padding=conv.padding, stride=conv.stride)  # [n, c*kh*kw, ho*wo]
     return (w.reshape(k, -1) @ cols).view(n, k, ho, wo)
 

@@ -328,18 +328,27 @@ def _shapes(args: dict) -> str:
     return "; ".join("x".join(map(str, s)) or "scalar" for s, _ in ins)
 
 
-def input_layout(args: dict) -> str | None:
-    """The memory layout of an op's first 4-D tensor input, from the strides the profiler records:
-    ``channels-last`` (channels innermost), ``NCHW`` (contiguous), None (no strides, or neither)."""
-    for dims, strides in zip(args.get("Input Dims") or [], args.get("Input Strides") or []):
-        if isinstance(dims, list) and len(dims) == 4 and isinstance(strides, list) and len(strides) == 4:
-            n, c, h, w = dims
-            if list(strides) == [c * h * w, h * w, w, 1]:
-                return "NCHW"
-            if list(strides) == [h * w * c, 1, w * c, c]:
-                return "channels-last"
-            return None
-    return None
+def tensor_layout(dims: list, strides: list) -> str | None:
+    """``channels-last`` or ``NCHW`` for one 4-D tensor's strides, compared as torch does: the batch's
+    stride and dimensions of size 1 left out (they say nothing of the order); None where both fit
+    (one channel, a 1x1 image) or neither."""
+    if not (isinstance(dims, list) and len(dims) == 4 and isinstance(strides, list) and len(strides) == 4):
+        return None
+    _, c, h, w = dims
+    expected = {"NCHW": (h * w, w, 1), "channels-last": (1, w * c, c)}  # strides of C, H, W
+    fits = [name for name, want in expected.items()
+            if all(size == 1 or stride == wanted for size, stride, wanted in zip((c, h, w), strides[1:], want))]
+    return fits[0] if len(fits) == 1 else None
+
+
+def input_layout(args: dict, name: str = "") -> str | None:
+    """The memory layout an op ran in, from the strides the profiler records: its first tensor whose
+    layout can be read; for a convolution's backward (grad_output, input, weight) the input's, then
+    the weight's, as PyTorch chooses the kernel's layout from them. None where none can be read."""
+    pairs = list(zip(args.get("Input Dims") or [], args.get("Input Strides") or []))
+    if "convolution_backward" in name and len(pairs) >= 3:
+        pairs = [pairs[1], pairs[2], pairs[0]]
+    return next((layout for layout in (tensor_layout(d, s) for d, s in pairs) if layout), None)
 
 
 def layout_of(trace: str | Path, shapes: str) -> str | None:
@@ -350,7 +359,7 @@ def layout_of(trace: str | Path, shapes: str) -> str | None:
     for e in load_events(trace):
         args = e.get("args") or {}
         if e.get("cat") == "cpu_op" and "Input Strides" in args and _shapes(args) == shapes:
-            layout = input_layout(args)
+            layout = input_layout(args, e.get("name", ""))
             if layout:
                 seen[layout] = seen.get(layout, 0) + 1
     return max(seen, key=seen.get) if seen else None
@@ -624,11 +633,20 @@ def operator_view(table: pd.DataFrame, rows: int = 10) -> pd.DataFrame:
         return "peak unknown" if r["of_theoretical"] is None or pd.isna(r["of_theoretical"]) else \
             f"{r['of_theoretical']:.0%}"
 
+    def rate(r, column: str, digits: int):
+        if r["bound"] in no_share:
+            return no_share[r["bound"]]
+        if not math.isfinite(r[column]):
+            return "no time recorded"
+        if column == "achieved_gflops" and r["bound"] == "memory" and not r[column]:
+            return "not counted (not GEMM-like)"  # FLOPs count at GEMM-like operators only
+        return round(float(r[column]), digits)
+
     return pd.DataFrame({
         "phase": top["phase"], "operator": top["op"], "input shapes": top["shapes"], "bound by": top["bound"],
         "calls a step": top["calls"].round(1), "ms a step": top["ms"].round(3), "share of operators' time":
-        top["share"].map("{:.1%}".format), "GFLOP/s": top["achieved_gflops"].round(1),
-        "GB/s": top["achieved_gbs"].round(2), "of its measured ceiling": top.apply(of_ceiling, axis=1),
+        top["share"].map("{:.1%}".format), "GFLOP/s": top.apply(rate, axis=1, args=("achieved_gflops", 1)),
+        "GB/s": top.apply(rate, axis=1, args=("achieved_gbs", 2)), "of its measured ceiling": top.apply(of_ceiling, axis=1),
         "of the theoretical peak": top.apply(of_theory, axis=1), "ms at its ceiling": top["projected_ms"].round(3)})
 
 
