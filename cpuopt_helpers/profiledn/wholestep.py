@@ -646,7 +646,8 @@ def operator_view(table: pd.DataFrame, rows: int = 10) -> pd.DataFrame:
         "phase": top["phase"], "operator": top["op"], "input shapes": top["shapes"], "bound by": top["bound"],
         "calls a step": top["calls"].round(1), "ms a step": top["ms"].round(3), "share of operators' time":
         top["share"].map("{:.1%}".format), "GFLOP/s": top.apply(rate, axis=1, args=("achieved_gflops", 1)),
-        "GB/s": top.apply(rate, axis=1, args=("achieved_gbs", 2)), "of its measured ceiling": top.apply(of_ceiling, axis=1),
+        "GB/s": top.apply(rate, axis=1, args=("achieved_gbs", 2)),
+        "of its measured ceiling": top.apply(of_ceiling, axis=1),
         "of the theoretical peak": top.apply(of_theory, axis=1), "ms at its ceiling": top["projected_ms"].round(3)})
 
 
