@@ -89,7 +89,8 @@ def split_cores(text: str, groups: int, threads: int | None, what: str = "instan
 
     listed = planning.parse_core_list(text)
     if len(listed) % groups:
-        raise CpuoptError(f"{len(listed)} cores do not split evenly into {groups} {what}")
+        raise CpuoptError(f"--cores {text} lists {len(listed)} core{'s' * (len(listed) != 1)}, which do not split "
+                          f"evenly into {groups} {what}: list a multiple of {groups} cores, or ask for fewer {what}")
     per = len(listed) // groups
     if threads is not None and threads != per:
         raise CpuoptError(f"--cores gives {per} cores per instance but --ncores-per-instance says {threads}")
@@ -592,6 +593,8 @@ def report_comparison(result: dict, title: str, as_json: bool) -> int:
     else:
         print(f"b over a ({title}): {compare.describe(result)}", flush=True)
         failed = f" (and {result['failed_rounds']} with a failed run)" if result.get("failed_rounds") else ""
+        if result.get("uncounted"):
+            failed += f" (and {len(result['uncounted'])} left out: one run's CPUs apart, the other's not)"
         why = STOPPED.get(result["stopped"], result["stopped"])
         print(f"  rounds: {result['n']} with a result{failed}, order {' '.join(result['order']) or '(none ran)'}; "
               f"stopped {why}")
@@ -600,7 +603,7 @@ def report_comparison(result: dict, title: str, as_json: bool) -> int:
             print(f"  the run cut short: arm {cut['arm']} had run {cut['ran_s']:.0f} s"
                   + (f", {cut['ran_s'] / cut['median_s']:.1f}x its median run ({cut['median_s']:.0f} s)"
                      if cut["median_s"] else "") + "; left out of the rounds")
-        said = [launch.refusal(reason) or " | ".join((reason or "").splitlines()[:2]) for reason in result["failures"]]
+        said = [launch.reason_line(reason) for reason in result["failures"]]
         for line in list(dict.fromkeys(said))[:3]:  # each failure once: a refused input fails every run alike
             print(f"  failed run: {line}")
         if result.get("machine_sentence"):

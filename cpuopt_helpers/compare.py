@@ -31,8 +31,8 @@ Every "faster", "slower" or interval the workbook prints comes from here.
 - Order inside a round alternates (AB, BA, AB, ...) from a seeded random start, so neither
   arm always runs second; the order is recorded.
 - A round the caller marks ``uncounted`` (``results.unlike_rounds``: one run's CPUs apart on a
-  VM's host, the other's not) is kept but left out of the ratio, and another round runs in its
-  place, as for a round with a failed run: the placement is the host's, so leaving it out removes
+  VM's host, the other's not; `run_comparison` marks them where it has no time budget) is kept
+  but left out of the ratio, and another round runs in its place, as for a round with a failed run: the placement is the host's, so leaving it out removes
   its cost from the ratio without favouring an arm (simulated in tests/test_compare.py).
 """
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
-import importlib.util
 import json
 import os
 import shlex
@@ -188,31 +186,16 @@ def setting_label(config: dict, baseline: dict) -> str:
 
 
 def check_workload_spec(spec: str) -> None:
-    """Fail early on an unknown built-in or an unimportable user workload."""
-    from cpuopt_helpers.workloads import BUILTINS
+    """Fail early on an unknown built-in or an unimportable user workload (``workloads.build_function``:
+    a built-in's module, which imports torch, is not imported)."""
+    from cpuopt_helpers.workloads import BUILTINS, build_function
 
     if ":" not in spec:
         if spec not in BUILTINS:
             raise CpuoptError(f"unknown workload {spec!r}; use one of {', '.join(sorted(BUILTINS))} "
                               "or your own as package.module:function")
         return
-    module_name, _, func = spec.partition(":")
-    try:
-        found = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError):
-        found = None
-    if found is None:
-        raise CpuoptError(f"cannot import {module_name!r} for workload {spec!r}; "
-                          "run from the folder that holds it or add it to PYTHONPATH")
-    try:
-        module = importlib.import_module(module_name)
-    except (Exception, SystemExit) as exc:  # the user's module failed (or exited) while importing
-        raise CpuoptError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}; a workload's module "
-                          "should only define things when imported (run its script part under "
-                          "if __name__ == '__main__')") from None
-    if not callable(getattr(module, func, None)):
-        raise CpuoptError(f"{module_name!r} has no function {func!r}; a workload is "
-                          "package.module:function with function(preset) -> Workload")
+    build_function(spec)
 
 
 # --- the knobs: one row per RunConfig field a user sets ---------------------------------------

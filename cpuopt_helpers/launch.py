@@ -99,6 +99,16 @@ def refusal(reason: str | None) -> str | None:
     return reason[len(BAD_INPUT):].split("; stderr tail")[0] if reason.startswith(BAD_INPUT) else None
 
 
+def reason_line(reason: str | None) -> str:
+    """A failed run's reason in one line: what its worker refused, else the reason's first line and,
+    where a stderr tail follows, the tail's last line (the exception that ended the run)."""
+    refused = refusal(reason)
+    if refused:
+        return refused
+    lines = [line.strip() for line in (reason or "").splitlines() if line.strip()]
+    return " | ".join(lines[:1] + lines[-1:] if len(lines) > 1 and "stderr tail" in lines[0] else lines[:1])
+
+
 def _tail(path: str, limit: int = STDERR_TAIL) -> str:
     with open(path, "rb") as f:
         f.seek(0, os.SEEK_END)

@@ -178,7 +178,7 @@ def _confirmation_lines(store: ResultStore, machine: str, preset: str, since: st
         if not rounds:
             continue
         design = store.get_fact(machine, f"ab/{sweep['id']}") or {}  # as it ran (older stores: the defaults)
-        unlike = unlike_rounds(runs)  # left out, as the comparison itself did
+        unlike = unlike_rounds(runs) if design.get("leave_out") else set()  # as the comparison itself did
         kept = [i for i in rounds if i not in unlike]
         result = compare.sequential_ratio([by[(0, i)] for i in kept], [by[(1, i)] for i in kept],
                                           design.get("min_rounds", compare.MIN_ROUNDS),

@@ -61,6 +61,8 @@ def parse_command(text: str) -> list[str]:
     if words[0] in ("python", "python3"):
         words[0] = sys.executable
     launch.findable(words[0], dict(os.environ))  # a program not there: said once, before any round
+    if words[0] == sys.executable and len(words) > 1 and words[1].endswith(".py") and not Path(words[1]).is_file():
+        raise CpuoptError(f"no such script {words[1]!r} (from {os.getcwd()}); give its path from here")
     return words
 
 

@@ -60,6 +60,23 @@ def search_space(default: RunConfig, facts: Facts, image_like: bool) -> list[Run
     return out
 
 
+def image_like(workload: str, preset: str) -> bool:
+    """Whether the workload trains on images (its search then tries channels-last), from building it
+    here: a user workload that fails to build is the user's input, said in one line before any search."""
+    from cpuopt_helpers.workloads import BUILTINS, build_workload
+
+    try:
+        return bool(getattr(build_workload(workload, preset), "image_like", False))
+    except CpuoptError:
+        raise
+    except Exception as exc:
+        if workload in BUILTINS:
+            raise
+        said = (str(exc).strip().splitlines() or [""])[-1]
+        raise CpuoptError(f"workload {workload!r} failed to build at preset {preset!r}: {type(exc).__name__}: "
+                          f"{said}; fix it, then run `cpuopt bench --workload {workload} --steps 1` to check") from None
+
+
 def machine_facts(machine: planning.Machine) -> system.Facts:
     """What the search space needs to know about a machine read from --topology: its topology
     and counts, its libraries, and bf16 where its doctor JSON says (lscpu text does not: no bf16)."""
@@ -81,11 +98,8 @@ def search_plan(workload: str, preset: str, facts: Facts, machine: planning.Mach
         default = scripts.script_config(script, facts.physical_cores)
         candidates = [default] + scripts.search_space(default, facts, instances)
     else:
-        from cpuopt_helpers.workloads import build_workload
-
         default = normalise(RunConfig.for_preset(workload, preset), facts.physical_cores)
-        image_like = bool(getattr(build_workload(workload, preset), "image_like", False))
-        candidates = [default] + search_space(default, facts, image_like)
+        candidates = [default] + search_space(default, facts, image_like(workload, preset))
     rows = []
     for config in choosing.unique(candidates):
         plan = planning.build_plan(config, machine, command=script)
@@ -183,15 +197,12 @@ def starting_candidates(workload: str, preset: str, facts: Facts, ladder: list[d
         default = scripts.script_config(script, facts.physical_cores)
         planning.build_plan(default, planning.Machine.this(), command=script)  # bad machine: fail before measuring
         return default, choosing.unique([default] + scripts.search_space(default, facts, instances))
-    from cpuopt_helpers.workloads import build_workload
-
     default = normalise(RunConfig.for_preset(workload, preset), facts.physical_cores)
     planning.build_plan(default, planning.Machine.this())  # bad workload or machine: fail before measuring
-    image_like = bool(getattr(build_workload(workload, preset), "image_like", False))
     handed_on = [RunConfig.from_dict(s["config"]) for s in (ladder or []) if s["config"]["workload"] == workload]
     return default, choosing.unique([default] + [c.replace(preset=preset, steps=default.steps, onednn_verbose=None,
                                                            trace=None, warmup=max(default.warmup, c.warmup))
-                                                 for c in handed_on] + search_space(default, facts, image_like))
+                                                 for c in handed_on] + search_space(default, facts, image_like(workload, preset)))
 
 
 class Search:

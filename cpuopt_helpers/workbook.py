@@ -80,6 +80,8 @@ def cli_parameters(workloads: str | None, pairs: list[list[str]]) -> dict:
     chosen = {}
     if workloads:
         names = parameter_list(workloads)
+        if not names:
+            raise CpuoptError(f"--workloads {workloads!r} names no workload; give e.g. --workloads cnn,retinanet")
         from cpuopt_helpers.config import check_workload_spec
 
         for name in names:
@@ -162,21 +164,50 @@ def keep_run_commit(preset: str) -> None:
 
 def declared_parameters(book: Path) -> list[str]:
     """The names a notebook's cell tagged ``parameters`` assigns, in order."""
+    return list(declared_defaults(book))
+
+
+NOT_LITERAL = object()  # a parameter whose default is an expression, not a literal
+
+
+def declared_defaults(book: Path) -> dict:
+    """{name: default} of the notebook's cell tagged ``parameters``, in order (``NOT_LITERAL`` where
+    the default is an expression)."""
     import ast
 
     import nbformat
 
+    def literal(node):
+        try:
+            return ast.literal_eval(node)
+        except ValueError:
+            return NOT_LITERAL
+
     for cell in nbformat.read(book, as_version=4).cells:
         if "parameters" in cell.get("metadata", {}).get("tags", []):
-            return [t.id for node in ast.parse(cell.source).body if isinstance(node, ast.Assign)
-                    for t in node.targets if isinstance(t, ast.Name)]
-    return []
+            return {t.id: literal(node.value) for node in ast.parse(cell.source).body if isinstance(node, ast.Assign)
+                    for t in node.targets if isinstance(t, ast.Name)}
+    return {}
+
+
+def check_value(name: str, value, default) -> None:
+    """Refuse a -p value of another kind than the notebook's default (a number where it takes a number,
+    True or False where it takes a flag), or a negative one where the default is not, before any notebook runs."""
+    wanted = ("True or False" if isinstance(default, bool) else "a whole number" if isinstance(default, int)
+              else "a number" if isinstance(default, float) else None)
+    fits = (isinstance(value, bool) if isinstance(default, bool) else
+            isinstance(value, int) and not isinstance(value, bool) if isinstance(default, int) else
+            isinstance(value, (int, float)) and not isinstance(value, bool) if isinstance(default, float) else True)
+    if not fits:
+        raise CpuoptError(f"-p {name} {value!r}: {name} takes {wanted} (its default: {default!r})")
+    if isinstance(default, (int, float)) and not isinstance(default, bool) and default >= 0 and value < 0:
+        raise CpuoptError(f"-p {name} {value!r}: {name} takes 0 or more (its default: {default!r})")
 
 
 def check_parameters(books: list[Path], parameters: dict, notebook_parameters: dict[str, dict]) -> None:
     """Refuse, before anything runs, a parameter that none of the notebooks to run takes
     (a misspelt -p NAME would otherwise be dropped with a warning and the run go on without it)."""
-    takes = {book.name[:2]: declared_parameters(book) for book in books}
+    takes = {book.name[:2]: declared_defaults(book) for book in books}
     everyone = {name for names in takes.values() for name in names}
     for name in parameters:
         if name not in everyone:
@@ -186,6 +217,10 @@ def check_parameters(books: list[Path], parameters: dict, notebook_parameters: d
         for name in chosen:
             if number in takes and name not in takes[number]:
                 raise CpuoptError(f"notebook {number} has no parameter {name}; it takes {', '.join(takes[number])}")
+    for number, defaults in takes.items():
+        for name, value in {**parameters, **notebook_parameters.get(number, {})}.items():
+            if name in defaults and defaults[name] is not NOT_LITERAL and defaults[name] is not None:
+                check_value(name, value, defaults[name])
 
 
 def local_kernels(folder: str):

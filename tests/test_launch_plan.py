@@ -313,3 +313,15 @@ def test_the_rank_that_failed_first_is_named_even_when_its_peer_exits_before_it(
     assert status == "failed" and reason == "instance 1 exited with code 1; stderr tail of instance 1:\nrank 1's traceback"
     alone = launch.Watch([Exiting(1, exits_after=1), Exiting(0, exits_after=10**6)], str(tmp_path / "none"), lp)
     assert alone.wait(60) == ("failed", "instance 0 exited with code 1")  # no notes: the first exit, at once
+
+
+def test_a_failed_runs_reason_reads_in_one_line_ending_with_its_exception():
+    """`cpuopt compare`'s "failed run:" line: the first line, then the exception the stderr tail ends with."""
+    from cpuopt_helpers.launch import BAD_INPUT, reason_line
+
+    tail = "Traceback (most recent call last):\n  File \"x.py\", line 1\nModuleNotFoundError: No module named 'torch'\n"
+    assert reason_line(f"instance 0 exited with code 1; stderr tail of instance 0:\n{tail}") == \
+        "instance 0 exited with code 1; stderr tail of instance 0: | ModuleNotFoundError: No module named 'torch'"
+    assert reason_line(f"{BAD_INPUT}no such option (instance 0); stderr tail of instance 0:\n{tail}") == \
+        "no such option (instance 0)"
+    assert reason_line("15 s timeout") == "15 s timeout" and reason_line(None) == ""

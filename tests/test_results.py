@@ -100,8 +100,8 @@ def test_pairs_of_runs_whose_two_runs_sat_apart_and_together_are_counted_from_th
     said = loaded_sentence(runs)
     assert said.endswith("Such steps can run slower. In 4 of 5 paired runs (an arm and its baseline in one round, "
                          "both quiet) only one of the two sat apart (the arm in 3, the baseline in 1): a comparison "
-                         "leaves such a round out of its ratio and measures another in its place; a screen counts "
-                         "it, noisier. The probe runs before and after the timed steps, so these counts are lower "
+                         "without a time budget leaves such a round out and measures another in its place; a budgeted "
+                         "one or a screen counts it, noisier. The probe runs before and after the timed steps, so these counts are lower "
                          "bounds.")
     alone = [r for r in runs if r["sweep"] in ("cli", "")]
     assert mixed_pairs(alone) == (0, 0, 0) and "paired runs" not in loaded_sentence(alone)
@@ -264,6 +264,26 @@ def test_comparison_stores_rounds_and_resumes_them(tmp_path, capsys):
     calls.clear()
     again = run_comparison(a, b, store, runner, tag="c", machine="m1", progress=False)
     assert calls == [] and again["ratio"] == pytest.approx(out["ratio"]) and again["uncounted"] == [3]
+
+
+def test_a_comparison_with_a_time_budget_counts_the_rounds_whose_runs_sat_unlike(tmp_path):
+    """Retakes would not fit a budget (the notebooks' confirmations, sized to `make run`'s time): with
+    one, a round whose runs sat unlike counts, as it did before rounds were left out; its design says so."""
+    from cpuopt_helpers.results import run_comparison
+
+    store = ResultStore(tmp_path / "r.sqlite")
+    a, b = RunConfig(workload="cnn"), RunConfig(workload="cnn", channels_last=True)
+    calls = []
+
+    def runner(config):
+        calls.append(config)
+        far = config.channels_last and len(calls) in (7, 8)
+        return dict(fake_result(config, sps=120.0 + len(calls) % 2 if config.channels_last else 100.0),
+                    machine_state={"loaded": False, "steal_pct": 0.0, "round_trip_ns": [480.0 if far else 250.0] * 2})
+
+    out = run_comparison(a, b, store, runner, tag="c", machine="m1", progress=False, budget_s=3600)
+    assert out["verdict"] == "faster" and out["n"] == 5 and out["uncounted"] == [] and len(calls) == 10
+    assert store.get_fact("m1", f"ab/{out['sweep']}")["leave_out"] is False
 
 
 def test_a_resumed_comparison_never_pairs_a_stored_run_with_a_fresh_one(tmp_path):

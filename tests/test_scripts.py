@@ -68,7 +68,7 @@ def test_the_arms_of_a_script_comparison_take_launch_options():
     b = cli.script_launch_config("--b", "--allocator tcmalloc --threads 1", command, 2)
     assert (a.threads, a.allocator, b.threads, b.allocator) == (2, "default", 1, "tcmalloc")
     assert scripts.label(b) == "script threads=1 allocator=tcmalloc" and scripts.label(a) == "script threads=2"
-    assert a.config_hash() != scripts.script_config(scripts.parse_command("python other.py"), 2).config_hash()
+    assert a.config_hash() != scripts.script_config(scripts.parse_command(f"python {EXAMPLE} --steps 6"), 2).config_hash()
     pinned = cli.script_launch_config("--b", "--cores 1", command, 2)
     assert pinned.cores == ((1,),) and pinned.threads == 1
     with pytest.raises(CpuoptError, match="with --script the arms take launch options"):
@@ -105,6 +105,12 @@ def test_copies_of_a_script_are_searched_only_when_allowed_and_each_runs_in_its_
     (["compare", "--a", "", "--b", "", "--metric", "t: (.*)"], "--metric reads a --script's output"),
     (["tune", "--script", "bash train.sh", "--budget-min", "1"], "runs Python scripts only"),
     (["tune", "--script", "python missing.py", "--budget-min", "1"], "no such script"),
+    (["tune", "--script", "python missing.py", "--dry-run"], "no such script 'missing.py'"),
+    (["compare", "--script", "python missing.py", "--a", "", "--b", "--threads 1"], "no such script 'missing.py'"),
+    (["tune", "--workload", "tests.user_workloads:crash", "--dry-run"],
+     "failed to build at preset 'quick': RuntimeError: deliberate crash in a user workload"),
+    (["tune", "--workload", "tests.user_workloads:nothing_here", "--dry-run"], "has no function 'nothing_here'"),
+    (["tune", "--workload", "no_such_package.mod:build", "--dry-run"], "cannot import 'no_such_package.mod'"),
     (["tune", "--allow-instances", "--budget-min", "1"], "--allow-instances is for --script"),
     (["compare", "--script", f"python {EXAMPLE}", "--a", "", "--b", "--ninstances 2 --cores 0-2"], "split evenly"),
 ])

@@ -11,6 +11,7 @@ carries them as strings, converted here to the type of each default; a module ma
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -54,7 +55,26 @@ def build_function(spec: str) -> Callable:
         raise CpuoptError(f"unknown workload {spec!r}; use one of {', '.join(sorted(BUILTINS))} "
                           "or package.module:function")
     module_name, _, func_name = target.partition(":")
-    return getattr(importlib.import_module(module_name), func_name)
+    if spec in BUILTINS:
+        return getattr(importlib.import_module(module_name), func_name)
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise CpuoptError(f"cannot import {module_name!r} for workload {spec!r}; "
+                          "run from the folder that holds it or add it to PYTHONPATH")
+    try:
+        module = importlib.import_module(module_name)
+    except (Exception, SystemExit) as exc:  # the user's module failed (or exited) while importing
+        raise CpuoptError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}; a workload's module "
+                          "should only define things when imported (run its script part under "
+                          "if __name__ == '__main__')") from None
+    function = getattr(module, func_name, None)
+    if not callable(function):
+        raise CpuoptError(f"{module_name!r} has no function {func_name!r}; a workload is "
+                          "package.module:function with function(preset) -> Workload")
+    return function
 
 
 def declared_options(spec: str) -> dict[str, Any]:
