@@ -497,9 +497,13 @@ def _compare(args) -> int:
             words = shlex.split(options)
         except ValueError as exc:
             raise CpuoptError(f"{name} {options!r} is not a valid option string: {exc}") from None
-        if any(w in ("--workload", "--preset", "--json", "--dry-run", "--save") or w.startswith(("--workload=",
-               "--preset=")) for w in words):
+        if any(w in ("--workload", "--preset") or w.startswith(("--workload=", "--preset=")) for w in words):
             raise CpuoptError(f"{name} {options!r}: give --workload and --preset once, outside --a/--b")
+        flag = next((w for w in words if w in ("--json", "--dry-run", "--save")), None)
+        if flag:
+            outside = ", and --json goes outside them" if flag == "--json" else ""
+            raise CpuoptError(f"{name} {options!r}: {flag} is not an arm's option; --a and --b take what "
+                              f"`cpuopt bench` measures (threads, allocator, dtype, ...){outside}")
         if any(w.startswith("--topology") for w in words):
             raise CpuoptError(f"{name} {options!r}: compare measures this machine; --topology only plans "
                               "(bench --dry-run)")
@@ -593,8 +597,6 @@ def report_comparison(result: dict, title: str, as_json: bool) -> int:
     else:
         print(f"b over a ({title}): {compare.describe(result)}", flush=True)
         failed = f" (and {result['failed_rounds']} with a failed run)" if result.get("failed_rounds") else ""
-        if result.get("uncounted"):
-            failed += f" (and {len(result['uncounted'])} left out: one run's CPUs apart, the other's not)"
         why = STOPPED.get(result["stopped"], result["stopped"])
         print(f"  rounds: {result['n']} with a result{failed}, order {' '.join(result['order']) or '(none ran)'}; "
               f"stopped {why}")
@@ -812,6 +814,7 @@ def print_profile(args, out: dict, parsed, table) -> None:
 def _whole_step(args) -> int:
     """`cpuopt profile --whole-step`: the projection of every operator of a traced step."""
     from cpuopt_helpers.profiledn import wholestep
+    from cpuopt_helpers.profiledn.trace import load_events
 
     if args.workload and (args.log or args.trace):
         raise CpuoptError("--whole-step takes a trace (TRACE or LOG --trace TRACE) or --workload W to capture one, "
@@ -826,6 +829,7 @@ def _whole_step(args) -> int:
         out["trace_file"] = trace_file
     if not trace_file:
         raise CpuoptError("--whole-step needs a trace (`cpuopt bench --trace FILE`) or --workload W to capture one")
+    load_events(trace_file)  # a file that is no trace is refused before the ceilings are measured and stored
     ceilings = wholestep.machine_ceilings(args.preset, args.roofline)
     result = wholestep.whole_step(trace_file, ceilings, args.steps, plain_ms)
     out.update({k: v for k, v in result.items() if k not in ("rows", "table")})
@@ -970,6 +974,10 @@ def _workbook(args) -> int:
     if args.wb_command == "report":
         if not out.exists():  # a report of nothing, in a folder made for it, would hide a mistyped --out
             raise CpuoptError(f"--out {args.out}: no such folder; give the folder a run wrote (default build/)")
+        if out.is_dir() and not any((out / name).exists() for name in ("notebooks", "results.sqlite", "report")):
+            raise CpuoptError(f"--out {args.out or out}: holds no workbook run (no notebooks/, results.sqlite or "
+                              "report/); "
+                              "give the folder `cpuopt workbook run --out` wrote (default build/)")
         print(f"report: {build_report(out, system.collect_facts())}")
         return 0
     only = [n for part in args.only for n in part.split(",") if n] if args.only is not None else None

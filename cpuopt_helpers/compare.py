@@ -30,10 +30,6 @@ Every "faster", "slower" or interval the workbook prints comes from here.
   1 - confidence (``per_look_confidence(..., sided=1)``).
 - Order inside a round alternates (AB, BA, AB, ...) from a seeded random start, so neither
   arm always runs second; the order is recorded.
-- A round the caller marks ``uncounted`` (``results.unlike_rounds``: one run's CPUs apart on a
-  VM's host, the other's not; `run_comparison` marks them where it has no time budget) is kept
-  but left out of the ratio, and another round runs in its place, as for a round with a failed run: the placement is the host's, so leaving it out removes
-  its cost from the ratio without favouring an arm (simulated in tests/test_compare.py).
 """
 
 from __future__ import annotations
@@ -251,8 +247,7 @@ def arm_fails(rounds: Sequence[Sequence[float | None]]) -> bool:
 def run_adaptive(measure: Callable[[str, int], float | None], done: Sequence[tuple[float, float]] = (),
                  min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS, budget_s: float | None = None,
                  confidence: float = CONFIDENCE, margin: float = MARGIN, seed: int = 0,
-                 clock: Callable[[], float] = time.monotonic, on_round=None, reserved: bool = False,
-                 uncounted: Callable[[], set[int]] | None = None) -> dict:
+                 clock: Callable[[], float] = time.monotonic, on_round=None, reserved: bool = False) -> dict:
     """An adaptive, counterbalanced A/B: ``measure(arm, round) -> throughput`` ("a" or "b"; None
     when that run failed).
 
@@ -265,38 +260,28 @@ def run_adaptive(measure: Callable[[str, int], float | None], done: Sequence[tup
     Returns ``sequential_ratio``'s dict plus the rounds, their order, how many failed, and why
     it stopped. ``reserved``: the caller kept time for ``min_rounds`` rounds (``cpuopt tune``'s
     final rounds), so the budget ends the comparison only after them.
-    ``uncounted() -> round indices``: complete rounds the caller leaves out of the ratio, asked at
-    every look (``results.unlike_rounds``: one run's CPUs apart, the other's not); like a round
-    with a failed run, each is kept, unpaired, and another round runs in its place.
     """
     rounds = [tuple(r) for r in done]
-    skip = uncounted or set
     sequential_ratio([], [], min_rounds, max_rounds, confidence, margin)  # calibrates (cached) the design's
     # per-look levels before anything runs: an interruption's look needs them at once
     try:
         stopped = _adapt(measure, rounds, min_rounds, max_rounds, budget_s, confidence, margin, seed, clock,
-                         on_round, reserved, skip)
+                         on_round, reserved)
     except KeyboardInterrupt as exc:  # Ctrl-C or a signal: the rounds complete so far, at this look, go with it
-        exc.partial = _verdict(rounds, seed, min_rounds, max_rounds, confidence, margin, "interrupted", skip())
+        exc.partial = _verdict(rounds, seed, min_rounds, max_rounds, confidence, margin, "interrupted")
         raise
-    return _verdict(rounds, seed, min_rounds, max_rounds, confidence, margin, stopped, skip())
-
-
-def counted(rounds: Sequence[tuple], skip: set[int] = frozenset()) -> tuple[list, list]:
-    """(a, b): the throughputs of the rounds the ratio counts, those in ``skip`` left out."""
-    kept = [r for i, r in enumerate(rounds) if i not in skip]
-    return [r[0] for r in kept], [r[1] for r in kept]
+    return _verdict(rounds, seed, min_rounds, max_rounds, confidence, margin, stopped)
 
 
 def _adapt(measure, rounds: list, min_rounds: int, max_rounds: int, budget_s: float | None,
-           confidence: float, margin: float, seed: int, clock, on_round, reserved: bool, skip) -> str:
+           confidence: float, margin: float, seed: int, clock, on_round, reserved: bool) -> str:
     """``run_adaptive``'s loop: measures rounds into ``rounds`` until it stops; why it stopped."""
     start, spent = clock(), []
     stopped = "max_rounds"
     while True:
-        left_out = skip()
-        result = sequential_ratio(*counted(rounds, left_out), min_rounds, max_rounds, confidence, margin)
-        complete = sum(None not in r for i, r in enumerate(rounds) if i not in left_out)
+        result = sequential_ratio([r[0] for r in rounds], [r[1] for r in rounds], min_rounds, max_rounds,
+                                  confidence, margin)
+        complete = sum(None not in r for r in rounds)
         if complete >= min_rounds and result["verdict"] in DECIDED:
             stopped = "decided"
             break
@@ -321,22 +306,22 @@ def _adapt(measure, rounds: list, min_rounds: int, max_rounds: int, budget_s: fl
 
 
 def _verdict(rounds: list, seed: int, min_rounds: int, max_rounds: int, confidence: float, margin: float,
-             stopped: str, left_out: set[int] = frozenset()) -> dict:
-    """The comparison at its last look: ``sequential_ratio``'s dict, the rounds, their order, why it
-    stopped and the complete rounds left out (``uncounted``). Interrupted where that look decides (the
-    interruption came after a round, before its look), it stopped where the design would have: ``decided``."""
-    left_out = {i for i in left_out if i < len(rounds) and None not in rounds[i]}
-    result = sequential_ratio(*counted(rounds, left_out), min_rounds, max_rounds, confidence, margin)
+             stopped: str) -> dict:
+    """The comparison at its last look: ``sequential_ratio``'s dict, the rounds, their order and why it stopped.
+    Interrupted where that look decides (the interruption came after a round, before its look), it
+    stopped where the design would have: ``decided``."""
+    result = sequential_ratio([r[0] for r in rounds], [r[1] for r in rounds], min_rounds, max_rounds,
+                              confidence, margin)
     if stopped == "interrupted" and result["verdict"] in DECIDED and result["n"] >= min_rounds:
         stopped = "decided"
     order = [round_order(i, seed) for i in range(len(rounds))]
-    logs = log_ratios(*counted(rounds, left_out))
+    logs = log_ratios([r[0] for r in rounds], [r[1] for r in rounds])
     if result["verdict"] == "too few rounds" and len(logs) >= 3:  # the noise it saw: what min_rounds would detect
         mean = sum(logs) / len(logs)
         result.update(sd=math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1)),
                       level=result["per_look_confidence"])
     result.update(rounds=[list(r) for r in rounds], order=["".join(o).upper() for o in order], stopped=stopped,
-                  failed_rounds=sum(None in r for r in rounds), uncounted=sorted(left_out))
+                  failed_rounds=sum(None in r for r in rounds))
     return result
 
 
@@ -359,29 +344,21 @@ def describe(result: dict | None, what: str = "") -> str:
         needed = result.get("min_rounds", MIN_ROUNDS)
         gain = detectable_gain(dict(result, n=needed)) if result["n"] >= 3 else None  # an sd from 3 rounds at least
         more = f"; at the noise seen, {needed} rounds could detect {gain_words(gain)}" if gain is not None else ""
-        return (f"{head} ({result['n']} round{'s' * (result['n'] != 1)}{left_out_words(result)}, fewer than the "
-                f"{needed} a verdict needs{more}): too few rounds")
+        return (f"{head} ({result['n']} round{'s' * (result['n'] != 1)}, fewer than the {needed} a verdict needs"
+                f"{more}): too few rounds")
     label = result.get("label", "95% CI")
     gain = detectable_gain(result)
     cut = {"interrupted": "interrupted", "budget": "its time budget spent"}.get(result.get("stopped"))
     planned = result.get("max_rounds", MAX_ROUNDS)
     if cut and result["verdict"] == "no different" and result["n"] < planned:  # stopped short of its design
         could = f"; these {result['n']} rounds could detect {gain_words(gain)}" if gain is not None else ""
-        return (f"{head} ({label}: {result['ci_low']:.2f}-{result['ci_high']:.2f}, {result['n']} rounds"
-                f"{left_out_words(result)}): undecided, "
+        return (f"{head} ({label}: {result['ci_low']:.2f}-{result['ci_high']:.2f}, {result['n']} rounds): undecided, "
                 f"{cut} after {result['n']} of up to {planned} rounds (the interval includes 1{could})")
     words = {"faster": "faster", "slower": "slower", "equivalent": f"equivalent (within +-{result.get('margin', MARGIN):.0%})",
              "no different": "no different (within noise" + (
                  f"; it could have detected {gain_words(gain)})" if gain is not None else ")")}
-    return (f"{head} ({label}: {result['ci_low']:.2f}-{result['ci_high']:.2f}, {result['n']} rounds"
-            f"{left_out_words(result)}): {words[result['verdict']]}")
-
-
-def left_out_words(result: dict) -> str:
-    """'' or '; 3 more left out (one run's CPUs apart, the other's not)': the complete rounds a
-    comparison did not count (``run_adaptive``'s ``uncounted``)."""
-    n = len(result.get("uncounted") or ())
-    return f"; {n} more left out (one run's CPUs apart, the other's not)" if n else ""
+    return (f"{head} ({label}: {result['ci_low']:.2f}-{result['ci_high']:.2f}, {result['n']} rounds): "
+            f"{words[result['verdict']]}")
 
 
 def pays(result: dict | None, min_gain: float = MIN_GAIN) -> bool:

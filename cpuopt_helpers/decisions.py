@@ -34,7 +34,6 @@ class Comparison:
     level: float | None = None  # the confidence its verdict used (a sequential design's per-look level)
     min_gain: float = compare.MIN_GAIN  # the smallest confirmed gain worth handing on
     screened: bool = False  # from a sweep's screening rounds (ranks settings), not a confirmation
-    uncounted: tuple[int, ...] = ()  # complete rounds left out (``results.unlike_rounds``)
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "Comparison | None":
@@ -42,10 +41,10 @@ class Comparison:
         if not d:
             return None
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in known and v is not None})
+        return cls(**{k: v for k, v in d.items() if k in known and v is not None})
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and v != ()}
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
     @property
     def faster(self) -> bool:

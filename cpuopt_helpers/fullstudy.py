@@ -450,14 +450,9 @@ def phase_lines(profiles: dict) -> list[str]:
     return head + rows
 
 
-def paired_rounds(c: dict) -> str:
-    """'10 paired rounds', and the rounds left out where there were any (``compare.left_out_words``)."""
-    return f"{c.get('n', 0)} paired rounds{compare.left_out_words(c)}"
-
-
 def page_rows(study: dict) -> list[records.Row]:
     """The page's figures: the comparison, each arm's rates and phases, the top's projection."""
-    c, rounds = study["comparison"], paired_rounds(study["comparison"])
+    c, rounds = study["comparison"], f"{study['comparison'].get('n', 0)} paired rounds"
     out = [records.Row("the top over PyTorch's defaults, images/s", f"{c['ratio']:.2f}x", interval(c), rounds),
            records.Row("verdict", c["verdict"], "", rounds)]
     for name, f in study["figures"].items():
@@ -568,7 +563,7 @@ def allocator_rows(kept: dict | None) -> list[records.Row]:
                             f"past the study's budget ({kept['skipped']['need_min']:.0f} min needed, "
                             f"{kept['skipped']['left_min']:.0f} left)")]
     c, name = kept["comparison"], kept_name(kept)
-    rounds, f = paired_rounds(c), kept["figures"]["kept"]
+    rounds, f = f"{c.get('n', 0)} paired rounds", kept["figures"]["kept"]
     ratio = f"{c['ratio']:.2f}x" if c.get("ratio") is not None and c["ratio"] == c["ratio"] else "none"  # NaN: none
     out = [records.Row(f"{name} over the top, images/s", ratio, interval(c), rounds),
            records.Row(f"{name}: verdict", c["verdict"], "", rounds)]

@@ -11,7 +11,7 @@ from cpuopt_helpers import compare
 from cpuopt_helpers.config import RunConfig, setting_label
 from cpuopt_helpers.decisions import RECIPE
 from cpuopt_helpers.errors import CpuoptError
-from cpuopt_helpers.results import ResultStore, loaded_sentence, unlike_rounds
+from cpuopt_helpers.results import ResultStore, loaded_sentence
 from cpuopt_helpers.system import Facts
 
 RESULTS_START, RESULTS_END = "<!-- results:start -->", "<!-- results:end -->"
@@ -178,12 +178,9 @@ def _confirmation_lines(store: ResultStore, machine: str, preset: str, since: st
         if not rounds:
             continue
         design = store.get_fact(machine, f"ab/{sweep['id']}") or {}  # as it ran (older stores: the defaults)
-        unlike = unlike_rounds(runs) if design.get("leave_out") else set()  # as the comparison itself did
-        kept = [i for i in rounds if i not in unlike]
-        result = compare.sequential_ratio([by[(0, i)] for i in kept], [by[(1, i)] for i in kept],
+        result = compare.sequential_ratio([by[(0, i)] for i in rounds], [by[(1, i)] for i in rounds],
                                           design.get("min_rounds", compare.MIN_ROUNDS),
                                           design.get("max_rounds", compare.MAX_ROUNDS))
-        result["uncounted"] = sorted(unlike & set(rounds))
         change = setting_label(sweep["arms"][1], sweep["arms"][0])
         rows.append(f"| {(sweep['tag'] or '').split('/')[0]} | {sweep['arms'][0]['workload']} | {change} | "
                     f"{compare.describe(result)} |")

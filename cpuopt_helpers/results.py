@@ -332,26 +332,13 @@ def mixed_pairs(runs: list[dict]) -> tuple[int, int, int]:
     run, not the baseline's, was the one apart: either is as likely where the host moves the CPUs
     whichever arm runs, which is what keeps such pairs from favouring one arm. Runs stored alone
     (bench --save, a profile) pair with nothing."""
-    pairs = [(arms[0], flag) for arms in _round_flags(runs).values() if 0 in arms for arm, flag in arms.items() if arm]
-    mixed = [flag for base, flag in pairs if base != flag]
-    return len(mixed), len(pairs), sum(mixed)
-
-
-def _round_flags(runs: list[dict]) -> dict[tuple, dict[int, bool]]:
-    """{(sweep, round): {arm: apart}} of the runs that are ok and probed on a quiet machine."""
     by_round: dict[tuple, dict[int, bool]] = {}
     for r, flag in zip(runs, apart([r.get("machine_state") or {} for r in runs])):
         if r.get("status") == "ok" and flag is not None and r.get("arm") is not None:
             by_round.setdefault((r.get("sweep"), r.get("round")), {})[r["arm"]] = flag
-    return by_round
-
-
-def unlike_rounds(runs: list[dict]) -> set[int]:
-    """The rounds of one A/B sweep (arms 0 and 1) whose two runs sat unlike: one run's CPUs apart
-    (``apart``), the other's not. Such a round's ratio carries the placement's cost, not the
-    setting's, so a comparison without a time budget leaves it out and measures another in its place
-    (``compare.run_adaptive``'s ``uncounted``); where either run was unprobed or loaded, it counts."""
-    return {key[1] for key, arms in _round_flags(runs).items() if {0, 1} <= set(arms) and arms[0] != arms[1]}
+    pairs = [(arms[0], flag) for arms in by_round.values() if 0 in arms for arm, flag in arms.items() if arm]
+    mixed = [flag for base, flag in pairs if base != flag]
+    return len(mixed), len(pairs), sum(mixed)
 
 
 def apart_sentence(runs: list[dict]) -> str:
@@ -370,10 +357,8 @@ def apart_sentence(runs: list[dict]) -> str:
             f"took {APART:g}x its shortest ({shortest:.0f} ns) or more, up to {max(trips):.0f} ns. Such steps can run "
             "slower."
             + (f" In {mixed} of {pairs} paired runs (an arm and its baseline in one round, both quiet) only one of the "
-               f"two sat apart (the arm in {arm_apart}, the baseline in {mixed - arm_apart}): a comparison without "
-               "a time budget leaves such a round out and measures another in its place; a budgeted one or a screen "
-               "counts it, noisier. "
-               "The probe runs before and after the timed steps, so these counts "
+               f"two sat apart (the arm in {arm_apart}, the baseline in {mixed - arm_apart}): their ratios are "
+               "noisier. The probe runs before and after the timed steps, so these counts "
                "are lower bounds." if pairs else ""))
 
 
@@ -404,16 +389,13 @@ def loaded_sentence(results: list[dict]) -> str | None:
             "quiet machine the same run takes less time, and its intervals are narrower." + said_apart)
 
 
-def round_line(i: int, order: tuple[str, str], speeds: tuple, rounds: list[tuple],
-               left_out: set[int] = frozenset()) -> str:
-    """'round 3 (BA): a 41.2, b 45.0 samples/s; running ratio 1.09x over 3 rounds' (b over a), the
-    rounds in ``left_out`` (``unlike_rounds``) not counted, and this one said so where it is one."""
+def round_line(i: int, order: tuple[str, str], speeds: tuple, rounds: list[tuple]) -> str:
+    """'round 3 (BA): a 41.2, b 45.0 samples/s; running ratio 1.09x over 3 rounds' (b over a)."""
     a, b = (f"{v:.2f}" if v is not None else "failed" for v in speeds)
-    ratio = compare.paired_ratio(*compare.counted(rounds, left_out), min_rounds=1)
+    ratio = compare.paired_ratio([r[0] for r in rounds], [r[1] for r in rounds], min_rounds=1)
     running = (f"running ratio {ratio['ratio']:.2f}x over {ratio['n']} round{'s' * (ratio['n'] != 1)}"
                if ratio["n"] else "no complete round yet")
-    unlike = " (left out: one run's CPUs apart, the other's not)" if i in left_out else ""
-    return f"round {i + 1} ({''.join(order).upper()}): a {a}, b {b} samples/s{unlike}; {running}"
+    return f"round {i + 1} ({''.join(order).upper()}): a {a}, b {b} samples/s; {running}"
 
 
 class RunTimes:
@@ -441,10 +423,8 @@ class RunTimes:
         return {"arm": arm, "ran_s": time.monotonic() - start, "median_s": statistics.median(took) if took else None}
 
 
-def ab_sweep(store: ResultStore, a, b, tag: str | None, machine: str | None, min_rounds: int, max_rounds: int,
-             leave_out: bool = False) -> str:
-    """The A/B's sweep, stored with its design (``leave_out``: whether it leaves out the rounds whose
-    runs sat unlike): the same comparison on the same code resumes it."""
+def ab_sweep(store: ResultStore, a, b, tag: str | None, machine: str | None, min_rounds: int, max_rounds: int) -> str:
+    """The A/B's sweep, stored with its design: the same comparison on the same code resumes it."""
     code = code_version()
     # the stopping design is part of the comparison: its boundary, so its interval and verdict
     # (the default design keeps the identity comparisons stored before this had)
@@ -452,7 +432,7 @@ def ab_sweep(store: ResultStore, a, b, tag: str | None, machine: str | None, min
     design = "" if default else f":{min_rounds}-{max_rounds}"
     sweep = sweep_id("ab" + design, tag, machine, [a, b], code, measuring_env(os.environ))
     store.add_sweep(sweep, machine, tag, "ab", [a.to_dict(), b.to_dict()], code)
-    store.put_fact(machine, f"ab/{sweep}", {"min_rounds": min_rounds, "max_rounds": max_rounds, "leave_out": leave_out})
+    store.put_fact(machine, f"ab/{sweep}", {"min_rounds": min_rounds, "max_rounds": max_rounds})
     return sweep
 
 
@@ -472,18 +452,15 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
     stored as it lands in a sweep of its own; a resumed comparison continues after its stored
     rounds (complete ones count; an incomplete one stays stored, unpaired). The progress bar
     shows the running ratio; ``say`` gets one line per round (`cpuopt compare --json` prints
-    them to stderr). Without a time budget the rounds whose two runs sat unlike (``unlike_rounds``)
-    are left out and measured again; with one they count, since retakes would not fit it."""
+    them to stderr)."""
     from cpuopt_helpers.progress import bar as progress_bar
 
-    sweep = ab_sweep(store, a, b, tag, machine, min_rounds, max_rounds, leave_out=budget_s is None)
-    stored = _stored(store, sweep) if resume else {}
-    done, times = stored_rounds(stored), RunTimes()
+    sweep = ab_sweep(store, a, b, tag, machine, min_rounds, max_rounds)
+    done, times = stored_rounds(_stored(store, sweep) if resume else {}), RunTimes()
     seed = int(sweep[:8], 16)
     bar = progress_bar(total=max_rounds, initial=len(done), desc=f"{tag or 'compare'} A/B", unit="round",
                        disable=not progress)
     runs = []
-    unlike = (lambda: unlike_rounds([*stored.values(), *runs])) if budget_s is None else set
 
     def measure(arm: str, round_: int) -> float | None:
         index = 0 if arm == "a" else 1
@@ -501,7 +478,7 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
         return result["samples_per_s"]
 
     def on_round(i: int, speeds: tuple) -> None:
-        line = round_line(i, compare.round_order(i, seed), speeds, [r for r in done] + rounds, unlike())
+        line = round_line(i, compare.round_order(i, seed), speeds, [r for r in done] + rounds)
         bar.set_postfix_str(line.split("; ")[-1])
         bar.update()
         if say:
@@ -515,8 +492,7 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
     try:
         out = compare.run_adaptive(measure, done=done, min_rounds=min_rounds, max_rounds=max_rounds,
                                    budget_s=budget_s, seed=seed,
-                                   on_round=lambda i, r: (rounds.append(r), on_round(i, r)),
-                                   uncounted=unlike)
+                                   on_round=lambda i, r: (rounds.append(r), on_round(i, r)))
     except KeyboardInterrupt as exc:  # the rounds measured so far, for the caller to say (`cpuopt compare`)
         exc.partial = dict(full(exc.partial), cut_run=times.cut()) if hasattr(exc, "partial") else None
         raise

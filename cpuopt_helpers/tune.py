@@ -200,9 +200,10 @@ def starting_candidates(workload: str, preset: str, facts: Facts, ladder: list[d
     default = normalise(RunConfig.for_preset(workload, preset), facts.physical_cores)
     planning.build_plan(default, planning.Machine.this())  # bad workload or machine: fail before measuring
     handed_on = [RunConfig.from_dict(s["config"]) for s in (ladder or []) if s["config"]["workload"] == workload]
+    space = search_space(default, facts, image_like(workload, preset))
     return default, choosing.unique([default] + [c.replace(preset=preset, steps=default.steps, onednn_verbose=None,
                                                            trace=None, warmup=max(default.warmup, c.warmup))
-                                                 for c in handed_on] + search_space(default, facts, image_like(workload, preset)))
+                                                 for c in handed_on] + space)
 
 
 class Search:

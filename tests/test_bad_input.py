@@ -15,13 +15,16 @@ from cpuopt_helpers.results import ResultStore
 
 def files(tmp):
     (tmp / "afile").write_text("x")
+    (tmp / "empty.json").write_text("")
+    (tmp / "emptydir").mkdir()
     (tmp / "train.py").write_text("pass\n")
     (tmp / "notalog.log").write_text("garbage\n")
     (tmp / "bad.log").write_text("onednn_verbose,v1,primitive,exec,cpu,convolution\nnot,a,log\n")
     (tmp / "theirs" / "report").mkdir(parents=True)
     (tmp / "theirs" / "report.0").mkdir()
     (tmp / "theirs" / "report" / "notes.md").write_text("the user's own")
-    (tmp / "trace.json").write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 1}]}))
+    (tmp / "trace.json").write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0,
+                                                                "dur": 1}]}))
     (tmp / "meta.log").write_text("garbage\n")
     (tmp / "meta.log.meta.json").write_text(json.dumps({"steps": -4}))
     (tmp / "zero.json").write_text(json.dumps({"gemm_gflops_best": 0, "copy_gbs_best": 10}))
@@ -73,6 +76,10 @@ BAD = [  # (arguments, with {tmp} for the test's folder; words of the one line e
     (["profile", "--whole-step", "{tmp}/trace.json", "--roofline", "{tmp}/zero.json"], "positive rates"),
     (["compare", "--min-rounds", "1"], "the following arguments are required: --a, --b"),
     (["compare", "--a", "--workload cnn", "--b", ""], "give --workload and --preset once"),
+    (["compare", "--a", "", "--b", "--save"], "--save is not an arm's option"),
+    (["profile", "--whole-step", "{tmp}/bad.log"], "is a oneDNN verbose log, not a trace"),
+    (["profile", "--whole-step", "{tmp}/empty.json"], "empty.json is empty"),
+    (["workbook", "report", "--out", "{tmp}/emptydir"], "holds no workbook run"),
     (["compare", "--a", "--threads 0", "--b", ""], "threads must be at least 1"),
     (["compare", "--a", "", "--b", "--threads 4096"], "--b '--threads 4096': --threads 4096 is more than"),
     (["ladder", "--preset", "bogus"], "unknown preset 'bogus'"),

@@ -31,7 +31,13 @@ def load_events(path: str | Path) -> list[dict]:
     if path.is_dir():
         raise CpuoptError(f"{path} is a folder; name a trace file from `cpuopt bench --trace FILE`")
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text()
+        if text.lstrip().startswith("onednn_verbose"):
+            raise CpuoptError(f"{path} is a oneDNN verbose log, not a trace; give it as LOG and the trace as "
+                              "--trace FILE (`cpuopt profile LOG --whole-step --trace TRACE`)")
+        if not text.strip():
+            raise CpuoptError(f"{path} is empty; record a trace with `cpuopt bench --trace FILE`")
+        data = json.loads(text)
     except (OSError, ValueError) as exc:
         raise CpuoptError(f"cannot read trace {path}: {getattr(exc, 'strerror', None) or exc}; "
                           "record one with `cpuopt bench --trace FILE`") from None
