@@ -29,7 +29,7 @@ def results_markdown(store: ResultStore, facts: Facts, preset: str = "standard")
     runs = [r for r in store.results(machine=machine) if r["config"].get("preset") == preset]
     if not names or not runs:
         raise CpuoptError(f"no {preset} ladder for this machine in {store.path}; run `make run` first")
-    lines = [_stamp(facts, runs, preset, run_commit(store, machine, preset)), "",
+    lines = [_stamp(facts, runs, preset, run_commit(store, machine, preset), measured_days(store, machine, preset)), "",
              "| workload | confirmed configuration | over PyTorch's defaults | measure it yourself |", "|---|---|---|---|"]
     for name in names:
         rungs = ladder.rungs(store, machine, name, preset, facts.physical_cores or 1)
@@ -48,7 +48,18 @@ def run_commit(store: ResultStore, machine: str, preset: str) -> str | None:
     return (store.get_fact(machine, RUN_FACT.format(preset=preset)) or {}).get("commit")
 
 
-def _stamp(facts: Facts, runs: list[dict], preset: str, commit: str | None = None) -> str:
+def measured_days(store: ResultStore, machine: str, preset: str) -> str:
+    """The day(s) the last run of this preset measured on: from its baseline sweep's first run to the
+    store's last run of the preset ('2026-12-06 to 2026-12-07' for a run across midnight, UTC), so
+    that the README's block and the run's page give the same dates."""
+    baseline = last_sweep_runs(store, "01_baseline", machine, preset)
+    runs = [r for r in store.results(machine=machine) if r["config"].get("preset") == preset]
+    first = min((r["created_at"] for r in baseline), default=None) or min((r["created_at"] for r in runs), default="")
+    last = max((r["created_at"] for r in runs if r["created_at"] >= first), default=first)
+    return first[:10] if last[:10] == first[:10] else f"{first[:10]} to {last[:10]}"
+
+
+def _stamp(facts: Facts, runs: list[dict], preset: str, commit: str | None = None, days: str | None = None) -> str:
     """Where, when and with what code the block's figures were measured."""
     isa = facts.isa
     level = ", ".join(name for flag, name in (("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX"))
@@ -56,7 +67,8 @@ def _stamp(facts: Facts, runs: list[dict], preset: str, commit: str | None = Non
     code = runs[-1].get("code_version") or {}
     made = f", cpuopt {code['package']} (measuring code {code['measuring_hash']})" if code.get("measuring_hash") else ""
     made += f", commit {commit}" if commit else ""
-    return (f"Measured on {max(r['created_at'] for r in runs)[:10]} (preset `{preset}`) on **{facts.cpu_model}** "
+    days = days or max(r["created_at"] for r in runs)[:10]
+    return (f"Measured on {days} (preset `{preset}`) on **{facts.cpu_model}** "
             f"({level}), {facts.physical_cores} physical / {facts.logical_cores} logical cores, "
             f"torch {facts.versions.get('torch', '?')}{made}.")
 
@@ -130,7 +142,7 @@ def results_page(store: ResultStore, facts: Facts, preset: str = "standard", fig
     if not runs or roof is None:
         raise CpuoptError(f"no {preset} results for this machine in {store.path}; run `make run` first")
     table = choosing.throughput_table(runs)
-    day = max(r["created_at"] for r in runs)[:10] if runs else date.today().isoformat()
+    day = measured_days(store, machine, preset) if runs else date.today().isoformat()
     commit = f", commit {run_commit(store, machine, preset)}" if run_commit(store, machine, preset) else ""
     lines = [
         f"Measured on {day} by `make run` (preset `{preset}`) on **{facts.cpu_model}**, "

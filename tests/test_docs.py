@@ -220,6 +220,11 @@ def test_the_readme_block_is_one_answer_a_workload(tmp_path):
     session.store.put_fact("m", pages.RUN_FACT.format(preset="quick"), {"commit": "abc1234"})  # as `workbook run` does
     block = pages.results_markdown(session.store, facts, "quick")
     assert block.splitlines()[0].endswith(", commit abc1234.")
+    assert pages.measured_days(session.store, "m", "quick") == "2026-12-01"
+    session.store.save_result({"config": base.to_dict(), "config_hash": base.config_hash(), "status": "ok",
+                               "samples_per_s": 10.0, "system": "m", "created_at": "2026-12-02T00:10:00+00:00"})
+    assert pages.measured_days(session.store, "m", "quick") == "2026-12-01 to 2026-12-02"  # a run across midnight
+    assert pages.results_markdown(session.store, facts, "quick").startswith("Measured on 2026-12-01 to 2026-12-02 ")
     readme = tmp_path / "README.md"
     readme.write_text("# x\n<!-- results:start -->\nold\n<!-- results:end -->\nrest\n")
     pages.update_readme(readme, block)
