@@ -180,7 +180,7 @@ def declared_defaults(book: Path) -> dict:
     def literal(node):
         try:
             return ast.literal_eval(node)
-        except ValueError:
+        except (ValueError, TypeError, SyntaxError):
             return NOT_LITERAL
 
     for cell in nbformat.read(book, as_version=4).cells:
