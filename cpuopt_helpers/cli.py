@@ -829,9 +829,9 @@ def _whole_step(args) -> int:
         out["trace_file"] = trace_file
     if not trace_file:
         raise CpuoptError("--whole-step needs a trace (`cpuopt bench --trace FILE`) or --workload W to capture one")
-    load_events(trace_file)  # a file that is no trace is refused before the ceilings are measured and stored
+    events = load_events(trace_file)  # a file that is no trace is refused before the ceilings are measured and stored
     ceilings = wholestep.machine_ceilings(args.preset, args.roofline)
-    result = wholestep.whole_step(trace_file, ceilings, args.steps, plain_ms)
+    result = wholestep.whole_step(trace_file, ceilings, args.steps, plain_ms, events=events)
     out.update({k: v for k, v in result.items() if k not in ("rows", "table")})
     out["operators"] = wholestep.records(result["table"])
     out["findings"] = [f.sentence for f in wholestep.wholestep_findings(result, args.workload or "")]
@@ -976,8 +976,7 @@ def _workbook(args) -> int:
             raise CpuoptError(f"--out {args.out}: no such folder; give the folder a run wrote (default build/)")
         if out.is_dir() and not any((out / name).exists() for name in ("notebooks", "results.sqlite", "report")):
             raise CpuoptError(f"--out {args.out or out}: holds no workbook run (no notebooks/, results.sqlite or "
-                              "report/); "
-                              "give the folder `cpuopt workbook run --out` wrote (default build/)")
+                              "report/); give the folder `cpuopt workbook run --out` wrote (default build/)")
         print(f"report: {build_report(out, system.collect_facts())}")
         return 0
     only = [n for part in args.only for n in part.split(",") if n] if args.only is not None else None

@@ -29,7 +29,8 @@ def results_markdown(store: ResultStore, facts: Facts, preset: str = "standard")
     runs = [r for r in store.results(machine=machine) if r["config"].get("preset") == preset]
     if not names or not runs:
         raise CpuoptError(f"no {preset} ladder for this machine in {store.path}; run `make run` first")
-    lines = [_stamp(facts, runs, preset, run_commit(store, machine, preset), measured_days(store, machine, preset)), "",
+    days = measured_days(store, machine, preset)
+    lines = [_stamp(facts, runs, preset, run_commit(store, machine, preset), days), "",
              "| workload | confirmed configuration | over PyTorch's defaults | measure it yourself |", "|---|---|---|---|"]
     for name in names:
         rungs = ladder.rungs(store, machine, name, preset, facts.physical_cores or 1)
@@ -59,7 +60,7 @@ def measured_days(store: ResultStore, machine: str, preset: str) -> str:
     return first[:10] if last[:10] == first[:10] else f"{first[:10]} to {last[:10]}"
 
 
-def _stamp(facts: Facts, runs: list[dict], preset: str, commit: str | None = None, days: str | None = None) -> str:
+def _stamp(facts: Facts, runs: list[dict], preset: str, commit: str | None, days: str) -> str:
     """Where, when and with what code the block's figures were measured."""
     isa = facts.isa
     level = ", ".join(name for flag, name in (("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX"))
@@ -67,7 +68,6 @@ def _stamp(facts: Facts, runs: list[dict], preset: str, commit: str | None = Non
     code = runs[-1].get("code_version") or {}
     made = f", cpuopt {code['package']} (measuring code {code['measuring_hash']})" if code.get("measuring_hash") else ""
     made += f", commit {commit}" if commit else ""
-    days = days or max(r["created_at"] for r in runs)[:10]
     return (f"Measured on {days} (preset `{preset}`) on **{facts.cpu_model}** "
             f"({level}), {facts.physical_cores} physical / {facts.logical_cores} logical cores, "
             f"torch {facts.versions.get('torch', '?')}{made}.")

@@ -543,16 +543,17 @@ def project(rows: pd.DataFrame, steps: int, ceilings: Ceilings, wall_us: float,
 
 
 def whole_step(trace: str | Path, ceilings: Ceilings, steps: int | None = None,
-               plain_step_ms: float | None = None, timing: str | Path | None = "auto") -> dict:
+               plain_step_ms: float | None = None, timing: str | Path | None = "auto",
+               events: list | None = None) -> dict:
     """Read a trace of timed steps and project the whole step (see the module docstring).
 
     ``timing``: the light trace the times come from; "auto" takes ``timing_path(trace)`` where it
     exists and is not older than the trace, None uses the shaped trace's own times. Returns the projection's figures
     (``project``) with ``rows`` (one per top-level span) and ``table`` (``operator_table``: grouped
     per step); ``timing`` says where the times came from, ``shaped_step_ms`` is the step under
-    the shaped trace.
+    the shaped trace. ``events``: the trace's, already read (``load_events``).
     """
-    events = load_events(trace)
+    events = load_events(trace) if events is None else events
     if timing == "auto":  # the light trace written after this one (not a stale one from an earlier capture)
         light = timing_path(trace)
         timing = light if light.exists() and light.stat().st_mtime >= Path(trace).stat().st_mtime else None
