@@ -266,7 +266,8 @@ def add_profile_parser(sub) -> None:
     prof.add_argument("--workload", help="with --whole-step: capture this workload now (a plain run for the "
                       "unprofiled step, a run traced with input shapes for the work, and one traced without them "
                       "for the times; each in a fresh worker)")
-    prof.add_argument("--preset", default="quick", help="with --workload: quick | standard | full (default quick)")
+    prof.add_argument("--preset", help="with --whole-step: quick | standard | full (default quick): the preset "
+                      "--workload captures, and the roofline measured where none is stored")
     prof.add_argument("--roofline", metavar="FILE", help="with --whole-step: the ceilings as JSON (`python -m "
                       "cpuopt_helpers.roofline` output); default: this machine's stored roofline, measured if none")
     prof.add_argument("--top", type=int, help="with --whole-step: operator rows printed (default 15)")
@@ -427,11 +428,12 @@ def _bench(args) -> int:
     config = bench_config(args)
     machine = machine_for(args)
     plan = planning.build_plan(config, machine)
+    if not machine.source:  # a log or trace it could not write is said before anything runs, dry or not
+        check_outputs(config)  # (a plan for another machine names that machine's files)
     if args.dry_run:
         print_plan(plan, machine)
         return 0
-    check_outputs(config)  # a log or trace it could not write, and a store it could not open, are said
-    store = ResultStore() if args.save else None  # before anything runs
+    store = ResultStore() if args.save else None  # a store it could not open, too
     facts = system.collect_facts()
     result = launch.run_plan(plan, facts)
     refused = launch.refusal(result["reason"])  # the worker refused its input: one line, exit 2
@@ -693,6 +695,10 @@ def _profile(args) -> int:
         raise CpuoptError(f"--top {args.top}: give a positive count of operator rows, with --whole-step"
                           if args.whole_step else "--top is for --whole-step (its operator rows)")
     args.top = args.top or 15
+    if not args.whole_step and (args.preset or args.roofline):
+        raise CpuoptError(f"--{'preset' if args.preset else 'roofline'} is for --whole-step (the ceilings it "
+                          "projects with); a oneDNN log is profiled as it is")
+    args.preset = known_preset(args.preset or "quick")
     if args.whole_step:
         return _whole_step(args)
     if args.step_ms is not None and not args.project:

@@ -326,7 +326,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("trace", "--trace", "record the timed steps with torch.profiler: Chrome trace to FILE, operators to "
          "FILE.ops.json", metavar="FILE", placement=True),
     Knob("trace_shapes", "--no-trace-shapes", "with --trace: a light trace without the operators' input shapes "
-         "(times only: recording shapes slows every call)", bool, placement=True),
+         "(times only: recording shapes slows every call)", bool, placement=True,
+         requires=lambda c: "--no-trace-shapes only applies with --trace FILE" if not c.trace_shapes and not c.trace
+         else ""),
     Knob("timeout_s", "--timeout", "seconds before the run is stopped", float, minimum=1e-9,
          invalid="--timeout must be a positive number of seconds, got {value}", placement=True),
     Knob("cores", "", "", placement=True),

@@ -50,6 +50,7 @@ from cpuopt_helpers.planning import LaunchPlan, Machine, build_plan
 from cpuopt_helpers.provenance import (PREVIOUS_RUN_MEMORY_S, _load1, _read_text, code_version, machine_state,
                                        measuring_env, others_pct, run_threads, steal_pct, usable_cpus)
 from cpuopt_helpers.system import Facts
+from cpuopt_helpers.wording import BAD_INPUT, reason_line, refusal  # noqa: F401 (the CLI's and tests' names)
 from cpuopt_helpers.worker import PROGRESS_KEY, REFUSAL, RESULT_KEY, UNSUPPORTED_EXIT
 
 log = logging.getLogger(__name__)
@@ -87,26 +88,6 @@ def slow_step_summary(step_ms: list[float], factor: float = 1.5) -> dict:
     median = stats.summarize(step_ms)["median"]
     return {"slow_steps": sum(s > factor * median for s in step_ms),
             "mean_over_median": (sum(step_ms) / len(step_ms)) / median if median > 0 else None}
-
-
-BAD_INPUT = "bad input: "  # how a run's reason starts when its worker refused its input
-
-
-def refusal(reason: str | None) -> str | None:
-    """What a failed run's worker refused (a workload that is not one, an IPEX that does not match
-    this torch), in one line, from the run's reason; None where it failed otherwise."""
-    reason = reason or ""
-    return reason[len(BAD_INPUT):].split("; stderr tail")[0] if reason.startswith(BAD_INPUT) else None
-
-
-def reason_line(reason: str | None) -> str:
-    """A failed run's reason in one line: what its worker refused, else the reason's first line and,
-    where a stderr tail follows, the tail's last line (the exception that ended the run)."""
-    refused = refusal(reason)
-    if refused:
-        return refused
-    lines = [line.strip() for line in (reason or "").splitlines() if line.strip()]
-    return " | ".join(lines[:1] + lines[-1:] if len(lines) > 1 and "stderr tail" in lines[0] else lines[:1])
 
 
 def _tail(path: str, limit: int = STDERR_TAIL) -> str:

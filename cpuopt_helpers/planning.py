@@ -338,6 +338,12 @@ def check_runtime(config: RunConfig, command: list[str] | None) -> str:
         if not status["usable"]:
             raise CpuoptError(f"--compile zentorch: {status['reason']}")
     python = runtimes.resolve_python(config.runtime)
+    if config.runtime not in ("main", "ipex"):
+        probed = runtimes.probe(python)
+        if probed["torch"] is None:
+            why = probed["reason"] if probed["reason"].startswith("probing") else "torch is not installed there"
+            raise CpuoptError(f"--runtime {config.runtime}: {why}; install torch in that interpreter "
+                              "or give --runtime main")
     if config.ipex:
         probed = runtimes.probe(python)
         if not probed["ipex_usable"]:

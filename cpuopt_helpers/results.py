@@ -22,6 +22,7 @@ from typing import Callable, Iterable
 from cpuopt_helpers import compare
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.provenance import code_version, measuring_env
+from cpuopt_helpers.wording import reason_line
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +292,7 @@ def run_sweep(configs: Iterable, store: ResultStore, runner: Callable[[object], 
         result = runner(config)
         store.save_result(result, sweep=sweep, arm=arm, round=round_, position=position, tag=tag)
         if result["status"] != "ok":
-            log.warning("%s: %s: %s", config.label(), result["status"], (result["reason"] or "").splitlines()[:1])
+            log.warning("%s: %s: %s", config.label(), result["status"], reason_line(result["reason"]))
         out.append(dict(result, sweep=sweep, arm=arm, round=round_, position=position, tag=tag))
     warn_loaded(out, tag)
     return sorted(out, key=lambda r: (r["round"], r["arm"]))
@@ -472,7 +473,7 @@ def run_comparison(a, b, store: ResultStore, runner: Callable[[object], dict], t
         store.save_result(result, sweep=sweep, arm=index, round=round_, position=position, tag=tag)
         runs.append(dict(result, sweep=sweep, arm=index, round=round_, position=position, tag=tag))
         if result["status"] != "ok":
-            log.warning("%s: %s: %s", config.label(), result["status"], (result["reason"] or "").splitlines()[:1])
+            log.warning("%s: %s: %s", config.label(), result["status"], reason_line(result["reason"]))
             # a timeout is scored at the throughput it reached (slowness counts against it); a crash is not scored
             return result.get("reached_samples_per_s") if result["status"] == "timeout" else None
         return result["samples_per_s"]

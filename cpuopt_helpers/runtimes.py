@@ -230,13 +230,14 @@ def probe(python: str) -> dict:
     cached = system.read_cache(path).get(key) if key else None
     if isinstance(cached, dict):
         return cached
+    what = f"probing the runtime {python}"
     try:
-        facts = run_json_module("cpuopt_helpers.runtimes", [], f"probing the runtime {python}", python=python,
-                                timeout_s=180, error=CpuoptError)
+        facts = run_json_module("cpuopt_helpers.runtimes", [], what, python=python, timeout_s=180, error=CpuoptError)
     except CpuoptError as exc:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        last = (lines[-1] if lines else str(exc)).replace(what, "it")
         return {"python": python, "torch": None, "ipex": None, "ipex_usable": False, "ipex_isa": None,
-                "reason": f"probing the runtime {python} failed: {lines[-1] if lines else exc}"}
+                "reason": f"{what} failed: {last}"}
     if key:
         system.keep_in_cache(path, key, facts)
     return facts

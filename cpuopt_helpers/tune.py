@@ -202,7 +202,8 @@ def starting_candidates(workload: str, preset: str, facts: Facts, ladder: list[d
     handed_on = [RunConfig.from_dict(s["config"]) for s in (ladder or []) if s["config"]["workload"] == workload]
     space = search_space(default, facts, image_like(workload, preset))
     return default, choosing.unique([default] + [c.replace(preset=preset, steps=default.steps, onednn_verbose=None,
-                                                           trace=None, warmup=max(default.warmup, c.warmup))
+                                                           trace=None, trace_shapes=True,
+                                                           warmup=max(default.warmup, c.warmup))
                                                  for c in handed_on] + space)
 
 

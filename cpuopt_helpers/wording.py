@@ -14,6 +14,25 @@ from typing import Callable
 
 from cpuopt_helpers import compare
 
+BAD_INPUT = "bad input: "  # how a run's reason starts when its worker refused its input
+
+
+def refusal(reason: str | None) -> str | None:
+    """What a failed run's worker refused (a workload that is not one, an IPEX that does not match
+    this torch), in one line, from the run's reason; None where it failed otherwise."""
+    reason = reason or ""
+    return reason[len(BAD_INPUT):].split("; stderr tail")[0] if reason.startswith(BAD_INPUT) else None
+
+
+def reason_line(reason: str | None) -> str:
+    """A failed run's reason in one line: what its worker refused, else the reason's first line and,
+    where a stderr tail follows, the tail's last line (the exception that ended the run)."""
+    refused = refusal(reason)
+    if refused:
+        return refused
+    lines = [line.strip() for line in (reason or "").splitlines() if line.strip()]
+    return " | ".join(lines[:1] + lines[-1:] if len(lines) > 1 and "stderr tail" in lines[0] else lines[:1])
+
 
 def _excluded(v: dict) -> str:
     """The settings left out of a choice because their loss drifted, as trailing sentences."""

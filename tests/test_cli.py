@@ -42,6 +42,11 @@ BAD_INPUT = [
     (["bench", "--topology", str(Path(__file__)), "--dry-run"], "is not lscpu -p's"),
     (["tune", "--topology", str(XEON)], "add --dry-run"),
     (["tune", "--topology", "/nonexistent/server.json", "--dry-run"], "cannot read topology file"),
+    (["bench", "--no-trace-shapes"], "only applies with --trace"),
+    (["bench", "--dry-run", "--trace", "/nonexistent/dir/x.json"], "cannot write"),  # as a real run would
+    (["profile", "--preset", "standard", "x.log"], "--preset is for --whole-step"),
+    (["profile", "--roofline", "r.json", "x.log"], "--roofline is for --whole-step"),
+    (["profile", "--whole-step", "--preset", "huge", "x.json"], "unknown preset 'huge'"),
 ]
 
 

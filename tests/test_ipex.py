@@ -95,6 +95,20 @@ def test_unknown_runtime_is_refused():
         runtimes.resolve_python("/no/such/python")
 
 
+@pytest.mark.parametrize("script, why", [
+    ("#!/bin/sh\necho hello\n", "it printed no result: hello"),
+    (f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n", "torch is not installed there"),
+])
+def test_a_runtime_without_torch_is_refused_before_any_worker_starts(tmp_path, script, why):
+    """A python of yours with no torch in it: one line saying so, exit 2, not a worker's traceback."""
+    fake = tmp_path / "python"
+    fake.write_text(script)
+    fake.chmod(0o755)
+    proc = cli("bench", "--workload", "cnn", "--preset", "quick", "--runtime", str(fake))
+    assert proc.returncode == 2 and why in proc.stderr and "--runtime main" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.slow
 @needs_ipex
 def test_doctor_reports_the_ipex_runtime():

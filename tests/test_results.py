@@ -190,6 +190,16 @@ def test_failed_runs_are_stored_and_retried_on_resume(tmp_path):
     assert out[0]["status"] == "ok" and len(store.results()) == 2
 
 
+def test_a_failed_run_is_warned_of_in_one_line_ending_with_its_exception(tmp_path, caplog):
+    crashed = "instance 0 exited with code 1; stderr tail of instance 0:\nTraceback (most recent call last):\n" \
+              "  File \"w.py\", line 3\nRuntimeError: my model broke"
+    run_sweep([RunConfig()], ResultStore(tmp_path / "r.sqlite"),
+              lambda c: dict(fake_result(c, "failed"), reason=crashed), tag="f", machine="m1", progress=False)
+    [warned] = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert warned.endswith("failed: instance 0 exited with code 1; stderr tail of instance 0: | "
+                           "RuntimeError: my model broke") and "\n" not in warned
+
+
 def test_sweep_killed_half_way_keeps_finished_rows(tmp_path):
     store = ResultStore(tmp_path / "r.sqlite")
     configs = [RunConfig(seed=i) for i in range(5)]
