@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cpuopt_helpers import compare, records, targets
+from cpuopt_helpers import compare, records, targets, wording
 from cpuopt_helpers.config import RunConfig, bench_line, setting_hash, setting_label
 from cpuopt_helpers.decisions import RECIPE, Comparison, Finding
 from cpuopt_helpers.errors import CpuoptError
@@ -482,7 +482,7 @@ def page_rows(study: dict) -> list[records.Row]:
                             "of the traced step)", "", "2 traced runs")
                 for cause, ms in whole["gap_ms"].items() if ms > 0]
     out += bound_rows(study) + target_rows(target_findings(study))
-    took = records.duration_words(study["seconds"]) + (" (this invocation, resumed)" if study.get("resumed") else "")
+    took = wording.duration_words(study["seconds"]) + (" (this invocation, resumed)" if study.get("resumed") else "")
     out.append(records.Row("the study's wall time", took, "", "1 run"))
     return out
 

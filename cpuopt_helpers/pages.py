@@ -42,6 +42,8 @@ def results_markdown(store: ResultStore, facts: Facts, preset: str = "standard")
 
 
 RUN_FACT = "workbook/run/{preset}"  # what `cpuopt workbook run` keeps of itself: the commit it ran
+TIMES_FACT = "workbook/times/{preset}"  # ... and each run's wall time, notebook by notebook
+RUNS_KEPT = 20
 
 
 def run_commit(store: ResultStore, machine: str, preset: str) -> str | None:
@@ -163,8 +165,28 @@ def results_page(store: ResultStore, facts: Facts, preset: str = "standard", fig
     lines += _confirmation_lines(store, machine, preset, since)
     said = loaded_sentence([r for r in store.results(machine=machine) if r.get("created_at", "") >= since])
     lines += ["", said] if said else []
+    lines += wall_time_lines(store, machine, preset, since)
     lines += _answer_lines(Path(store.path).parent / "notebooks", figures)
     return "\n".join(lines)
+
+
+def wall_time_lines(store: ResultStore, machine: str, preset: str, since: str) -> list[str]:
+    """The wall time of the `cpuopt workbook run` that measured the page's baseline (its first run
+    at ``since``), notebook by notebook; nothing where no kept run did (an older store, or a
+    baseline measured apart)."""
+    from cpuopt_helpers.wording import duration_words
+
+    runs = store.get_fact(machine, TIMES_FACT.format(preset=preset)) or []
+    run = next((r for r in reversed(runs) if r["started_at"] <= since <= r["finished_at"]), None)
+    if run is None:
+        return []
+    books = run["notebooks"]
+    rows = [f"| {b['notebook'].removesuffix('.ipynb')} | {b['status']} | {duration_words(b['seconds'])} |"
+            for b in books]
+    total = duration_words(sum(b["seconds"] for b in books))
+    return ["", f"Wall time: the run that measured this page took {total} for {len(books)} notebook(s), from "
+            f"{run['started_at'][:16].replace('T', ' ')} UTC (setup and this page not included).", "",
+            "| notebook | status | wall time |", "|---|---|---|", *rows, f"| all | | {total} |"]
 
 
 def last_sweep_runs(store: ResultStore, tag: str, machine: str, preset: str | None = None) -> list[dict]:

@@ -23,6 +23,7 @@ from typing import NamedTuple, Sequence
 from cpuopt_helpers.pages import cpu_slug, isa_slug, words_link
 from cpuopt_helpers.provenance import NOT_A_CHECKOUT, ROOT, _git, code_version, own_commit  # noqa: F401 (records' own)
 from cpuopt_helpers.system import Facts, collect_facts
+from cpuopt_helpers.wording import duration_words
 
 
 
@@ -108,15 +109,6 @@ def write_record(folder: Path, name: str, title: str, rows: Sequence[Row], comma
     page.write_text(record_page(f"{title}: {facts.cpu_model} ({isa_slug(facts)}), {day}", line, rows,
                                 [*shown, *notes]))
     return page
-
-
-def duration_words(seconds: float) -> str:
-    """``1 h 2 min 5 s``, ``31 min 5 s``, ``42 s``: whole seconds."""
-    total = max(0, round(seconds))
-    hours, rest = divmod(total, 3600)
-    minutes, secs = divmod(rest, 60)
-    parts = [f"{hours} h"] * bool(hours) + [f"{minutes} min"] * bool(hours or minutes) + [f"{secs} s"]
-    return " ".join(parts)
 
 
 def make_test_rows(seconds: float, status: int) -> list[Row]:

@@ -34,6 +34,15 @@ def reason_line(reason: str | None) -> str:
     return " | ".join(lines[:1] + lines[-1:] if len(lines) > 1 and "stderr tail" in lines[0] else lines[:1])
 
 
+def duration_words(seconds: float) -> str:
+    """``1 h 2 min 5 s``, ``31 min 5 s``, ``42 s``: whole seconds."""
+    total = max(0, round(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{hours} h"] * bool(hours) + [f"{minutes} min"] * bool(hours or minutes) + [f"{secs} s"]
+    return " ".join(parts)
+
+
 def _excluded(v: dict) -> str:
     """The settings left out of a choice because their loss drifted, as trailing sentences."""
     inc = v.get("incumbent", "the baseline")

@@ -142,7 +142,10 @@ def run_workbook(preset: str = "standard", only: list[str] | None = None, out: s
     (out_dir / "notebooks").mkdir(parents=True, exist_ok=True)
     try:
         keep_run_commit(preset)
-        return _execute(books, out_dir, preset, parameters, progress, notebook_parameters or {})
+        started = now_utc()
+        report = _execute(books, out_dir, preset, parameters, progress, notebook_parameters or {})
+        keep_run_times(preset, started, report)
+        return report
     finally:
         for key, value in saved.items():  # leave the caller's environment as it was
             if value is None:
@@ -160,6 +163,27 @@ def keep_run_commit(preset: str) -> None:
     from cpuopt_helpers.system import collect_facts
 
     ResultStore().put_fact(collect_facts().fingerprint, RUN_FACT.format(preset=preset), {"commit": own_commit()})
+
+
+def now_utc() -> str:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def keep_run_times(preset: str, started: str, report: list[dict]) -> None:
+    """Keep this run's wall time, notebook by notebook, in its store (the last RUNS_KEPT runs of the
+    preset): the run's page gives the times of the run that measured its baseline
+    (``pages.wall_time_lines``)."""
+    from cpuopt_helpers.pages import RUNS_KEPT, TIMES_FACT
+    from cpuopt_helpers.results import ResultStore
+    from cpuopt_helpers.system import collect_facts
+
+    store, machine, name = ResultStore(), collect_facts().fingerprint, TIMES_FACT.format(preset=preset)
+    kept = store.get_fact(machine, name) or []
+    run = {"started_at": started, "finished_at": now_utc(),
+           "notebooks": [{k: r[k] for k in ("notebook", "status", "seconds")} for r in report]}
+    store.put_fact(machine, name, (kept + [run])[-RUNS_KEPT:])
 
 
 def declared_parameters(book: Path) -> list[str]:

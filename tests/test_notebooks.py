@@ -437,6 +437,8 @@ def test_the_run_writes_a_dated_results_page_and_a_readme_block_that_checks(quic
     assert "each against fp32 as notebook 05 handed it on" in text  # notebook 06's reference, named
     assert "| workload | setting | against fp32 as handed on |" in text
     assert re.search(r"^The machine was (quiet|mostly quiet|busy with other work): .* runs", text, re.M)  # what the machine did
+    assert re.search(r"^Wall time: the run that measured this page took .* for \d+ notebook\(s\)", text, re.M)
+    assert "| 09_summary | ok | " in text  # each notebook's wall time
     from cpuopt_helpers.records import own_commit
 
     assert f", commit {own_commit()}." in text.splitlines()[2]  # the commit the run measured with (workbook run)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cpuopt_helpers import records
+from cpuopt_helpers import records, wording
 
 ROOT = Path(__file__).resolve().parents[1]
 DAY1, DAY2 = datetime(2026, 12, 1, 9, 30, tzinfo=timezone.utc), datetime(2026, 12, 2, 9, 30, tzinfo=timezone.utc)
@@ -102,7 +102,7 @@ def test_a_cell_with_a_bar_does_not_break_the_table():
 @pytest.mark.parametrize("seconds, words", [(42, "42 s"), (60, "1 min 0 s"), (1865.4, "31 min 5 s"),
                                             (3725, "1 h 2 min 5 s"), (-1, "0 s")])
 def test_durations_in_words(seconds, words):
-    assert records.duration_words(seconds) == words
+    assert wording.duration_words(seconds) == words
 
 
 def test_the_make_test_record_says_how_long_it_took_and_whether_it_passed(tmp_path, facts, monkeypatch, capsys):
@@ -342,3 +342,27 @@ def test_the_pages_bf16_table_says_the_quick_preset_only_where_notebook_06_moved
     lines = pages._precision_lines(None, "m", "standard")
     assert ("at the quick preset, since this CPU has no bf16 fast path" in lines[1]) == said
     assert lines[-1] == "| cnn | dtype=bf16 | 1.70x (screened only, 1 round) |"
+
+
+def test_the_results_page_gives_the_wall_time_of_the_run_that_measured_it(tmp_path):
+    """`make run`'s page: each notebook's wall time and the total, from the kept run whose span holds
+    the baseline's first run; nothing where none does (another run's times are never borrowed)."""
+    from cpuopt_helpers import pages
+    from cpuopt_helpers.results import ResultStore
+
+    store = ResultStore(tmp_path / "r.sqlite")
+    books = [{"notebook": "00_system_check.ipynb", "status": "ok", "seconds": 65.2},
+             {"notebook": "01_baseline.ipynb", "status": "failed", "seconds": 1800.0}]
+    runs = [{"started_at": "2026-12-06T23:50:00+00:00", "finished_at": "2026-12-07T00:22:00+00:00", "notebooks": books},
+            {"started_at": "2026-12-07T09:00:00+00:00", "finished_at": "2026-12-07T09:10:00+00:00",
+             "notebooks": books[1:]}]  # a later `--only 01`
+    store.put_fact("m", pages.TIMES_FACT.format(preset="standard"), runs)
+    lines = pages.wall_time_lines(store, "m", "standard", "2026-12-06T23:51:10+00:00")
+    assert lines[1] == ("Wall time: the run that measured this page took 31 min 5 s for 2 notebook(s), from "
+                        "2026-12-06 23:50 UTC (setup and this page not included).")
+    assert lines[-3:] == ["| 00_system_check | ok | 1 min 5 s |", "| 01_baseline | failed | 30 min 0 s |",
+                          "| all | | 31 min 5 s |"]
+    assert pages.wall_time_lines(store, "m", "standard", "2026-12-07T09:05:00+00:00")[1].startswith(
+        "Wall time: the run that measured this page took 30 min 0 s for 1 notebook(s)")
+    assert pages.wall_time_lines(store, "m", "standard", "2026-12-07T08:00:00+00:00") == []  # measured apart
+    assert pages.wall_time_lines(store, "m", "quick", "2026-12-06T23:51:10+00:00") == []  # no run kept
