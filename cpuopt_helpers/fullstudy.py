@@ -86,7 +86,7 @@ def arms(session, classes: int = CLASSES, preset: str = "full") -> tuple[RunConf
         if top.config_hash() != base.config_hash():  # a ladder still at the defaults: the recipe instead
             # the rung that set the top, not a later one that kept it
             made = next(r for r in ladder if setting_hash(r["config"]) == setting_hash(ladder[-1]["config"]))
-            return base, top, f"{LADDER_SOURCE} ({made['step']})"
+            return base, top, f"{LADDER_SOURCE} ({made['step']}; {ladder_words(ladder)})"
     plan = case_study.configs(base, session.facts).named  # its arms drop the base's options: classes again
     top = plan.get(RECIPE, plan.get("all fixes"))
     if top is None:
@@ -94,6 +94,19 @@ def arms(session, classes: int = CLASSES, preset: str = "full") -> tuple[RunConf
     return base, same_model(top, base), (f"{RECIPE} (no standard-preset ladder of RetinaNet above "
                                            "PyTorch's defaults is stored here: `make run` or `make case-study` "
                                            "writes one)")
+
+
+def ladder_words(ladder: list[dict]) -> str:
+    """What each rung of a stored ladder handed on ('bf16: dtype=bf16', 'bf16: channels-last: kept the
+    rung below'), and where the ladder has no case-study fixes rung, that it has none: the reader
+    sees which climb made the top."""
+    said = []
+    for below, rung in zip(ladder, ladder[1:]):
+        change = setting_label(rung["config"], below["config"])
+        said.append(f"{rung['step']}: {'kept the rung below' if change == 'baseline' else change}")
+    if not any(r.get("stage", r["step"]) == "case-study fixes" for r in ladder):
+        said.append("no case-study fixes rung (`make case-study` climbs them)")
+    return "its rungs: " + "; ".join(said)
 
 
 def same_model(config: RunConfig, base: RunConfig) -> RunConfig:
@@ -525,7 +538,7 @@ def target_rows(found: list[Finding]) -> list[records.Row]:
         want = (f"{v['value']:.2f} images/s per physical core" if v["figure"] == "per_core" else
                 f"{v['value']:.1f}x over PyTorch's defaults" + (f", lower end {v['lower']:.1f}" if v["lower"] else ""))
         said, basis = words.get(v["status"], f"not checked here (this CPU: {v['here']})"), "the comparison"
-        if v["bound"] is not None:
+        if v["bound"] is not None and v["status"] != "other path":  # another CPU's target: no bound said for it
             said += f"; at every ceiling {v['bound']:.2f}" + ("x" if v["figure"] == "ratio" else "")
             basis += " and its projection"
         rows.append(records.Row(f"target for {v['path_name']} CPUs: {want}", said, "", basis))
@@ -584,9 +597,11 @@ def write_page(study: dict, folder: Path, facts) -> Path:
              *[f.sentence for f in found]]
     preset = study["preset"]
     if same_as_notebook_09(study):
-        notes.append("The study measures again, in its own paired rounds and with its own steps, what notebook 09 "
-                     "compares for the README's generated block (the standard-preset ladder's top against PyTorch's "
-                     "defaults, the same settings): two separate measurements, each with its own interval.")
+        notes.append("The study measures again, in its own paired rounds and with its own steps, this store's "
+                     "standard-preset ladder top against PyTorch's defaults: what notebook 09 compares for the "
+                     "README's generated block where `make run` wrote both into one store. Two separate "
+                     "measurements, each with its own interval; where the README's block names another top, it "
+                     "came from another run's ladder (another store, or a later climb).")
     return records.write_record(folder, f"retinanet-{preset}", f"RetinaNet at the {preset} preset, {study['classes']} "
                                 "classes", page_rows(study), page_command(preset, study["classes"],
                                                                          study.get("rounds", ROUNDS)),

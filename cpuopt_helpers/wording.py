@@ -43,6 +43,18 @@ def duration_words(seconds: float) -> str:
     return " ".join(parts)
 
 
+def medians_disagree(ratio: float, comparison) -> str:
+    """A clause where the ratio of two arms' medians lies outside the paired rounds' interval: the
+    rounds' ratios spread so that the two statistics tell different stories (an outlying round or a
+    drift), which the reader should know before acting on either; "" where they agree."""
+    c = comparison if isinstance(comparison, dict) or comparison is None else comparison.to_dict()
+    low, high = (c or {}).get("ci_low", math.nan), (c or {}).get("ci_high", math.nan)
+    if not (math.isfinite(low) and math.isfinite(high) and math.isfinite(ratio)) or low <= ratio <= high:
+        return ""
+    return (f"; but the medians' ratio, {ratio:.2f}x, lies outside that interval: the rounds disagree (one or two "
+            "outlying rounds, or a drift), so neither figure is safe to act on; measure it again")
+
+
 def _excluded(v: dict) -> str:
     """The settings left out of a choice because their loss drifted, as trailing sentences."""
     inc = v.get("incumbent", "the baseline")
@@ -610,6 +622,9 @@ def _target(v: dict, c) -> str:
     said += {"met": f"Met: {got}.", "not met": f"Not met: {got}.", "no result": f"Not checked: {got}.",
              "too few rounds": f"Not checked: {got}; the target needs {v['rounds']} paired rounds.",
              "other path": f"Not checked here (this CPU: {v['here']}); {got}."}[v["status"]]
+    if v["status"] == "other path":  # another CPU's target: its bound and peak share say nothing of it here
+        return said + (f" For reference only: on this CPU, at every ceiling (this run's projection), the top would "
+                       f"reach {v['bound']:.2f}{unit}." if v["bound"] is not None else "")
     if v["bound"] is not None:
         beyond = v["bound"] < v["value"]
         said += (f" At every ceiling (this run's projection) the top would reach {v['bound']:.2f}{unit} here: "
@@ -818,7 +833,8 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "lamb not run": lambda v, c: f"IPEX's fused Lamb: {v['reason']}",
     "lamb kernel": lambda v, c: (
         f"Lamb on RetinaNet[{v['preset']}]'s {v['elements']:,} trainable parameters, torch {v['torch']}: "
-        f"{v['kernel']} {v['median_ms']:.1f} ms vs the loop's {v['loop_ms']:.1f} ms: {describe(c)}" + (
+        f"{v['kernel']} {v['median_ms']:.1f} ms vs the loop's {v['loop_ms']:.1f} ms (medians); paired round by round: "
+        f"{describe(c)}{medians_disagree(v['loop_ms'] / v['median_ms'], c)}" + (
             f"; each runtime's ratio is over its own loop: beside it, torch {v['here']['torch']}'s loop takes "
             f"{v['here']['loop_ms']:.1f} ms and its fastest, {v['here']['kernel']}, {v['here']['median_ms']:.1f} ms."
             if v.get("here") else ".")),

@@ -36,7 +36,18 @@ def test_the_top_is_the_standard_ladders_moved_to_the_full_preset(tmp_path, fact
     assert dict(top.options) == {"focal": "fast", "frozen_bn": "folded", "classes": "264"}  # as --option gives them
     assert (top.compile, top.optimizer_impl, top.steps, top.timeout_s) == ("default", "fused", fullstudy.STEPS,
                                                                          fullstudy.TIMEOUT_S)
-    assert "standard-preset ladder (case-study fixes)" in source
+    assert "standard-preset ladder (case-study fixes; its rungs: case-study fixes: compile=default " in source
+    assert source.endswith("; case-study fixes: IPEX: kept the rung below)") and "no case-study" not in source
+
+
+def test_a_top_from_a_ladder_without_the_fixes_says_so(tmp_path, facts):
+    base = RunConfig.for_preset("retinanet", "standard")
+    ladder = [{"step": "baseline", "config": base.to_dict()},
+              {"step": "allocator", "config": base.replace(allocator="jemalloc").to_dict()},
+              {"step": "bf16", "config": base.replace(allocator="jemalloc", dtype="bf16").to_dict()}]
+    _, _, source = fullstudy.arms(session(tmp_path, facts(), ladder), classes=80, preset="standard")
+    assert source.endswith("(bf16; its rungs: allocator: allocator=jemalloc; bf16: dtype=bf16; no case-study fixes "
+                           "rung (`make case-study` climbs them))")
 
 
 @pytest.mark.parametrize("fast", [True, False])

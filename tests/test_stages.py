@@ -594,7 +594,8 @@ def test_the_paper_tables_batch_norm_rows_give_the_most_their_kernels_save_of_th
     fused, folded = table.set_index("fix").loc[["fused FrozenBatchNorm2d", "FrozenBatchNorm2d folded into the conv"],
                                                "why"]
     assert fused == ("mean step 1500 ms -> 1300 ms; the 53 frozen batch norms alone (fp32, 10 interleaved rounds): "
-                     "44.0 ms a step as multiply + add, 36.0 ms as one call, 1.22x (95% CI: 1.10-1.34, 10 rounds): "
+                     "44.0 ms a step as multiply + add, 36.0 ms as one call (medians), paired round by round 1.22x "
+                     "(95% CI: 1.10-1.34, 10 rounds): "
                      "faster; at most 8 ms of the 1500 ms step: 1.01x at most")  # 1500 / 1492
     assert folded.endswith("44.0 ms a step as multiply + add, which folding removes (it scales the weights instead); "
                            "at most 44 ms of the 1500 ms step: 1.03x at most")  # 1500 / 1456
@@ -923,9 +924,19 @@ def test_ipexs_lamb_is_set_beside_this_torchs_loop_and_fastest_kernel():
     assert [f.values["kernel"] for f in found] == ["foreach", "fused", "ipex fused"]
     assert "here" not in found[1].values and found[1].sentence.endswith("faster.")
     assert found[2].sentence.startswith("Lamb on RetinaNet[standard]'s 1,000 trainable parameters, torch 2.8.0: ipex "
-                                        "fused 95.8 ms vs the loop's 314.1 ms: 3.28x")
+                                        "fused 95.8 ms vs the loop's 314.1 ms (medians); paired round by round: 3.28x")
     assert found[2].sentence.endswith("; each runtime's ratio is over its own loop: beside it, torch 2.13.0+cpu's "
                                       "loop takes 90.8 ms and its fastest, fused, 62.9 ms.")
+    assert "disagree" not in found[2].sentence  # the medians' ratio lies inside the interval
+
+
+def test_a_kernel_whose_medians_tell_another_story_than_its_paired_rounds_says_so():
+    """Medians 117.8 vs 121.0 ms (1.03x) beside a paired 2.05x (1.14-3.69): the rounds disagree."""
+    odd = {"median_ms": 117.8, "speedup_vs_loop": 2.05, "ci": [1.14, 3.69], "rounds": 5, "verdict": "faster"}
+    ipex = {"preset": "standard", "elements": 1000, "torch": "2.8.0",
+            "kernels": {"loop": {"median_ms": 121.0}, "ipex fused": odd}}
+    [found] = case_study.lamb_findings([ipex])
+    assert "faster; but the medians' ratio, 1.03x, lies outside that interval: the rounds disagree" in found.sentence
 
 
 @pytest.mark.parametrize("share, said", [(1.65, True), (0.62, False)])

@@ -14,6 +14,7 @@ from cpuopt_helpers.decisions import RECIPE, Choice, Finding, Plan, as_compariso
 from cpuopt_helpers.stages import choosing
 from cpuopt_helpers.stages.choosing import with_options
 from cpuopt_helpers.system import Facts
+from cpuopt_helpers.wording import medians_disagree
 from cpuopt_helpers.workloads import declared_options
 
 FIX_NAMES = {("frozen_bn", "separate"): "frozen batch norm", ("frozen_bn", "fused"): "fused FrozenBatchNorm2d",
@@ -336,10 +337,10 @@ def _kernel_row(bench: dict | None, part: str, shape: str) -> tuple[dict | None,
         return None, f"no {part} timing at {shape}"
     best = g.sort_values("speedup", ascending=False).iloc[0]
     ref = rows[(rows["part"] == part) & (rows["shape"] == shape) & (rows["kernel"] == "reference")].iloc[0]
-    return (_kernel_comparison(best.speedup, best.speedup_low, best.speedup_high,
-                               best.get("rounds", bench.get("rounds", 0)), best.get("verdict", "no different")),
-            f"{best.kernel}: {best.median_ms:.2f} ms against the reference's {ref.median_ms:.2f} ms at "
-            f"{int(best.elements):,} logits")
+    c = _kernel_comparison(best.speedup, best.speedup_low, best.speedup_high,
+                           best.get("rounds", bench.get("rounds", 0)), best.get("verdict", "no different"))
+    return c, (f"{best.kernel}: {best.median_ms:.2f} ms against the reference's {ref.median_ms:.2f} ms at "
+               f"{int(best.elements):,} logits (medians){medians_disagree(ref.median_ms / best.median_ms, c)}")
 
 
 def frozen_logged(frozen: pd.DataFrame | None) -> str:
@@ -368,7 +369,8 @@ def frozen_bn_alone(bench: dict | None, fix: str, step_ms: float | None) -> str:
     if fix == "fused":
         r = rows["fused"]
         c = _kernel_comparison(r["speedup"], r["speedup_low"], r["speedup_high"], r["rounds"], r["verdict"])
-        alone += f"{separate:.1f} ms a step as multiply + add, {fused:.1f} ms as one call, {compare.describe(c)}"
+        alone += (f"{separate:.1f} ms a step as multiply + add, {fused:.1f} ms as one call (medians), paired round "
+                  f"by round {compare.describe(c)}{medians_disagree(separate / fused, c)}")
     else:
         alone += f"{separate:.1f} ms a step as multiply + add, which folding removes (it scales the weights instead)"
     if saves <= 0:
