@@ -57,17 +57,18 @@ def _time_loss(fn, x, t) -> tuple[float, float]:
 
 
 def _interleaved(kinds: dict, x, t, rounds: int, name: str, elements: int, timer=_time_focal) -> list[dict]:
-    """Each kernel warmed up (and compiled) outside the clock, then timed round by round in turn:
-    the rows of forward, backward and both, each against the first kernel paired by round."""
+    """Each kernel warmed up (and compiled) outside the clock, then timed round by round in turn (the
+    order reversed every other round): the rows of forward, backward and both, each against the
+    first kernel paired by round."""
     from cpuopt_helpers import compare, stats
 
     for fn in kinds.values():
         timer(fn, x, t)
         timer(fn, x, t)
     times = {k: [] for k in kinds}
-    for _ in range(rounds):
-        for k, fn in kinds.items():
-            times[k].append(timer(fn, x, t))
+    for r in range(rounds):
+        for k in list(kinds) if r % 2 == 0 else list(kinds)[::-1]:  # alternated: none always first in a round
+            times[k].append(timer(kinds[k], x, t))
     first, rows = next(iter(kinds)), []
     for k in kinds:
         for part, pick in (("forward", lambda s: s[0]), ("backward", lambda s: s[1]), ("both", sum)):
