@@ -344,8 +344,14 @@ def _logs_time(v: dict, c) -> str:
         return f"Logged oneDNN time: {_ms(ta)} in {la} vs {_ms(tb)} in {lb}."
     if not (ta and tb):
         return f"{la if not ta else lb} logged no oneDNN time."
-    return (f"oneDNN time per step: {_ms(ta)} in {la} vs {_ms(tb)} in {lb} (the first's time over the second's: "
-            f"{ta / tb:.2f}x, as every ratio here reads: above 1, the second is faster).")
+    return f"oneDNN time per step: {_ms(ta)} in {la} vs {_ms(tb)} in {lb}: {lb} spends {_more_or_less(tb / ta)}."
+
+
+def _more_or_less(ratio: float, what: str = "time in oneDNN") -> str:
+    """'12% more time in oneDNN' / '3% less ...' / 'the same ...': a time ratio in words, never an 'x' that a
+    reader could take for a speed ratio."""
+    change = round(abs(ratio - 1) * 100)
+    return f"the same {what}" if change == 0 else f"{change}% {'more' if ratio > 1 else 'less'} {what}"
 
 
 def _log_reorders(v: dict, c) -> str:
@@ -366,7 +372,8 @@ def _log_reorders(v: dict, c) -> str:
 def _replay_against_log(v: dict, c) -> str:
     return (f"{_who(v)}replay against the log, like for like ({v['alike']} primitives found in the replay's own log, "
             f"first creation and warm-up excluded): {_ms(v['alike_replayed_ms_per_step'])} per step replayed vs "
-            f"{_ms(v['alike_logged_ms_per_step'])} logged ({v['agreement']:.2f}x). Timed as whole PyTorch calls the "
+            f"{_ms(v['alike_logged_ms_per_step'])} logged (replay takes {_more_or_less(v['agreement'], 'time')}). "
+            "Timed as whole PyTorch calls the "
             f"replayed primitives take {_ms(v['call_replayed_ms_per_step'])} against "
             f"{_ms(v['call_logged_ms_per_step'])} logged" + (
                 ": the difference is the call's dispatch and the reorders it adds around the primitive, which the "
@@ -374,8 +381,16 @@ def _replay_against_log(v: dict, c) -> str:
                 else "."))
 
 
+AGREEMENT_TRUSTED = 0.10  # replay within 10% of the log, like for like: its efficiency ratio is read as a share
+
+
 def _projection_efficiency(v: dict, c) -> str:
     head = f"{_who(v)}measured step {_ms(v['step_ms'])}; efficiency ratio {v['efficiency']:.0%}"
+    agreement = v.get("agreement")
+    if agreement is not None and abs(agreement - 1) > AGREEMENT_TRUSTED:
+        return (head + f": not to be read as a share of the step, since the same primitives took "
+                f"{_more_or_less(agreement, 'time')} replayed than logged (the line above), more than "
+                f"{AGREEMENT_TRUSTED:.0%} apart; the logged share of the step in oneDNN is the safer figure.")
     if v["efficiency"] > 1:
         return (head + ": replayed one by one, the kernels take longer than the whole step, so the step is "
                 "kernel-bound and isolated replay (cold caches, no overlap between primitives) overstates them.")
@@ -718,8 +733,8 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "no ddp layout": lambda v, c: f"{v['what']}: no DDP layout fits here; one rank on all cores is kept.",
     "ddp not screened faster": lambda v, c: (
         f"{v['what']}: {_where(v)} screened at {v['ddp_sps']:.1f} samples/s against one rank's "
-        f"{v['single_sps']:.1f} (screening only, no verdict: no faster layout to confirm); one rank on all "
-        "cores is kept."),
+        f"{v['single_sps']:.1f} (screening only): no DDP layout screened faster, so none was confirmed; one rank "
+        "on all cores is kept (independent copies train separate models: no candidate for one training run)."),
     "ddp confirmed": lambda v, c: (
         f"{v['what']}: {_where(v)} over one rank x {v['single_threads']} threads, in fresh rounds: {c.describe()}"
         + _handed_on(c, "one rank on all cores is kept")),
@@ -901,7 +916,8 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     # profiledn.replay.projection_findings: the log's primitives replayed in isolation
     "projection kernels": lambda v, c: (
         f"{_who(v)}oneDNN primitives replayed in isolation take {_ms(v['kernel_ms_per_step'])} per step "
-        f"({v['replayed']} distinct primitives replayed, {v['not_replayed']} counted at logged time)."),
+        f"({v['replayed']} distinct primitives replayed"
+        + (f", {v['not_replayed']} counted at logged time)." if v["not_replayed"] else ", every one of the log's).")),
     "projection against log": _replay_against_log,
     "projection efficiency": _projection_efficiency,
     "projection not replayed": lambda v, c: (f"{_who(v)}not replayed: {', '.join(v['kinds'])} "
@@ -914,9 +930,10 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "trace spans": lambda v, c: (
         f"{_who(v)}{v['ops_per_step']:.0f} operator spans per step ({v['ops_per_ms']:.1f} per ms), median "
         f"{v['median_span_us']:.0f} µs; {v['short_span_share']:.0%} are shorter than 10 µs."),
-    "trace fragmented": lambda v, c: (f"{_who(v)}with spans this short (the line above), what dispatching them costs "
-                                      "is the whole-step projection's time between operators; where that is large, "
-                                      "fusing operators (a compiled graph or a custom kernel) may pay."),
+    "trace fragmented": lambda v, c: (f"{_who(v)}with spans this short (the line above), dispatching them may cost "
+                                      "much: `cpuopt profile --whole-step` measures that cost as the time between "
+                                      "operators; where it is large, fusing operators (a compiled graph or a custom "
+                                      "kernel) may pay."),
     "trace loss": lambda v, c: (
         f"{_who(v)}the loss: forward {_ms(v['loss_forward_ms'])} a step, backward {_ms(v['loss_backward_ms'])}, "
         f"{v['loss_backward_share']:.1%} of the {_ms(v['backward_ms'])} of backward nodes (autograd sequence numbers "

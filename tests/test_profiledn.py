@@ -234,13 +234,21 @@ def test_projection_arithmetic():
     kernels, efficiency, missing = replay.projection_findings(proj)
     assert (kernels.kind, kernels.values) == ("projection kernels", {"kernel_ms_per_step": 9.0, "replayed": 1,
                                                                      "not_replayed": 1})
-    assert efficiency.kind == "projection efficiency" and efficiency.values == {"step_ms": 20.0,
-                                                                              "efficiency": pytest.approx(0.45)}
+    assert efficiency.kind == "projection efficiency" and efficiency.values == {
+        "step_ms": 20.0, "efficiency": pytest.approx(0.45), "agreement": None}
     assert efficiency.sentence.startswith("measured step 20.0 ms; efficiency ratio 45% (oneDNN's kernels, replayed "
                                           "alone where they can be, take that share of it): the other 55% is time "
                                           "they do not account for, spent outside oneDNN")
     assert "or in its kernels running slower in the step than alone" in efficiency.sentence
     assert missing.values == {"kinds": ["rnn"], "ms_per_step": 4.0}
+    strayed = Finding("", "profiledn", "projection efficiency", {"step_ms": 829.0, "efficiency": 0.97, "agreement": 1.33})
+    assert strayed.sentence.endswith(": not to be read as a share of the step, since the same primitives took 33% more "
+                                     "time replayed than logged (the line above), more than 10% apart; the logged "
+                                     "share of the step in oneDNN is the safer figure.")
+    close = Finding("", "profiledn", "projection efficiency", {"step_ms": 829.0, "efficiency": 0.71, "agreement": 1.04})
+    assert "(oneDNN's kernels, replayed alone where they can be, take that share of it)" in close.sentence
+    every = Finding("", "profiledn", "projection kernels", {"kernel_ms_per_step": 9.0, "replayed": 3, "not_replayed": 0})
+    assert every.sentence.endswith("(3 distinct primitives replayed, every one of the log's).")
 
 
 CONV = ("onednn_verbose,v1,primitive,exec,cpu,convolution,jit:avx512_core,forward_training,src:f32:a:blocked:abcd::f0 "
@@ -549,8 +557,7 @@ def test_the_answer_is_records_each_profiles_under_its_label():
     assert named.sentence.startswith("retinanet before vs retinanet after (the climb's top): measured step")  # once
     logs = Finding("", "profiledn", "logs onednn time",
                    {"labels": ["fp32", "bf16"], "ms": [40.0, 30.0], "per_step": True})
-    assert logs.sentence.endswith("(the first's time over the second's: 1.33x, as every ratio here reads: above 1, "
-                                  "the second is faster).")  # a time ratio, named so, the way speedups read
+    assert logs.sentence.endswith(": bf16 spends 25% less time in oneDNN.")  # a time ratio in words, no "x"
     assert note.sentence == "bf16 has a fast path here: amx"
     per_profile = next(f for f in found if f.kind == "log total" and f.workload == "rnn")
     assert per_profile.sentence.startswith("rnn: 7 primitive executions took ")  # after its label, as a detail

@@ -506,7 +506,8 @@ def test_layout_choice_confirms_ddp_and_says_what_memory_it_holds():
                for r in results]
     choice = multi_instance.choose(multi_instance.table(results, plan), plan, confirm)
     assert (choice.config.instances, choice.config.threads, choice.comparison) == (1, 2, None)
-    assert choice.finding.kind == "ddp not screened faster" and choice.sentence.endswith("is kept.")
+    assert choice.finding.kind == "ddp not screened faster" and "no DDP layout screened faster" in choice.sentence
+    assert choice.sentence.endswith("(independent copies train separate models: no candidate for one training run).")
 
 
 def test_focal_kernel_against_its_physical_limit():

@@ -262,8 +262,10 @@ def projection_findings(proj: dict, label: str = "") -> list[Finding]:
             k: float(proj[k]) for k in ("alike_replayed_ms_per_step", "alike_logged_ms_per_step", "agreement",
                                         "call_replayed_ms_per_step", "call_logged_ms_per_step")}}))
     if proj["step_ms"]:
-        found.append(Finding(label, STAGE, "projection efficiency", {"step_ms": float(proj["step_ms"]),
-                                                                     "efficiency": float(proj["efficiency"])}))
+        agreement = proj.get("agreement")  # how far replay strays from the log, like for like: the ratio's trust
+        found.append(Finding(label, STAGE, "projection efficiency", {
+            "step_ms": float(proj["step_ms"]), "efficiency": float(proj["efficiency"]),
+            "agreement": float(agreement) if agreement is not None else None}))
     if proj["not_replayed_kinds"]:
         found.append(Finding(label, STAGE, "projection not replayed", {
             "kinds": list(proj["not_replayed_kinds"]), "ms_per_step": float(proj["not_replayed_ms_per_step"])}))
