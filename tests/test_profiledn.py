@@ -241,13 +241,15 @@ def test_projection_arithmetic():
                                           "they do not account for, spent outside oneDNN")
     assert "or in its kernels running slower in the step than alone" in efficiency.sentence
     assert missing.values == {"kinds": ["rnn"], "ms_per_step": 4.0}
-    strayed = Finding("", "profiledn", "projection efficiency", {"step_ms": 829.0, "efficiency": 0.97, "agreement": 1.33})
+    strayed = Finding("", "profiledn", "projection efficiency",
+                      {"step_ms": 829.0, "efficiency": 0.97, "agreement": 1.33})
     assert strayed.sentence.endswith(": not to be read as a share of the step, since the same primitives took 33% more "
                                      "time replayed than logged (the line above), more than 10% apart; the logged "
                                      "share of the step in oneDNN is the safer figure.")
     close = Finding("", "profiledn", "projection efficiency", {"step_ms": 829.0, "efficiency": 0.71, "agreement": 1.04})
     assert "(oneDNN's kernels, replayed alone where they can be, take that share of it)" in close.sentence
-    every = Finding("", "profiledn", "projection kernels", {"kernel_ms_per_step": 9.0, "replayed": 3, "not_replayed": 0})
+    every = Finding("", "profiledn", "projection kernels",
+                    {"kernel_ms_per_step": 9.0, "replayed": 3, "not_replayed": 0})
     assert every.sentence.endswith("(3 distinct primitives replayed, every one of the log's).")
 
 
