@@ -355,7 +355,8 @@ def apart_sentence(runs: list[dict]) -> str:
     probed = sum(f is not None for f in flags)
     return (f" CPUs apart: in {len(trips)} of {probed} runs probed, two of the run's CPUs sat far apart (a VM's host "
             f"had most likely put them on other core complexes or sockets): a cache line's round trip between them "
-            f"took {APART:g}x its shortest ({shortest:.0f} ns) or more, up to {max(trips):.0f} ns. Such steps can run "
+            f"took {APART:g}x the shortest timed between the same two CPUs or more (the shortest of all: "
+            f"{shortest:.0f} ns), up to {max(trips):.0f} ns. Such steps can run "
             "slower."
             + (f" In {mixed} of {pairs} paired runs (an arm and its baseline in one round, both quiet) only one of the "
                f"two sat apart (the arm in {arm_apart}, the baseline in {mixed - arm_apart}): their ratios are "
@@ -379,8 +380,9 @@ def loaded_sentence(results: list[dict]) -> str | None:
     loaded = sum(bool(s.get("loaded")) for s in states)
     steals = [s["steal_pct"] for s in states if s.get("steal_pct") is not None]
     took = f"a median {median(steals):.1f}% of a run's CPU time, at most {max(steals):.1f}%" if steals else ""
-    if not loaded:
-        return (f"The machine was quiet: none of the {len(states)} runs measured on a loaded machine"
+    if not loaded:  # no other load; where the host moved CPUs apart, "quiet" would say too much
+        lead = "The machine had no other load, yet its CPUs moved" if said_apart else "The machine was quiet"
+        return (f"{lead}: none of the {len(states)} runs measured on a loaded machine"
                 + (f"; the hypervisor took {took}." if took else ".") + said_apart)
     state = "mostly quiet" if loaded <= 0.1 * len(states) else "busy with other work"
     return (f"The machine was {state}: {loaded} of {len(states)} runs measured on a loaded machine "

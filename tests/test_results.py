@@ -61,7 +61,11 @@ def test_runs_whose_cores_the_host_moved_apart_are_said():
     assert steady.endswith("the hypervisor took a median 0.0% of a run's CPU time, at most 0.0%.")
     moved = loaded_sentence([run([230.0, 250.0]), run([240.0, 470.0]), run([500.0, 520.0]), run(None)])
     assert "CPUs apart: in 2 of 3 runs probed, two of the run's CPUs sat far apart (a VM's host" in moved
-    assert "a cache line's round trip between them took 1.6x its shortest (230 ns) or more, up to 520 ns." in moved
+    assert moved.startswith("The machine had no other load, yet its CPUs moved: none of the 4 runs measured on a "
+                            "loaded machine")  # not "quiet"
+    assert steady.startswith("The machine was quiet: ")
+    assert ("a cache line's round trip between them took 1.6x the shortest timed between the same two CPUs or more "
+            "(the shortest of all: 230 ns), up to 520 ns.") in moved
     assert moved.endswith("Such steps can run slower.")
     # bare metal: an unpinned arm times CPUs 0 and 1 on two sockets, a pinned one two cores of one: no claim
     pairs = loaded_sentence([run([250.0, 260.0], cpus=((0, 2),)), run([600.0, 610.0], cpus=((0, 1),))])
@@ -262,7 +266,8 @@ def test_comparison_stores_rounds_and_resumes_them(tmp_path, capsys):
     assert out["verdict"] == "faster" and out["n"] == 5 and len(calls) == 10
     assert "CPUs apart: in 2 of 10 runs probed" in out["machine_sentence"]
     report_comparison(out, "b over a", False)
-    assert "\n  machine: The machine was quiet: none of the 10 runs" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "\n  machine: The machine had no other load, yet its CPUs moved: none of the 10 runs" in said
     assert len({r["sweep"] for r in store.results(tag="c")}) == 1
     orders = out["order"]
     assert set(orders) == {"AB", "BA"}
