@@ -295,7 +295,8 @@ def add_workbook_parser(sub) -> None:
     wb_readme.add_argument("--write", metavar="README", help="update this README in place (else print)")
     wb_readme.add_argument("--check", metavar="README", help="exit 1 when this README's block differs from the store")
     wb_readme.add_argument("--page", metavar="FOLDER", help="also write the run's whole page there, dated and named "
-                           "after the machine (make run: docs/results)")
+                           "after the machine, and link it from the block (make run: docs/results); with --check: "
+                           "the folder the block's link names")
 
 
 def bench_config(args):
@@ -556,7 +557,10 @@ def _readme(args) -> int:
     from cpuopt_helpers.results import ResultStore, build_dir
 
     store, facts = ResultStore(), system.collect_facts()
-    section = pages.results_markdown(store, facts, known_preset(args.preset))
+    readme = Path(args.check or args.write or ".")
+    link = (os.path.relpath(Path(args.page) / f"{pages.page_stem(store, facts, known_preset(args.preset))}.md",
+                            readme.parent) if args.page else None)  # the block links the page written beside it
+    section = pages.results_markdown(store, facts, known_preset(args.preset), page=link)
     if args.check:
         problem = pages.check_readme(Path(args.check), section)
         print(f"cpuopt: {problem}; `cpuopt workbook readme --write {args.check}` regenerates it" if problem else

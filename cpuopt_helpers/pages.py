@@ -17,11 +17,12 @@ from cpuopt_helpers.system import Facts
 RESULTS_START, RESULTS_END = "<!-- results:start -->", "<!-- results:end -->"
 
 
-def results_markdown(store: ResultStore, facts: Facts, preset: str = "standard") -> str:
+def results_markdown(store: ResultStore, facts: Facts, preset: str = "standard", page: str | None = None) -> str:
     """The README's generated block: per workload the configuration its ladder confirmed, its
     speedup over PyTorch's defaults with the interval (the top against the defaults in fresh
     paired rounds where the run measured it; else the product of the rungs, labelled so) and the
-    `cpuopt bench` line that measures it again, stamped with the machine, the day and the code that measured."""
+    `cpuopt bench` line that measures it again, stamped with the machine, the day and the code that
+    measured; ``page``: the link to the run's dated page (``page_stem``), where one is written."""
     from cpuopt_helpers import ladder
 
     machine = facts.fingerprint
@@ -36,8 +37,10 @@ def results_markdown(store: ResultStore, facts: Facts, preset: str = "standard")
         rungs = ladder.rungs(store, machine, name, preset, facts.physical_cores or 1)
         if rungs:
             lines.append(_answer_row(name, rungs))
-    lines += ["", "Each rung with its own interval: `cpuopt ladder`. Every table, figure and executed notebook of "
-              "the run: `build/report/index.html`. This block is written by `cpuopt workbook readme --write README.md`."]
+    record = f"[{page}]({page}), and " if page else ""
+    lines += ["", f"Each rung with its own interval: `cpuopt ladder`. This run's whole record: {record}every table, "
+              "figure and executed notebook in `build/report/index.html` (on the machine that ran it). This block is "
+              "written by `cpuopt workbook readme --write README.md`."]
     return "\n".join(lines)
 
 
@@ -401,6 +404,17 @@ def isa_slug(facts: Facts) -> str:
     return "amx" if isa.get("amx_bf16") else "avx512" if isa.get("avx512f") else "avx2" if isa.get("avx2") else "sse"
 
 
+def page_day(store: ResultStore, facts: Facts, preset: str) -> str:
+    runs = last_sweep_runs(store, "01_baseline", facts.fingerprint, preset)
+    return max(r["created_at"] for r in runs)[:10] if runs else "undated"
+
+
+def page_stem(store: ResultStore, facts: Facts, preset: str) -> str:
+    """The run's page name without .md: DAY-CPU-ISA, and -PRESET for a preset other than standard."""
+    stem = f"{page_day(store, facts, preset)}-{cpu_slug(facts)}-{isa_slug(facts)}"
+    return stem if preset == "standard" else f"{stem}-{preset}"
+
+
 def write_results_page(store: ResultStore, facts: Facts, preset: str, folder: Path, figures: Path) -> Path:
     """The run's page as a dated record: FOLDER/DAY-CPU-ISA.md with its figures copied beside it
     (FOLDER/DAY-CPU-ISA/), stamped with the machine, the day, the preset and the command that
@@ -408,11 +422,7 @@ def write_results_page(store: ResultStore, facts: Facts, preset: str, folder: Pa
     import re
     import shutil
 
-    runs = last_sweep_runs(store, "01_baseline", facts.fingerprint, preset)
-    day = max(r["created_at"] for r in runs)[:10] if runs else "undated"
-    stem = f"{day}-{cpu_slug(facts)}-{isa_slug(facts)}"
-    if preset != "standard":
-        stem += f"-{preset}"
+    stem, day = page_stem(store, facts, preset), page_day(store, facts, preset)
     body = results_page(store, facts, preset, figures=stem)
     (folder / stem).mkdir(parents=True, exist_ok=True)
     kept = []

@@ -428,8 +428,10 @@ def test_the_run_writes_a_dated_results_page_and_a_readme_block_that_checks(quic
     readme.write_text(f"# title\n{pages.RESULTS_START}\nold\n{pages.RESULTS_END}\nafter\n")
     assert cli.main(["workbook", "readme", "--preset", "quick", "--write", str(readme),
                      "--page", str(tmp_path / "results")]) == 0
-    assert cli.main(["workbook", "readme", "--preset", "quick", "--check", str(readme)]) == 0
+    assert cli.main(["workbook", "readme", "--preset", "quick", "--check", str(readme),
+                     "--page", str(tmp_path / "results")]) == 0
     page = next((tmp_path / "results").glob("*.md"))
+    assert f"This run's whole record: [results/{page.name}](results/{page.name}), and every" in readme.read_text()
     assert re.fullmatch(rf"\d{{4}}-\d\d-\d\d-.+-{pages.isa_slug(facts)}-quick\.md", page.name)
     text = page.read_text()
     assert facts.cpu_model in text and "cpuopt workbook readme --preset quick --page" in text
