@@ -446,8 +446,11 @@ def kernel_findings(study: dict) -> list[Finding]:
 
 
 def phase_lines(profiles: dict) -> list[str]:
-    """Each arm's traced step by phase, as a markdown table."""
-    head = ["| phase | arm | s a step | share | GFLOP | GEMM-like share | GEMM GFLOP/s | of measured ceiling | "
+    """Each arm's traced step by phase, as a markdown table, captioned: traced steps run longer than the
+    timed medians of the rows above (the profiler's own cost)."""
+    head = ["Each arm's step under the profiler, by phase (traced steps run longer than the timed medians above: the "
+            "profiler costs time; the shares and rates are what to read here):", "",
+            "| phase | arm | s a step | share | GFLOP | GEMM-like share | GEMM GFLOP/s | of measured ceiling | "
             "of theoretical peak | between ops s |", "|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
     for phase in ("forward", "loss", "backward", "optimizer"):
@@ -460,7 +463,7 @@ def phase_lines(profiles: dict) -> list[str]:
             rows.append(f"| {phase} | {name} | {r['ms'] / 1e3:.2f} | {r['share']:.0%} | {r['gflop']:.0f} | "
                         f"{r['gemm_share']:.0%} | {rate} | {pct(r['of_ceiling'])} | {pct(r['of_theoretical'])} | "
                         f"{r['between_ms'] / 1e3:.2f} |")
-    return head + rows
+    return head + rows if rows else []
 
 
 def page_rows(study: dict) -> list[records.Row]:
@@ -507,8 +510,9 @@ def bound_rows(study: dict) -> list[records.Row]:
     most = targets.ratio_bound(measured(study))
     if most is None:
         return []
-    return [records.Row(f"{study.get('fastest', 'top')} over PyTorch's defaults, its step at every ceiling (bound)",
-                        f"{most:.2f}x", "", "its projection, both arms' median steps")]
+    return [records.Row(f"the most {study.get('fastest', 'top')} could reach over PyTorch's defaults: its step with "
+                        "every operator at its ceiling (a bound)", f"{most:.2f}x", "",
+                        "its projection; the ratio of both arms' median steps, not paired")]
 
 
 def measured(study: dict) -> targets.Measured:
@@ -589,10 +593,10 @@ def allocator_rows(kept: dict | None) -> list[records.Row]:
 def write_page(study: dict, folder: Path, facts) -> Path:
     """FOLDER/DAY-CPU-ISA-retinanet-full.md: the figures, each arm's phases, the findings in words."""
     found = study_findings(study)
-    said = study["comparison"].get("machine_sentence")
+    said, phases = study["comparison"].get("machine_sentence"), phase_lines(study["profiles"])
     notes = [f"PyTorch's defaults: {study['base'].label()}. The top: {study['source']}: {study['top'].label()}.",
              *([f"During the comparison's runs: {said}"] if said else []),
-             "\n".join(phase_lines(study["profiles"])),
+             *(["\n".join(phases)] if phases else []),
              *tried_lines(study.get("tried"), study["ceilings"]),
              *[f.sentence for f in found]]
     preset = study["preset"]
