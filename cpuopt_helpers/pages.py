@@ -347,8 +347,10 @@ def _launcher_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
 
     runs = last_sweep_runs(store, "04_launchers", machine, preset)
     if not runs:
-        return ["", "Launchers (notebook 04): the best setting against PyTorch's and `run_cpu`'s defaults was not "
-                f"measured in the {preset} preset (`make run PRESET=full` measures it)."]
+        ran = ("its allocator stage ran (its verdict: the ladder above and the confirmations below); "
+               if last_sweep_runs(store, "04_allocator", machine, preset) else "")
+        return ["", f"Launchers (notebook 04): {ran}its comparison of the best setting with PyTorch's and `run_cpu`'s "
+                f"defaults runs only in the full preset, not in the {preset} one (`make run PRESET=full`)."]
     lines = ["", "Threading, allocator and launchers (notebooks 03-04): the best setting handed on, as a ratio to "
              "PyTorch's defaults measured in interleaved rounds, next to `run_cpu`'s defaults.", "",
              "| workload | setting | vs PyTorch's defaults |", "|---|---|---|"]

@@ -366,3 +366,20 @@ def test_the_results_page_gives_the_wall_time_of_the_run_that_measured_it(tmp_pa
         "Wall time: the run that measured this page took 30 min 0 s for 1 notebook(s)")
     assert pages.wall_time_lines(store, "m", "standard", "2026-12-07T08:00:00+00:00") == []  # measured apart
     assert pages.wall_time_lines(store, "m", "quick", "2026-12-06T23:51:10+00:00") == []  # no run kept
+
+
+def test_the_page_says_notebook_04s_allocator_stage_ran_where_its_launcher_comparison_did_not(tmp_path):
+    from cpuopt_helpers import pages
+    from cpuopt_helpers.config import RunConfig
+    from cpuopt_helpers.results import ResultStore, run_sweep
+
+    store = ResultStore(tmp_path / "r.sqlite")
+    [line] = pages._launcher_lines(store, "m", "standard")[1:]
+    assert line.startswith("Launchers (notebook 04): its comparison of the best setting") and "full preset" in line
+    config = RunConfig.for_preset("cnn", "standard")
+    run_sweep([config], store, lambda c: {"config": c.to_dict(), "config_hash": c.config_hash(), "status": "ok",
+                                          "samples_per_s": 1.0, "system": "m", "reason": "",
+                                          "created_at": "2026-12-07T00:00:00+00:00"},
+              tag="04_allocator", machine="m", progress=False)
+    [line] = pages._launcher_lines(store, "m", "standard")[1:]
+    assert line.startswith("Launchers (notebook 04): its allocator stage ran (its verdict: the ladder above")
