@@ -354,12 +354,20 @@ def _more_or_less(ratio: float, what: str = "time in oneDNN") -> str:
     return f"the same {what}" if change == 0 else f"{change}% {'more' if ratio > 1 else 'less'} {what}"
 
 
+DIRECTION_WORDS = {"none": "no direction (reorders, sums, concatenations)"}  # primitives without a prop_kind
+
+
+def _calls(calls: int, steps: int | None) -> str:
+    """'431 calls a step' where the log's steps are known (as its other per-step figures), else the log's total."""
+    return f"{calls / steps:.0f} calls a step" if steps else f"{calls} calls in the log"
+
+
 def _log_reorders(v: dict, c) -> str:
     """How much of oneDNN's time reorders take, what they move, and the fix that fits the larger part."""
     roles = {role: share for role, share in (v.get("roles") or {}).items() if share > 0}
     split = ", ".join(f"{role} {share:.0%}" for role, share in sorted(roles.items(), key=lambda kv: -kv[1]))
     said = (f"{_who(v)}Reorders (layout conversions, no useful compute) take {v['share']:.0%} of oneDNN time in "
-            f"{v['calls']} calls" + (f" ({split})" if roles else ""))
+            f"{_calls(v['calls'], v.get('steps'))}" + (f" ({split})" if roles else ""))
     if v["share"] <= 0.1:
         return said + "."
     if roles and max(roles, key=roles.get) == "weights":
@@ -879,7 +887,8 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "log empty": lambda v, c: f"{_who(v)}The log holds no executed primitive.",
     "log total": _log_total,
     "log directions": lambda v, c: f"{_who(v)}By direction: " + ", ".join(
-        f"{d.replace('_', ' ')} {share:.0%} ({calls} calls)" for d, share, calls in v["directions"]) + ".",
+        f"{DIRECTION_WORDS.get(d, d.replace('_', ' '))} {share:.0%} ({_calls(calls, v.get('steps'))})"
+        for d, share, calls in v["directions"]) + ".",
     "log reorders": _log_reorders,
     "log reference kernels": lambda v, c: (
         f"{_who(v)}Reference (unoptimised) implementations run {v['executions']} times ({v['share']:.0%} of the time): "

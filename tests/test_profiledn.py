@@ -205,8 +205,12 @@ def test_reorders_are_told_apart_by_the_tensor_they_move():
                             "time_ms": [5.0, 1.0, 2.0, 0.5, 0.25]})
     assert reorder_roles(grouped) == {"weights": [2, 1.5], "activations": [1, 2.0], "other": [1, 0.25]}
     said = {f.kind: f.sentence for f in profiledn.findings(a, steps=2, label="cnn")}["log reorders"]
-    assert said.startswith("cnn: Reorders (layout conversions, no useful compute) take 63% of oneDNN time in 98 "
-                           "calls (activations 35%, weights 28%); a consistent layout (channels-last")
+    assert said.startswith("cnn: Reorders (layout conversions, no useful compute) take 63% of oneDNN time in 49 "
+                           "calls a step (activations 35%, weights 28%); a consistent layout (channels-last")
+    found = {f.kind: f.sentence for f in profiledn.findings(a, steps=None, label="cnn")}
+    assert "in 98 calls in the log (" in found["log reorders"]  # steps unknown: the log's total, said so
+    directions = {f.kind: f.sentence for f in profiledn.findings(a, steps=2)}["log directions"]
+    assert "no direction (reorders, sums, concatenations) " in directions and " calls a step)" in directions
     channels_last = parse("onednn_312_cnn_channels_last_timestamps.log").exec  # the activations' reorders are gone
     said = {f.kind: f.sentence for f in profiledn.findings(channels_last, steps=2)}["log reorders"]
     assert "(weights 45%); most move weights" in said and "weight prepacking" in said

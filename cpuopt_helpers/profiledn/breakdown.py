@@ -95,11 +95,11 @@ def findings(df: pd.DataFrame, steps: int | None = None, label: str = "") -> lis
     found = [Finding(label, STAGE, "log total", {
         "executions": len(df), "total_ms": float(total), "steps": steps,
         "kinds": [[k, float(r.share)] for k, r in kinds.head(4).iterrows()]})]
-    found.append(Finding(label, STAGE, "log directions", {"directions": [
+    found.append(Finding(label, STAGE, "log directions", {"steps": steps, "directions": [
         [d, float(r.share), int(r.calls)] for d, r in breakdown(df, "direction").iterrows()]}))
     if "reorder" in kinds.index:
         roles = {role: ms / total for role, (calls, ms) in reorder_roles(df).items() if calls}
-        found.append(Finding(label, STAGE, "log reorders", {"share": float(kinds.loc["reorder"].share),
+        found.append(Finding(label, STAGE, "log reorders", {"share": float(kinds.loc["reorder"].share), "steps": steps,
                                                             "calls": int(kinds.loc["reorder"].calls), "roles": roles}))
     slow = df[df["isa"].isin(["any", "ref"]) | df["impl"].str.startswith("ref")]
     if len(slow):
