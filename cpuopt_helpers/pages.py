@@ -230,6 +230,7 @@ def _confirmation_lines(store: ResultStore, machine: str, preset: str, since: st
 
 
 ANSWERS = {"05_ipex": ("IPEX and its upstream replacements (notebook 05)", ["05_runtimes"]),
+           "06_bf16": ("bf16, its speed and its accuracy on the digits model (notebook 06; its figures above)", []),
            "07_multi_instance": ("Multi-instance and DDP (notebook 07)", ["07_layouts", "07_convergence"]),
            "08_case_study_retinanet": ("The RetinaNet case study (notebook 08)", ["08_ladder", "08_frozen_layers"]),
            "09_summary": ("The ladder (notebook 09)", ["09_ladder"])}
