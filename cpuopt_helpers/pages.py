@@ -74,8 +74,22 @@ def _stamp(facts: Facts, runs: list[dict], preset: str, commit: str | None, days
     made = f", cpuopt {code['package']} (measuring code {code['measuring_hash']})" if code.get("measuring_hash") else ""
     made += f", commit {commit}" if commit else ""
     return (f"Measured on {days} (preset `{preset}`) on **{facts.cpu_model}** "
-            f"({level}), {facts.physical_cores} physical / {facts.logical_cores} logical cores, "
+            f"({core_words(facts, '; ')}{level}), {cores_words(facts)}, "
             f"torch {facts.versions.get('torch', '?')}{made}.")
+
+
+def core_words(facts: Facts, then: str = "") -> str:
+    """'AMD Zen 4 in a virtual machine' (what the CPU's row in cpuopt's peak table names, and whether a
+    hypervisor runs it), followed by ``then``; '' where neither is known."""
+    said = " ".join(filter(None, [facts.microarchitecture, "in a virtual machine" if facts.virtual_machine else ""]))
+    return f"{said}{then}" if said else ""
+
+
+def cores_words(facts: Facts) -> str:
+    """'2 physical / 2 logical cores', and in a VM that they are the vCPUs its host gives it (a physical
+    core's figures there are a vCPU's)."""
+    return (f"{facts.physical_cores} physical / {facts.logical_cores} logical cores"
+            + (" (a VM's vCPUs)" if facts.virtual_machine else ""))
 
 
 def _answer_row(workload: str, rungs) -> str:
@@ -150,8 +164,8 @@ def results_page(store: ResultStore, facts: Facts, preset: str = "standard", fig
     day = measured_days(store, machine, preset) if runs else date.today().isoformat()
     commit = f", commit {run_commit(store, machine, preset)}" if run_commit(store, machine, preset) else ""
     lines = [
-        f"Measured on {day} by `make run` (preset `{preset}`) on **{facts.cpu_model}**, "
-        f"{facts.physical_cores} physical / {facts.logical_cores} logical cores, {facts.memory_gib} GiB, "
+        f"Measured on {day} by `make run` (preset `{preset}`) on **{facts.cpu_model}**"
+        f"{' (' + core_words(facts) + ')' if core_words(facts) else ''}, {cores_words(facts)}, {facts.memory_gib} GiB, "
         f"torch {facts.versions['torch']}, oneDNN {facts.versions['onednn']}{commit}.",
         "", *_baseline_lines(table, facts, roof), "", f"![baseline]({figures}/01_baseline.png)"]
     launchers = bool(last_sweep_runs(store, "04_launchers", machine, preset))

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-from cpuopt_helpers.pages import cpu_slug, isa_slug, words_link
+from cpuopt_helpers.pages import core_words, cores_words, cpu_slug, isa_slug, words_link
 from cpuopt_helpers.provenance import NOT_A_CHECKOUT, ROOT, _git, code_version, own_commit  # noqa: F401 (records' own)
 from cpuopt_helpers.system import Facts, collect_facts
 from cpuopt_helpers.wording import duration_words
@@ -64,8 +64,8 @@ def stamp(facts: Facts, day: str, command: str, commit: str, preset: str | None 
     """Where, when, with what code and by which command the page's figures were measured."""
     code = code_version()
     setting = f" (preset `{preset}`)" if preset else ""
-    return (f"Measured on {day}{setting} on **{facts.cpu_model}** ({isa_slug(facts)}), {facts.physical_cores} "
-            f"physical / {facts.logical_cores} logical cores, torch {facts.versions.get('torch', '?')}; "
+    return (f"Measured on {day}{setting} on **{facts.cpu_model}** ({core_words(facts, ', ')}{isa_slug(facts)}), "
+            f"{cores_words(facts)}, torch {facts.versions.get('torch', '?')}; "
             f"commit {commit}, cpuopt {code['package']} (measuring code {code['measuring_hash']}). "
             f"Regenerate with `{command}`.")
 

@@ -39,6 +39,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cpuopt_helpers import peak
 from cpuopt_helpers.errors import CpuoptError
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx_ne_convert")
@@ -779,6 +780,8 @@ class Facts:
     ipex_runtime: dict | None = None  # `cpuopt doctor` adds the IPEX runtime's probe
     vendor_extension: str | None = None
     peak: dict | None = None  # `cpuopt doctor` adds peak.peak_report: theoretical and measured GFLOP/s per dtype
+    microarchitecture: str | None = None  # peak.identify's row (e.g. "AMD Zen 4"); None where no row covers the CPU
+    virtual_machine: bool | None = None  # cpuinfo's "hypervisor" flag: its cores are the vCPUs its host gives it
 
     @classmethod
     def from_dict(cls, data: dict) -> "Facts":
@@ -818,8 +821,15 @@ def collect_facts() -> Facts:
         topology={**topo.to_dict(), "cgroup": read_cgroup_limits(), "notes": topology_notes(topo)},
         isa=isa, memory_gib=parse_meminfo_gib(_read("/proc/meminfo")), allocators=allocators, openmp=openmp,
         numactl=numactl, versions=versions, missing=missing,
-        bf16=bf16_gate(isa, versions["onednn_bf16_supported"], onednn_isa()))
+        bf16=bf16_gate(isa, versions["onednn_bf16_supported"], onednn_isa()),
+        microarchitecture=getattr(peak.identify(cpuinfo)[0], "name", None), virtual_machine=is_virtual(cpuinfo))
     return facts.replace(fingerprint=fingerprint(facts.to_dict()))
+
+
+def is_virtual(cpuinfo: str) -> bool:
+    """Whether the kernel runs under a hypervisor (cpuinfo's flags carry "hypervisor")."""
+    match = re.search(r"^(?:flags|Flags)\s*:\s*(.*)$", cpuinfo, re.MULTILINE)
+    return bool(match) and "hypervisor" in match.group(1).split()
 
 
 def numa_words(nodes: dict) -> str:
@@ -833,8 +843,10 @@ def format_facts(facts: Facts) -> str:
     """The human-readable doctor report."""
     isa = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in facts.isa.items())
     v = facts.versions
+    vm = "a virtual machine: its cores are the vCPUs its host gives it" if facts.virtual_machine else None
+    about = ", ".join(filter(None, [facts.microarchitecture, vm]))
     lines = [
-        f"CPU          {facts.cpu_model}",
+        f"CPU          {facts.cpu_model}" + (f" ({about})" if about else ""),
         f"cores        {facts.physical_cores} physical, {facts.logical_cores} logical, "
         f"{facts.sockets} socket(s), {numa_words(facts.numa_nodes)}",
         *[f"{n['fact']:<12} {n['value']}\n{'':<12} -> {n['threads']}"

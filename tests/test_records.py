@@ -383,3 +383,21 @@ def test_the_page_says_notebook_04s_allocator_stage_ran_where_its_launcher_compa
               tag="04_allocator", machine="m", progress=False)
     [line] = pages._launcher_lines(store, "m", "standard")[1:]
     assert line.startswith("Launchers (notebook 04): its allocator stage ran (its verdict: the ladder above")
+
+
+def test_the_stamps_name_the_core_and_a_virtual_machines_vcpus(facts):
+    from cpuopt_helpers import pages, system
+
+    vm = facts(microarchitecture="AMD Zen 4", virtual_machine=True, cpu_model="AMD EPYC", physical_cores=2,
+               logical_cores=2)
+    assert pages.core_words(vm, "; ") == "AMD Zen 4 in a virtual machine; "
+    assert pages.cores_words(vm) == "2 physical / 2 logical cores (a VM's vCPUs)"
+    assert "on **AMD EPYC** (AMD Zen 4 in a virtual machine, " in records.stamp(vm, "2026-12-07", "make x", "abc")
+    bare = facts(microarchitecture=None, virtual_machine=False)
+    assert pages.core_words(bare, "; ") == "" and "vCPU" not in pages.cores_words(bare)
+    assert pages.core_words(facts(microarchitecture=None, virtual_machine=True)) == "in a virtual machine"
+    assert system.is_virtual("flags\t: fpu avx2 hypervisor lahf_lm") and not system.is_virtual("flags\t: fpu avx2")
+    here = system.collect_facts()  # doctor's report of this machine, named as made up above
+    vm = here.replace(microarchitecture="AMD Zen 4", virtual_machine=True, cpu_model="AMD EPYC")
+    assert system.format_facts(vm).splitlines()[0] == ("CPU          AMD EPYC (AMD Zen 4, a virtual machine: its cores "
+                                                       "are the vCPUs its host gives it)")
