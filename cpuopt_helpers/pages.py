@@ -132,7 +132,8 @@ def _baseline_lines(table, facts: Facts, roof: dict) -> list[str]:
     from cpuopt_helpers.stages import baseline
 
     ceiling = roof["gemm_gflops_best"]
-    theory = peak.peak_report(system.read_cpuinfo(), facts.physical_cores, roof)["fp32"]["theoretical_gflops"]
+    report = peak.peak_report(system.read_cpuinfo(), facts.physical_cores, roof)
+    theory = report["fp32"]["theoretical_gflops"]
     lines = ["| workload | samples/s (median; range over runs) | step ms | forward | backward | optimizer | GFLOP/s "
              "| of the measured fp32 GEMM ceiling | of the theoretical fp32 peak |", "|---" * 9 + "|"]
     for name, row in table.iterrows():
@@ -143,7 +144,10 @@ def _baseline_lines(table, facts: Facts, roof: dict) -> list[str]:
                      f"{row['step_ms']:.0f} | {row['forward_share']:.0%} | {row['backward_share']:.0%} | "
                      f"{row['optimizer_share']:.0%} | {gflops} | {' | '.join(shares)} |")
     machine = [f for f in baseline.system_findings(facts, roof) if f.kind in ("machine", "ceilings", "fresh memory")]
-    return lines + ["", *[f"- {f.sentence}" for f in machine],
+    source = f" (FLOP a cycle: {report['core']}, from {report['source']})" if report["source"] else ""
+    peaks = [f"- The peaks the shares divide by{source}:"] + [
+        f"  - {line[:12].strip()}: {line[12:].strip()}" for line in peak.peak_lines(report)]
+    return lines + ["", *[f"- {f.sentence}" for f in machine], *peaks,
                     *[f"- {f.sentence}" for f in baseline.findings(table, ceiling, theory)]]
 
 

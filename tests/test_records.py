@@ -291,13 +291,20 @@ def test_the_results_page_gives_each_baseline_both_shares_of_peak(monkeypatch, f
     table = pd.DataFrame([{"workload": "cnn", **row, "gflops": 103.0},
                           {"workload": "mine", **row, "gflops": math.nan}]).set_index("workload")
     roof, theory = {"threads": 2, "gemm_gflops_best": 332.0, "copy_gbs_best": 14.4}, {"fp32": 412.0}
-    monkeypatch.setattr(peak, "peak_report", lambda cpuinfo, cores, roofline: {"fp32": {"theoretical_gflops":
-                                                                                          theory["fp32"]}})
+    real = peak.peak_report
+
+    def made_up(cpuinfo, cores, roofline):
+        report = real(cpuinfo, cores, roofline)
+        return {**report, "fp32": {**report["fp32"], "theoretical_gflops": theory["fp32"], "measured_share": None}}
+
+    monkeypatch.setattr(peak, "peak_report", made_up)
     machine = facts(versions={"onednn_bf16_supported": False}, numactl={"present": True, "works": True})
     lines = pages._baseline_lines(table, machine, roof)
     assert lines[0].endswith("| GFLOP/s | of the measured fp32 GEMM ceiling | of the theoretical fp32 peak |")
     assert lines[2].endswith("| 103.0 | 31% | 25% |") and lines[3].endswith("| unknown | unknown | unknown |")
     assert any("31% of the measured fp32 GEMM ceiling and 25% of the theoretical fp32 peak" in line for line in lines)
+    at = next(i for i, line in enumerate(lines) if line.startswith("- The peaks the shares divide by"))
+    assert lines[at + 1].startswith("  - peak fp32: 412 GFLOP/s theoretical (")  # the peak itself, and what it rests on
     theory["fp32"] = None  # a CPU not in peak.CORES, or no clock
     assert pages._baseline_lines(table, machine, roof)[2].endswith("| 103.0 | 31% | unknown |")
 
