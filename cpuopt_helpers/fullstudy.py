@@ -331,9 +331,12 @@ def try_next_fix(target: dict, config: RunConfig, facts, rounds: int = TRY_ROUND
 def whole_step_rungs(session, dtype: str) -> dict[str, dict]:
     """Path -> the stored standard-preset ladder's rung that compared its flag over the whole step, where a
     climb (``make case-study``) stored one: its name, its own sentence and the climb's day."""
-    ladder = {r["step"]: r for r in session.store.ladder(session.machine, "retinanet", "standard")}
+    rungs = session.store.ladder(session.machine, "retinanet", "standard")
+    ladder = {r["step"]: r for r in rungs}
+    kept = {r["step"]: setting_hash(r["config"]) != setting_hash(below["config"]) for below, r in zip(rungs, rungs[1:])}
     day = (session.store.get_fact(session.machine, case_study.climbed_fact("retinanet", "standard")) or {}).get("day")
-    return {path: {"rung": rung, "sentence": (ladder[rung].get("evidence") or {}).get("sentence", ""), "day": day}
+    return {path: {"rung": rung, "sentence": (ladder[rung].get("evidence") or {}).get("sentence", ""), "day": day,
+                   "kept": kept.get(rung)}
             for (path, ran), rung in WHOLE_STEP_RUNGS.items() if ran == dtype and rung in ladder}
 
 

@@ -563,8 +563,14 @@ def _flag_over_whole_step(path: dict) -> str:
     if not ws:
         return said + "only the whole step compared tells whether it pays (`make case-study` climbs a rung for it)."
     day = f", climbed on {ws['day']}" if ws.get("day") else ""
-    verdict = f": {ws['sentence'].rstrip('.')}." if ws.get("sentence") else " (`cpuopt ladder` gives its verdict)."
-    return said + f"the standard-preset ladder's rung \"{ws['rung']}\" compared it over the whole step{day}" + verdict
+    sentence = (ws.get("sentence") or "").removeprefix(f"{ws['rung']}: ").rstrip(".")
+    verdict = f": {sentence}." if sentence else " (`cpuopt ladder` gives its verdict)."
+    said += f"the standard-preset ladder's rung \"{ws['rung']}\" compared it over the whole step{day}" + verdict
+    if ws.get("kept") is None:
+        return said
+    return said + (f" So: the ladder kept `{path['flags']}`, and the top already trains with it." if ws["kept"] else
+                   f" So: this shape's gain alone did not carry over the whole step; leave `{path['flags']}` out, as "
+                   "the ladder does.")
 
 
 def _base_threads(v: dict) -> int:
@@ -848,7 +854,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
         f"build, emulated): {describe(c)} (the paper: +16%)."),
     "trainable layers": lambda v, c: f"{_who(v)}{v['name']} over the default {v['default']}: {describe(c)}.",
     "focal kernel": lambda v, c: (f"focal loss at {v['shape']} ({v['elements']:,} logits): {v['kernel']} forward + "
-                                  f"backward over the reference, paired calls: {describe(c)}."),
+                                  f"backward over the reference, in-process rounds: {describe(c)}."),
     "focal backward share": lambda v, c: (
         f"{v['shape']}: the reference focal loss's backward alone takes {v['reference_ms']:.1f} ms, "
         f"{v['reference_ms'] / v['backward_ms']:.1%} of the measured backward phase ({v['backward_ms']:.0f} ms)."),

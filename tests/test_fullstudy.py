@@ -462,17 +462,23 @@ def test_the_fastest_path_alone_is_set_beside_the_climbs_rung_over_the_whole_ste
               {"step": "bf16: channels-last", "config": base, "evidence": {"sentence": said}}]
     sess = session(tmp_path, made, ladder)
     assert fullstudy.whole_step_rungs(sess, "bf16") == {  # a ladder not climbed: no day
-        "channels-last": {"rung": "bf16: channels-last", "sentence": said, "day": None}}
+        "channels-last": {"rung": "bf16: channels-last", "sentence": said, "day": None, "kept": False}}
     sess.store.put_fact("m", case_study.climbed_fact("retinanet", "standard"), {"day": "2026-12-04"})
     rungs = fullstudy.whole_step_rungs(sess, "fp32")  # channels-last alone: its fp32 rung is not in this ladder
-    assert rungs == {"bf16": {"rung": "bf16", "sentence": "", "day": "2026-12-04"},
-                     "bf16 channels-last": {"rung": "bf16: channels-last", "sentence": said, "day": "2026-12-04"}}
+    assert rungs == {"bf16": {"rung": "bf16", "sentence": "", "day": "2026-12-04", "kept": False},
+                     "bf16 channels-last": {"rung": "bf16: channels-last", "sentence": said, "day": "2026-12-04",
+                                            "kept": False}}
     study = made_up_study(facts, bf16_fast=True)
     study["tried"] = made_up_trial(1.8) | {"whole_step": rungs}
     last = fullstudy.write_page(study, tmp_path, made).read_text().split("\n\n")[-2]
     assert last.endswith("`--dtype bf16 --channels-last` changes every layer, not this shape alone: the "
                          "standard-preset ladder's rung \"bf16: channels-last\" compared it over the whole step, "
-                         f"climbed on 2026-12-04: {said}")
+                         f"climbed on 2026-12-04: {said.removeprefix('bf16: channels-last: ')} So: this shape's gain "
+                         "alone did not carry over the whole step; leave `--dtype bf16 --channels-last` out, as the "
+                         "ladder does.")  # the rung's name said once, and one piece of advice at the end
+    rungs["bf16 channels-last"]["kept"] = True
+    last = fullstudy.write_page(study, tmp_path, made).read_text().split("\n\n")[-2]
+    assert last.endswith("So: the ladder kept `--dtype bf16 --channels-last`, and the top already trains with it.")
 
 
 @pytest.mark.parametrize("alone, kernel", [(90.0, "17%"), (40.0, "100%"), (50.0, "100%")])
