@@ -440,9 +440,10 @@ def _forward_backward(v: dict, c) -> str:
         return (f"{gflops:.0f} GFLOP/s ({share:.0%} of the measured GEMM ceiling)" if gflops and share
                 else "an unknown rate")
 
-    ratio = f"{v['ratio']:.2f} of it" if v["ratio"] is not None else "no ratio (no backward was traced)"
-    said = (f"{_who(v)}the forward, its loss in it, takes {v['forward_ms'] / 1e3:.2f} s against the backward's "
-            f"{v['backward_ms'] / 1e3:.2f} s: {ratio} ({_ratio_goal(v)}).")
+    ratio = (f"{v['ratio']:.2f}x the backward's time" if v["ratio"] is not None else
+             "no ratio (no backward was traced)")
+    said = (f"{_who(v)}the forward with its loss takes {v['forward_ms'] / 1e3:.2f} s, the backward "
+            f"{v['backward_ms'] / 1e3:.2f} s: {ratio}. {_ratio_goal(v)}.")
     if v["work_ratio"]:
         said += (f" Why, from the trace: the backward does {v['work_ratio']:.2f}x the forward's GFLOP "
                  f"({v['full_backward']:.0f}x where every layer trains and its input needs a gradient"
@@ -462,8 +463,8 @@ def _forward_backward(v: dict, c) -> str:
 def _ratio_goal(v: dict) -> str:
     """profiledn.account's goal for the forward against the backward, and which of its two ways it meets."""
     share, rate = v.get("bound_share", 0.8), v.get("bound_rate", 0.5)
-    goal = (f"the goal: {v['goal']:.1f} at most, or a GEMM-bound forward: GEMM-like operators {share:.0%} or more "
-            f"of its time, at {rate:.0%} or more of the measured GEMM ceiling")
+    goal = (f"The goal: {v['goal']:.1f}x at most, or a GEMM-bound forward (GEMM-like operators {share:.0%} or more "
+            f"of its time, at {rate:.0%} or more of the measured GEMM ceiling)")
     if v["ratio"] is not None and v["ratio"] <= v["goal"]:
         return goal + ": met"
     if v["met"]:

@@ -54,11 +54,11 @@ def test_forward_backward_counts_the_loss_in_the_forward_as_the_worker_does(tabl
 
 
 @pytest.mark.parametrize("fwd, bwd, gemm_share, of_ceiling, met, said", [
-    (0.7, 1.0, 0.1, 0.1, True, ": met)"),  # the ratio goal
-    (0.71, 1.0, 0.1, 0.1, False, ": not met (GEMM-like operators 10% of its time, at 10% of the ceiling))"),
-    (1.0, 1.0, 0.8, 0.5, True, ": met, GEMM-bound)"),  # GEMM-bound at half the ceiling: a long forward is explained
-    (1.0, 1.0, 0.79, 0.9, False, ": not met (GEMM-like operators 79% of its time))"),
-    (1.0, 1.0, 0.9, 0.49, False, ": not met (at 49% of the ceiling))"),
+    (0.7, 1.0, 0.1, 0.1, True, ": met"),  # the ratio goal
+    (0.71, 1.0, 0.1, 0.1, False, ": not met (GEMM-like operators 10% of its time, at 10% of the ceiling)"),
+    (1.0, 1.0, 0.8, 0.5, True, ": met, GEMM-bound"),  # GEMM-bound at half the ceiling: a long forward is explained
+    (1.0, 1.0, 0.79, 0.9, False, ": not met (GEMM-like operators 79% of its time)"),
+    (1.0, 1.0, 0.9, 0.49, False, ": not met (at 49% of the ceiling)"),
 ])
 def test_the_goal_is_the_ratio_or_a_gemm_bound_forward(fwd, bwd, gemm_share, of_ceiling, met, said):
     table = pd.DataFrame({"ms": [fwd, 0.0, bwd, 0.1], "gflop": [1.0, 0.0, 1.5, 0.0],
@@ -68,8 +68,8 @@ def test_the_goal_is_the_ratio_or_a_gemm_bound_forward(fwd, bwd, gemm_share, of_
     values = account.forward_backward(table)
     assert values["met"] is met
     sentence = Finding("toy", "profiledn", "forward backward", values).sentence
-    assert ("the goal: 0.7 at most, or a GEMM-bound forward: GEMM-like operators 80% or more of its time, at 50% or "
-            "more of the measured GEMM ceiling" + said) in sentence  # which way it meets the goal, or why not
+    assert ("The goal: 0.7x at most, or a GEMM-bound forward (GEMM-like operators 80% or more of its time, at 50% or "
+            "more of the measured GEMM ceiling)" + said + ".") in sentence  # which way it meets the goal, or why not
 
 
 def test_the_next_fix_is_where_most_time_lies_above_its_ceiling(result):
@@ -91,6 +91,6 @@ def test_the_sentences_say_why_from_the_numbers(table, result):
     said = account.findings(table, result, "toy")
     assert [f.kind for f in said] == ["forward backward", "next fix"]
     text = said[0].sentence
-    assert "4.29 of it" in text  # the ratio as counted above
+    assert "4.29x the backward's time. The goal: " in text  # the ratio as counted above
     assert "not met" in text
     assert said[1].sentence.startswith("toy: the next fix the profile points at: the time between operators")

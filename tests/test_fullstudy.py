@@ -300,7 +300,7 @@ def test_a_cpu_with_a_bf16_fast_path_is_not_told_it_has_none(tmp_path, facts):
     study = made_up_study(facts, bf16_fast=True)
     said = " ".join(f.sentence for f in fullstudy.study_findings(study))
     assert "no bf16 fast path" not in said
-    assert said.count("the forward, its loss in it") == 2  # both arms accounted for
+    assert said.count("the forward with its loss takes") == 2  # both arms accounted for
 
 
 @pytest.mark.parametrize("argv", [["--rounds", "2"], ["--classes", "0"], ["--budget-min", "0"]])
