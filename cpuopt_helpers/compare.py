@@ -347,18 +347,27 @@ def describe(result: dict | None, what: str = "") -> str:
         return (f"{head} ({result['n']} round{'s' * (result['n'] != 1)}, fewer than the {needed} a verdict needs"
                 f"{more}): too few rounds")
     label = result.get("label", "95% CI")
+    ends = interval_ends(result["ci_low"], result["ci_high"])
     gain = detectable_gain(result)
     cut = {"interrupted": "interrupted", "budget": "its time budget spent"}.get(result.get("stopped"))
     planned = result.get("max_rounds", MAX_ROUNDS)
     if cut and result["verdict"] == "no different" and result["n"] < planned:  # stopped short of its design
         could = f"; these {result['n']} rounds could detect {gain_words(gain)}" if gain is not None else ""
-        return (f"{head} ({label}: {result['ci_low']:.2f}-{result['ci_high']:.2f}, {result['n']} rounds): undecided, "
+        return (f"{head} ({label}: {ends}, {result['n']} rounds): undecided, "
                 f"{cut} after {result['n']} of up to {planned} rounds (the interval includes 1{could})")
     words = {"faster": "faster", "slower": "slower", "equivalent": f"equivalent (within +-{result.get('margin', MARGIN):.0%})",
              "no different": "no different (within noise" + (
                  f"; it could have detected {gain_words(gain)})" if gain is not None else ")")}
-    return (f"{head} ({label}: {result['ci_low']:.2f}-{result['ci_high']:.2f}, {result['n']} rounds): "
-            f"{words[result['verdict']]}")
+    return f"{head} ({label}: {ends}, {result['n']} rounds): {words[result['verdict']]}"
+
+
+def interval_ends(low: float, high: float) -> str:
+    """'1.03-1.22': two decimals, more where an end would round onto 1 without being 1 (a 'faster' whose
+    lower end reads 1.00 says less than it found: 1.003)."""
+    digits = 2
+    while digits < 4 and any(end != 1 and f"{end:.{digits}f}" == f"{1:.{digits}f}" for end in (low, high)):
+        digits += 1
+    return f"{low:.{digits}f}-{high:.{digits}f}"
 
 
 def pays(result: dict | None, min_gain: float = MIN_GAIN) -> bool:

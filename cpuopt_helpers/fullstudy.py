@@ -554,7 +554,7 @@ def target_rows(found: list[Finding]) -> list[records.Row]:
 
 def interval(c: dict) -> str:
     """A comparison's interval as the page gives it ("none" where it has none)."""
-    return (f"{c.get('label', '95% CI')} {c['ci_low']:.2f}-{c['ci_high']:.2f}"
+    return (f"{c.get('label', '95% CI')} {compare.interval_ends(c['ci_low'], c['ci_high'])}"
             if c.get("ci_low") is not None and c["ci_low"] == c["ci_low"] else "none")
 
 

@@ -534,7 +534,8 @@ def _next_fix_tried(v: dict, c) -> str:
     said += (f", {v['rounds']} interleaved rounds: in the step's dtype and layout ({v.get('layout') or 'NCHW'}), "
              f"{v['alone_gflops']:.0f} GFLOP/s alone{share}, "
              f"{v['step_gflops']:.0f} GFLOP/s in the step; "
-             + "; ".join(f"{p['path']} {p['ratio']:.2f}x (95% CI {p['low']:.2f}-{p['high']:.2f}): {p['verdict']}"
+             + "; ".join(f"{p['path']} {p['ratio']:.2f}x (95% CI {compare.interval_ends(p['low'], p['high'])}): "
+                         f"{p['verdict']}"
                          for p in v["paths"]) + ".")
     best = v["best"]
     if best:

@@ -436,3 +436,12 @@ def test_a_comparison_stopped_short_of_its_design_is_undecided_not_no_different(
     a = [100 * rng.lognormvariate(0, 0.2) for _ in range(6)]
     result = dict(compare.sequential_ratio(a, [x * rng.lognormvariate(0, 0.2) for x in a], 5, 14), stopped=stopped)
     assert result["verdict"] == "no different" and words in compare.describe(result)
+
+
+def test_an_interval_end_next_to_1_keeps_the_digits_that_set_it_apart():
+    """A 'faster' whose lower end printed as 1.00 would read as touching 1: a third digit shows it does not."""
+    assert compare.interval_ends(1.0034, 1.58) == "1.003-1.580"
+    assert compare.interval_ends(0.9951, 1.2) == "0.995-1.200"
+    assert compare.interval_ends(1.03, 1.22) == "1.03-1.22" and compare.interval_ends(1.0, 1.2) == "1.00-1.20"
+    said = compare.describe({"ratio": 1.26, "ci_low": 1.0034, "ci_high": 1.58, "n": 5, "verdict": "faster"})
+    assert said == "1.26x (95% CI: 1.003-1.580, 5 rounds): faster"
