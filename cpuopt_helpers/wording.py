@@ -134,8 +134,8 @@ def _run_shape(v: dict) -> str:
     if not v.get("timed_steps"):
         return ""
     batch = f" of batch {v['batch']}" if v.get("batch") else ""
-    warm = f" after up to {v['warmup_steps']} warm-up step{'s' * (v['warmup_steps'] != 1)}" if v.get("warmup_steps") \
-        else ""
+    warm = (f" after up to {v['warmup_steps']} warm-up step{'s' * (v['warmup_steps'] != 1)} (until step times "
+            "settled)" if v.get("warmup_steps") else "")
     return f", each {v['timed_steps']} timed step{'s' * (v['timed_steps'] != 1)}{batch}{warm}"
 
 

@@ -655,8 +655,8 @@ def test_the_baseline_says_what_one_run_timed():
     table = choosing.throughput_table([dict(ok, warmup_steps=2), dict(ok, warmup_steps=4)])
     assert table.loc["cnn", ["batch", "timed_steps", "warmup_steps"]].tolist() == [32, 6, 4]  # warm-up: the most
     found, = baseline.findings(table, 200.0)
-    assert "(median of 2 runs, each 6 timed steps of batch 32 after up to 4 warm-up steps, range 10.0-10.0)" in \
-        found.sentence
+    assert ("(median of 2 runs, each 6 timed steps of batch 32 after up to 4 warm-up steps (until step times "
+            "settled), range 10.0-10.0)") in found.sentence
     bare = {k: v for k, v in ok.items() if k != "instances"} | {"config": {"workload": "cnn"}}
     found, = baseline.findings(choosing.throughput_table([bare]), 200.0)  # results stored without them: not said
     assert "(median of 1 run, range" in found.sentence
