@@ -362,8 +362,16 @@ def test_readme_lists_every_confirmation_with_its_rounds(tmp_path):
                          machine="m1", progress=False)
     assert [s["kind"] for s in store.sweeps()] == ["ab"] and store.sweeps(kind="sweep") == []
     lines = _confirmation_lines(store, "m1", a.preset, "2026-11-30")
-    assert lines[-1].startswith("| 04_allocator | cnn | allocator=jemalloc | ")
+    assert lines[-1].startswith("| 04_allocator | cnn | the incumbent | allocator=jemalloc | ")  # no ladder stored
     assert f"{out['n']} rounds): {out['verdict']}" in lines[-1]
+    store.put_fact("m1", f"ladder/cnn/{a.preset}", [{"step": "baseline", "config": a.replace(threads=None).to_dict()}])
+    said = _confirmation_lines(store, "m1", a.preset, "2026-11-30")[-1]
+    assert said.startswith("| 04_allocator | cnn | threads=2 | allocator=jemalloc | ")  # against, from the defaults
+    store.put_fact("m1", f"ladder/cnn/{a.preset}", [{"step": "baseline", "config": a.to_dict()}])
+    assert _confirmation_lines(store, "m1", a.preset, "2026-11-30") == lines[:-1] + [
+        lines[-1].replace("| the incumbent |", "| PyTorch's defaults |")]
+    store.put_fact("m1", f"ladder/cnn/{a.preset}", [])
+    lines = _confirmation_lines(store, "m1", a.preset, "2026-11-30")
     # this run's only: not the command line's, not another preset's, not one measured before the run
     run_comparison(a, b.replace(allocator="tcmalloc"), store, lambda c: fake_result(c, sps=101.0), tag="cli-compare",
                    machine="m1", progress=False)
