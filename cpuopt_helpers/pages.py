@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cpuopt_helpers import compare
-from cpuopt_helpers.config import RunConfig, setting_label
+from cpuopt_helpers.config import RunConfig, setting_hash, setting_label
 from cpuopt_helpers.decisions import RECIPE
 from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.results import ResultStore, loaded_sentence
@@ -239,8 +239,8 @@ def _confirmation_lines(store: ResultStore, machine: str, preset: str, since: st
         a, b = sweep["arms"]
         change = setting_label(b, a)
         ladder = store.ladder(machine, a["workload"], preset)  # its first rung: this run's PyTorch's defaults
-        against = setting_label(a, ladder[0]["config"]) if ladder else "the incumbent"
-        against = "PyTorch's defaults" if against == "baseline" else against
+        against = ("the incumbent" if not ladder else "PyTorch's defaults"
+                   if setting_hash(a) == setting_hash(ladder[0]["config"]) else setting_label(a, ladder[0]["config"]))
         rows.append(f"| {(sweep['tag'] or '').split('/')[0]} | {a['workload']} | {against} | {change} | "
                     f"{compare.describe(result)} |")
     if not rows:
