@@ -320,18 +320,21 @@ def test_the_paper_tables_overall_row_is_the_ladders_confirmed_top_once_measured
 
     session = Session(facts=make_facts(), store=ResultStore(tmp_path / "r.sqlite"))
     screened = {"ratio": 1.9, "n": 1, "verdict": "too few rounds", "screened": True}
-    rows = [{"fix": f, "paper": 2.0, "here": 1.9, "here, worded": "1.90x (screened only, 1 round)", "why": "step"}
-            for f in ("fused Lamb", "overall")]
+    rows = [{"fix": f, "paper": 2.0, "here": 1.9, "here, worded": "1.90x (screened only, 1 round)", "why": "step",
+             "measured as": how}
+            for f, how in (("fused Lamb", "the kernel alone"), ("overall", "the whole training step"))]
     session.store.put_fact("m", "case-study/paper/quick", rows)
-    screened_row = "| overall | 2.00x | 1.90x (screened only, 1 round) | step |"
+    screened_row = "| overall | 2.00x | 1.90x (screened only, 1 round) | the whole training step | step |"
     assert pages._paper_lines(session.store, "m", "quick", 2)[-1] == screened_row
     retina = RunConfig.for_preset("retinanet", "quick").replace(threads=2)
     session.hand_on(retina, "baseline")
     top = {"ratio": 1.7, "ci_low": 1.5, "ci_high": 1.9, "n": 5, "verdict": "faster", "label": "95% CI"}
     session.hand_on(retina.replace(dtype="bf16"), "case-study fixes", comparison=screened, evidence={"end_to_end": top})
     lines = pages._paper_lines(session.store, "m", "quick", 2)
-    assert lines[-2] == screened_row.replace("overall", "fused Lamb")  # the other rows as notebook 08 had them
-    assert lines[-1].startswith("| overall | 2.00x | 1.70x (95% CI: 1.50-1.90, 5 rounds): faster | the ladder's top "
+    assert lines[-2] == screened_row.replace("overall", "fused Lamb").replace(
+        "the whole training step", "the kernel alone")  # the other rows as notebook 08 had them
+    assert lines[-1].startswith("| overall | 2.00x | 1.70x (95% CI: 1.50-1.90, 5 rounds): faster | the whole "
+                                "training step | the ladder's top "
                                 "against PyTorch's defaults in fresh paired rounds")
     assert lines[-1].endswith("notebook 08: 1.90x (screened only, 1 round) |")
 
