@@ -435,12 +435,10 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
     else:
         c, why = arm("all fixes")
         rows["overall"] = (c, f"the fixes together only (make case-study climbs every rung): {why}")
-    out = []
-    for name, (c, why) in rows.items():
-        out.append({"fix": name, "paper": PAPER[name], "here": c["ratio"] if c and c.get("n") else None,
-                    "measured as": "the kernel alone" if name in KERNEL_ROWS else "the whole training step",
-                    "here, worded": compare.describe(c) if c else "not measured", "why": why})
-    return pd.DataFrame(out)
+    return pd.DataFrame([{"fix": name, "paper": PAPER[name], "here": c["ratio"] if c and c.get("n") else None,
+                          "measured as": "the kernel alone" if name in KERNEL_ROWS else "the whole training step",
+                          "here, worded": compare.describe(c) if c else "not measured", "why": why}
+                         for name, (c, why) in rows.items()])
 
 
 KERNEL_ROWS = {"focal loss forward", "focal loss backward", "fused Lamb"}  # timed alone, in one process
