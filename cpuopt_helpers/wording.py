@@ -55,6 +55,19 @@ def medians_disagree(ratio: float, comparison) -> str:
             "outlying rounds, or a drift), so neither figure is safe to act on; measure it again")
 
 
+def _after_ipex(c) -> str:
+    """What notebook 05's last comparison means for the ladder: IPEX is never handed on here (it is
+    archived and needs torch 2.8), so the verdict says what that costs, if anything."""
+    verdict = c.verdict if c is not None else None
+    if verdict in ("faster", "equivalent"):
+        return (". So this torch does without IPEX at no cost: the ladder goes on in it (IPEX is archived and needs "
+                "torch 2.8).")
+    if verdict == "slower":
+        return (". So IPEX is faster here: the ladder still goes on in this torch (IPEX is archived and needs torch "
+                "2.8), at that cost; `cpuopt compare --a '--runtime ipex --ipex' --b ''` measures it for your model.")
+    return ". Not decided; the ladder goes on in this torch (IPEX is archived and needs torch 2.8)."
+
+
 def _excluded(v: dict) -> str:
     """The settings left out of a choice because their loss drifted, as trailing sentences."""
     inc = v.get("incumbent", "the baseline")
@@ -813,7 +826,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
         f"{v['samples_per_s']:.1f} samples/s, {describe(c)} against stock."),
     "handed on over ipex": lambda v, c: (
         f"{v['workload']}: this torch as notebook 05 hands it on ({v['setting'] or 'stock, nothing beat it'}) over "
-        f"torch 2.8 + IPEX, in fresh paired rounds: {describe(c)}."),
+        f"torch 2.8 + IPEX, in fresh paired rounds: {describe(c)}" + _after_ipex(c)),
     "upstream over ipex": lambda v, c: f"{v['workload']}: {v['name']} over torch 2.8 + IPEX: {describe(c)}.",
     "fused adamw": lambda v, c: f"{v['workload']}: fused AdamW over the default AdamW: {describe(c)}.",
     "compiled nothing": lambda v, c: (

@@ -312,7 +312,9 @@ def test_ipex_is_confirmed_against_its_own_torch_in_fresh_rounds_and_said_so():
     found, = extensions.handed_on_over_ipex(session, table, plan, handed, 8, 8, 4.0)
     assert asked[-1][:3] == (configs[extensions.IPEX], handed.config, "05_ipex/ipex")
     assert found.sentence == ("cnn: this torch as notebook 05 hands it on (channels_last=True) over torch 2.8 + IPEX, "
-                              "in fresh paired rounds: 1.12x (95% CI: 1.05-1.20, 8 rounds): faster.")
+                              "in fresh paired rounds: 1.12x (95% CI: 1.05-1.20, 8 rounds): faster. So this torch "
+                              "does without IPEX at no cost: the ladder goes on in it (IPEX is archived and needs "
+                              "torch 2.8).")
     stock, = extensions.handed_on_over_ipex(session, table, plan, Choice(base, None, handed.finding), 8, 8)
     assert "hands it on (stock, nothing beat it) over torch 2.8 + IPEX" in stock.sentence
     assert extensions.handed_on_over_ipex(session, extensions.table(failed, plan), plan, handed, 8, 8) == []
