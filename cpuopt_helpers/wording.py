@@ -155,10 +155,10 @@ def _run_shape(v: dict) -> str:
 def _epochs(v: dict, c) -> str:
     if v["epochs"] is not None:  # the first epoch at the target; a later one may fall below it again
         final = f", final {v['final_accuracy']:.1%}" if v.get("final_accuracy") is not None else ""
-        return (f"global batch {v['global_batch']}: {v['epochs']} epochs to {v['target']:.0%} test accuracy "
-                f"(first reached{final}; one seed)")
-    return (f"global batch {v['global_batch']}: did not reach {v['target']:.0%} (final {v['final_accuracy']:.1%}; "
-            "one seed)")
+        return (f"digits model, global batch {v['global_batch']}: {v['epochs']} epochs to {v['target']:.0%} test "
+                f"accuracy (first reached{final}; one seed)")
+    return (f"digits model, global batch {v['global_batch']}: did not reach {v['target']:.0%} (final "
+            f"{v['final_accuracy']:.1%}; one seed)")
 
 
 def _allocator_handed_on(v: dict, c) -> str:
@@ -209,10 +209,12 @@ def _larger_batch(v: dict, c) -> str:
     small, large, factor = v["small_epochs"], v["large_epochs"], v["factor"]
     trend = "more" if large > small else "fewer" if large < small else "as many"
     steps = "fewer" if large < small * factor else "more" if large > small * factor else "as many"
+    unreached = ", ".join(str(b) for b in v.get("unreached") or [])
     return (f"a {factor}x larger global batch needed {trend} epochs to the target ({small} -> {large}; one seed each, "
-            f"the same learning rate) and {steps} optimizer steps (an epoch of it takes {factor}x fewer): adding ranks "
-            "at a fixed per-rank batch grows the global batch, so count the epochs your model needs at the global "
-            "batch you will run.")
+            f"the same learning rate) and {steps} optimizer steps (an epoch of it takes {factor}x fewer)"
+            + (f"; at global batch {unreached} it did not reach the target at all" if unreached else "")
+            + ": adding ranks at a fixed per-rank batch grows the global batch, so count the epochs your model needs "
+            "at the global batch you will run.")
 
 
 def _compile_breakeven(v: dict, c) -> str:

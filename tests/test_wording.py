@@ -164,6 +164,11 @@ def test_a_larger_batch_is_counted_in_epochs_and_optimizer_steps_not_advised():
     assert "lower the per-rank batch" not in larger.sentence
     same = multi_instance.convergence_findings(table.assign(epochs_to_target=[3, 12]), 0.95)[-1]
     assert "needed more epochs" in same.sentence and "as many optimizer steps" in same.sentence
+    assert "did not reach the target at all" not in same.sentence
+    more = pd.concat([table, pd.DataFrame({"global_batch": [256], "epochs_to_target": [None], "final_accuracy": [0.9]})])
+    first, *_, larger = multi_instance.convergence_findings(more, 0.95)
+    assert first.sentence.startswith("digits model, global batch 16: 3 epochs to 95% test accuracy")
+    assert "; at global batch 256 it did not reach the target at all: adding ranks" in larger.sentence
 
 
 def test_the_allocator_handed_on_is_named_in_words():

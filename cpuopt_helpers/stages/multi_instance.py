@@ -249,5 +249,6 @@ def convergence_findings(table: pd.DataFrame, target: float) -> list[Finding]:
         small, large = reached.iloc[0], reached.iloc[-1]
         found.append(Finding("", "multi_instance", "larger global batch", {
             "factor": int(large.global_batch / small.global_batch), "small_epochs": int(small.epochs_to_target),
-            "large_epochs": int(large.epochs_to_target)}))
+            "large_epochs": int(large.epochs_to_target),
+            "unreached": [int(b) for b in table[table["epochs_to_target"].isna()]["global_batch"]]}))
     return found
