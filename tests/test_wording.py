@@ -165,7 +165,8 @@ def test_a_larger_batch_is_counted_in_epochs_and_optimizer_steps_not_advised():
     same = multi_instance.convergence_findings(table.assign(epochs_to_target=[3, 12]), 0.95)[-1]
     assert "needed more epochs" in same.sentence and "as many optimizer steps" in same.sentence
     assert "did not reach the target at all" not in same.sentence
-    more = pd.concat([table, pd.DataFrame({"global_batch": [256], "epochs_to_target": [None], "final_accuracy": [0.9]})])
+    unreached = pd.DataFrame({"global_batch": [256], "epochs_to_target": [None], "final_accuracy": [0.9]})
+    more = pd.concat([table, unreached])
     first, *_, larger = multi_instance.convergence_findings(more, 0.95)
     assert first.sentence.startswith("digits model, global batch 16: 3 epochs to 95% test accuracy")
     assert "; at global batch 256 it did not reach the target at all: adding ranks" in larger.sentence
