@@ -32,16 +32,23 @@ def results_markdown(store: ResultStore, facts: Facts, preset: str = "standard",
         raise CpuoptError(f"no {preset} ladder for this machine in {store.path}; run `make run` first")
     days = measured_days(store, machine, preset)
     lines = [_stamp(facts, runs, preset, run_commit(store, machine, preset), days), "",
-             "| workload | confirmed configuration | over PyTorch's defaults | measure it yourself |", "|---|---|---|---|"]
-    for name in names:
-        rungs = ladder.rungs(store, machine, name, preset, facts.physical_cores or 1)
-        if rungs:
-            lines.append(_answer_row(name, rungs))
+             *answer_table(store, facts, preset)]
     record = f"[{page}]({page}), and " if page else ""
     lines += ["", f"Each rung with its own interval: `cpuopt ladder`. This run's whole record: {record}every table, "
               "figure and executed notebook in `build/report/index.html` (on the machine that ran it). This block is "
               "written by `cpuopt workbook readme --write README.md`."]
     return "\n".join(lines)
+
+
+def answer_table(store: ResultStore, facts: Facts, preset: str) -> list[str]:
+    """Per workload with a ladder: the configuration it confirmed, its headline over PyTorch's defaults
+    and the line that measures it again (the README's table; the run's page opens with it)."""
+    from cpuopt_helpers import ladder
+
+    rows = [_answer_row(name, rungs) for name in ladder.workloads(store, facts.fingerprint, preset)
+            if (rungs := ladder.rungs(store, facts.fingerprint, name, preset, facts.physical_cores or 1))]
+    head = "| workload | confirmed configuration | over PyTorch's defaults | measure it yourself |"
+    return [head, "|---|---|---|---|", *rows] if rows else []
 
 
 RUN_FACT = "workbook/run/{preset}"  # what `cpuopt workbook run` keeps of itself: the commit it ran
@@ -167,10 +174,12 @@ def results_page(store: ResultStore, facts: Facts, preset: str = "standard", fig
     table = choosing.throughput_table(runs)
     day = measured_days(store, machine, preset) if runs else date.today().isoformat()
     commit = f", commit {run_commit(store, machine, preset)}" if run_commit(store, machine, preset) else ""
+    answer = answer_table(store, facts, preset)
     lines = [
         f"Measured on {day} by `make run` (preset `{preset}`) on **{facts.cpu_model}**"
         f"{' (' + core_words(facts) + ')' if core_words(facts) else ''}, {cores_words(facts)}, {facts.memory_gib} GiB, "
         f"torch {facts.versions['torch']}, oneDNN {facts.versions['onednn']}{commit}.",
+        *(["", "The answer (the README's block; each part follows below):", "", *answer] if answer else []),
         "", *_baseline_lines(table, facts, roof), "", f"![baseline]({figures}/01_baseline.png)"]
     launchers = bool(last_sweep_runs(store, "04_launchers", machine, preset))
     lines += _profile_lines(store, machine, table.index, preset) + _launcher_lines(store, machine, preset)
