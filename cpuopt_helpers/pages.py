@@ -368,8 +368,10 @@ def _profile_lines(store: ResultStore, machine: str, workloads, preset: str) -> 
     if not rows:
         return []
     lines = ["", "ProfileDNN (notebook 02): share of the measured step in oneDNN primitives, and the efficiency "
-             "ratio (replayed kernel-only time / measured step).", "",
-             "| workload | step ms | oneDNN coverage | efficiency ratio | operator spans per step |", "|---|---|---|---|---|"]
+             "ratio (replayed kernel-only time / measured step). The step is the profile's own plain run, one run "
+             "apart from notebook 01's median above, so the two differ by the runs' noise.", "",
+             "| workload | step ms (its plain run) | oneDNN share of the step (logged run) | efficiency ratio | "
+             "operator spans per step |", "|---|---|---|---|---|"]
     for w, p in rows:
         eff = f"{p['efficiency']:.0%}" if p.get("efficiency") is not None else "n/a"
         spans = f"{p['ops_per_step']:.0f}" if p.get("ops_per_step") is not None else "n/a"
