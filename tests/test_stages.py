@@ -597,7 +597,7 @@ def test_the_paper_tables_batch_norm_rows_give_the_most_their_kernels_save_of_th
     fused, folded = table.set_index("fix").loc[["fused FrozenBatchNorm2d", "FrozenBatchNorm2d folded into the conv"],
                                                "why"]
     assert fused == ("mean step 1500 ms -> 1300 ms; the 53 frozen batch norms alone (fp32, 10 interleaved rounds): "
-                     "44.0 ms a step as multiply + add, 36.0 ms as one call (medians), paired round by round 1.22x "
+                     "44.0 ms a step as multiply + add, 36.0 ms as one call (medians); paired round by round: 1.22x "
                      "(95% CI: 1.10-1.34, 10 rounds): "
                      "faster; at most 8 ms of the 1500 ms step: 1.01x at most")  # 1500 / 1492
     assert folded.endswith("44.0 ms a step as multiply + add, which folding removes (it scales the weights instead); "

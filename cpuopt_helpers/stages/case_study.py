@@ -369,8 +369,8 @@ def frozen_bn_alone(bench: dict | None, fix: str, step_ms: float | None) -> str:
     if fix == "fused":
         r = rows["fused"]
         c = _kernel_comparison(r["speedup"], r["speedup_low"], r["speedup_high"], r["rounds"], r["verdict"])
-        alone += (f"{separate:.1f} ms a step as multiply + add, {fused:.1f} ms as one call (medians), paired round "
-                  f"by round {compare.describe(c)}{medians_disagree(separate / fused, c)}")
+        alone += (f"{separate:.1f} ms a step as multiply + add, {fused:.1f} ms as one call (medians); paired round "
+                  f"by round: {compare.describe(c)}{medians_disagree(separate / fused, c)}")
     else:
         alone += f"{separate:.1f} ms a step as multiply + add, which folding removes (it scales the weights instead)"
     if saves <= 0:
