@@ -42,14 +42,17 @@ def source(root: Path, build: Path, results: Path | None = None) -> Path:
         shutil.rmtree(src)
     src.mkdir(parents=True)
     pages = {p.stem: p for p in sorted(docs.glob("*.md"))}
+    results = sorted(results_dir.glob("*.md")) if results_dir.exists() else []
     readme = {f"docs/{p.name}": ("contents.md" if p.stem == "index" else p.name) for p in pages.values()}
-    (src / "index.md").write_text(_links((root / "README.md").read_text(), readme))
+    readme |= {f"docs/results/{p.name}": f"results/{p.name}" for p in results}  # the block's link to the run's page
+    home = _links((root / "README.md").read_text(), readme)
+    home = re.sub(r"\[([^\]]*)\]\(docs/results/[^)]*\)", r"`\1`", home)  # a page this site lacks: named, not linked
+    (src / "index.md").write_text(home)
     for stem, page in pages.items():
         name = "contents.md" if stem == "index" else page.name
         (src / name).write_text(_links(page.read_text(), {"../README.md": "index.md", "index.md": "contents.md"}))
     for png in docs.glob("*.png"):
         shutil.copyfile(png, src / png.name)
-    results = sorted(results_dir.glob("*.md")) if results_dir.exists() else []
     if results:
         shutil.copytree(results_dir, src / "results")
     report = build / "report"

@@ -247,6 +247,17 @@ def test_the_docs_site_builds_offline_with_no_warning(tmp_path):
     assert "https://" not in "".join(line for line in home.splitlines() if "<script" in line or "stylesheet" in line)
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert (tmp_path / "site" / ("contents.html" if page.stem == "index" else f"{page.stem}.html")).exists()
+    linked = re.findall(r"\]\(docs/results/([^)]+\.md)\)", (ROOT / "README.md").read_text())
+    assert all(f'href="results/{name.removesuffix(".md")}.html"' in home for name in linked)  # the block's page
+
+
+def test_a_results_page_the_site_lacks_is_named_on_the_home_page_not_linked(tmp_path):
+    from cpuopt_helpers import site
+
+    (tmp_path / "results").mkdir()
+    config = site.source(ROOT, tmp_path / "build", results=tmp_path / "results")
+    home = (config.parent / "docs-src" / "index.md").read_text()
+    assert "](docs/results/" not in home  # mkdocs --strict would fail on a link to a page it does not have
 
 
 def test_the_measuring_pages_power_table_is_what_the_simulation_gives():
