@@ -174,10 +174,10 @@ def results_page(store: ResultStore, facts: Facts, preset: str = "standard", fig
     table = choosing.throughput_table(runs)
     day = measured_days(store, machine, preset) if runs else date.today().isoformat()
     commit = f", commit {run_commit(store, machine, preset)}" if run_commit(store, machine, preset) else ""
-    answer = answer_table(store, facts, preset)
+    answer, core = answer_table(store, facts, preset), core_words(facts)
     lines = [
         f"Measured on {day} by `make run` (preset `{preset}`) on **{facts.cpu_model}**"
-        f"{' (' + core_words(facts) + ')' if core_words(facts) else ''}, {cores_words(facts)}, {facts.memory_gib} GiB, "
+        f"{f' ({core})' if core else ''}, {cores_words(facts)}, {facts.memory_gib} GiB, "
         f"torch {facts.versions['torch']}, oneDNN {facts.versions['onednn']}{commit}.",
         *(["", "The answer (the README's block; each part follows below):", "", *answer] if answer else []),
         "", *_baseline_lines(table, facts, roof), "", f"![baseline]({figures}/01_baseline.png)"]
