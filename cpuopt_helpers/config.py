@@ -459,16 +459,32 @@ def check_layout(config: RunConfig, logical_cores: int, physical_cores: int) -> 
 def bench_line(config: RunConfig, knobs: tuple[Knob, ...] = KNOBS) -> str:
     """The `cpuopt bench` line that measures this configuration: an option for every knob that
     differs from its default."""
+    words = ["cpuopt", "bench", "--workload", config.workload, "--preset", config.preset, *bench_options(config, knobs)]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def compare_line(a: RunConfig, b: RunConfig) -> str:
+    """The `cpuopt compare` line that measures ``b`` against ``a`` (one workload and preset) in paired
+    rounds until their interval decides: each arm its `cpuopt bench` options."""
+    def arm(config: RunConfig) -> str:
+        return shlex.quote(" ".join(shlex.quote(w) for w in bench_options(config)))
+
+    return (f"cpuopt compare --workload {shlex.quote(a.workload)} --preset {shlex.quote(a.preset)} "
+            f"--a {arm(a)} --b {arm(b)}")
+
+
+def bench_options(config: RunConfig, knobs: tuple[Knob, ...] = KNOBS) -> list[str]:
+    """`cpuopt bench`'s options for this configuration, after --workload and --preset: one for
+    every knob that differs from its default, then its --env and --option pairs."""
     default = RunConfig(workload=config.workload, preset=config.preset)
-    words = ["cpuopt", "bench", "--workload", config.workload, "--preset", config.preset]
+    words = []
     for knob in knobs:
         value = getattr(config, knob.field)
         if not knob.flag or value == getattr(default, knob.field, knob.default):
             continue
         words += [knob.flag] if knob.kind is bool else [knob.flag, str(value)]
     words += [w for k, v in config.env for w in ("--env", f"{k}={v}")]
-    words += [w for k, v in config.options for w in ("--option", f"{k}={v}")]
-    return " ".join(shlex.quote(w) for w in words)
+    return words + [w for k, v in config.options for w in ("--option", f"{k}={v}")]
 
 
 def launch_line(config: RunConfig, command: str, knobs: tuple[Knob, ...] = KNOBS) -> str:

@@ -32,7 +32,7 @@ def results_markdown(store: ResultStore, facts: Facts, preset: str = "standard",
         raise CpuoptError(f"no {preset} ladder for this machine in {store.path}; run `make run` first")
     days = measured_days(store, machine, preset)
     lines = [_stamp(facts, runs, preset, run_commit(store, machine, preset), days), "",
-             *answer_table(store, facts, preset)]
+             *answer_table(store, facts, preset), *check_lines(store, facts, preset)]
     record = f"[{page}]({page}), and " if page else ""
     lines += ["", f"Each rung with its own interval: `cpuopt ladder`. This run's whole record: {record}every table, "
               "figure and executed notebook in `build/report/index.html` (on the machine that ran it). This block is "
@@ -115,12 +115,7 @@ def answer(rungs) -> tuple[str, str, str]:
 
     top, end = rungs[-1], ladder.top_end_to_end(rungs)
     changed = any(not r.kept for r in rungs[1:])
-    setting = (setting_label(top.config, rungs[0].config) if changed else "") or "PyTorch's defaults"
-    trains = top.config
-    if changed and top.step == RECIPE:  # make run's RetinaNet: named as what it is; its headline its one confirmation
-        setting = f"{RECIPE}: {setting}"
-        if not (end and end.pays):  # not confirmed faster: the defaults stay what to train with
-            setting, trains = f"PyTorch's defaults ({setting}: not confirmed faster)", rungs[0].config
+    setting, trains = trained_with(rungs)
     over = (f"{end.describe()}, the top against the defaults in fresh paired rounds" if end else
             "not compared with the defaults yet (notebook 09 compares it)" if changed and top.step == RECIPE else
             f"{compare.describe(top.vs_baseline)}, from the rungs' own confirmations" if changed
@@ -129,6 +124,40 @@ def answer(rungs) -> tuple[str, str, str]:
     if optimizer != RunConfig.optimizer:  # the workload's own training choice (the paper's Lamb), not a setting
         over += f"; the defaults here train with optimizer={optimizer}, as the top does"
     return setting, over, command_lines(RunConfig.from_dict(trains))["bench"]
+
+
+def trained_with(rungs) -> tuple[str, dict]:
+    """What a ladder's answer trains with: the configuration in words and as a dict (the top; make
+    run's RetinaNet recipe only where confirmed faster than the defaults, else the defaults)."""
+    from cpuopt_helpers import ladder
+
+    top, end = rungs[-1], ladder.top_end_to_end(rungs)
+    changed = any(not r.kept for r in rungs[1:])
+    setting = (setting_label(top.config, rungs[0].config) if changed else "") or "PyTorch's defaults"
+    if changed and top.step == RECIPE:  # make run's RetinaNet: named as what it is; its headline its one confirmation
+        setting = f"{RECIPE}: {setting}"
+        if not (end and end.pays):  # not confirmed faster: the defaults stay what to train with
+            return f"PyTorch's defaults ({setting}: not confirmed faster)", rungs[0].config
+    return setting, top.config
+
+
+def check_lines(store: ResultStore, facts: Facts, preset: str) -> list[str]:
+    """Per ladder whose answer is not the defaults: the `cpuopt compare` line that checks it against
+    PyTorch's defaults in paired rounds (the README's block gives them under its table)."""
+    from cpuopt_helpers import ladder
+    from cpuopt_helpers.config import compare_line
+
+    found = []
+    for name in ladder.workloads(store, facts.fingerprint, preset):
+        rungs = ladder.rungs(store, facts.fingerprint, name, preset, facts.physical_cores or 1)
+        trains = trained_with(rungs)[1] if rungs else None
+        if trains and setting_hash(trains) != setting_hash(rungs[0].config):
+            found.append(compare_line(RunConfig.from_dict(rungs[0].config), RunConfig.from_dict(trains)))
+    if not found:
+        return []
+    return ["", "Check an answer on your machine: its configuration against PyTorch's defaults in paired rounds, "
+            "until their interval decides (`cpuopt compare`; each round runs both, so it takes minutes):", "",
+            "```sh", *found, "```"]
 
 
 def _baseline_lines(table, facts: Facts, roof: dict) -> list[str]:
@@ -179,7 +208,8 @@ def results_page(store: ResultStore, facts: Facts, preset: str = "standard", fig
         f"Measured on {day} by `make run` (preset `{preset}`) on **{facts.cpu_model}**"
         f"{f' ({core})' if core else ''}, {cores_words(facts)}, {facts.memory_gib} GiB, "
         f"torch {facts.versions['torch']}, oneDNN {facts.versions['onednn']}{commit}.",
-        *(["", "The answer (the README's block; each part follows below):", "", *answer] if answer else []),
+        *(["", "The answer (the README's block; each part follows below):", "", *answer,
+           *check_lines(store, facts, preset)] if answer else []),
         "", *_baseline_lines(table, facts, roof), "", f"![baseline]({figures}/01_baseline.png)"]
     launchers = bool(last_sweep_runs(store, "04_launchers", machine, preset))
     lines += _profile_lines(store, machine, table.index, preset) + _launcher_lines(store, machine, preset)
@@ -196,7 +226,7 @@ def results_page(store: ResultStore, facts: Facts, preset: str = "standard", fig
     said = loaded_sentence([r for r in store.results(machine=machine) if r.get("created_at", "") >= since])
     lines += ["", said] if said else []
     lines += wall_time_lines(store, machine, preset, since)
-    lines += _answer_lines(Path(store.path).parent / "notebooks", figures)
+    lines += _answer_lines(Path(store.path).parent / "notebooks", figures, tabulated(store, machine, preset))
     return "\n".join(lines)
 
 
@@ -269,26 +299,57 @@ ANSWERS = {"05_ipex": ("IPEX and its upstream replacements (notebook 05)", ["05_
            "09_summary": ("The ladder (notebook 09)", ["09_ladder"])}
 
 
-def notebook_answer(path: Path) -> list[str]:
-    """The findings a notebook printed in its last code cell (its answer), one per line."""
+def notebook_answer(path: Path, leave_out: set[str] = frozenset()) -> list[str]:
+    """The findings a notebook printed in its last code cell (its answer), one per line, under the
+    section headings it printed (a line ending in ':' before its findings), each set apart as
+    markdown needs; ``leave_out``: sentences not to quote (a table of the page shows them), and a
+    heading left with no finding goes with them."""
     import nbformat
 
     cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
     text = "".join(o.get("text", "") for o in (cells[-1].get("outputs", []) if cells else [])
                    if o.get("output_type") == "stream" and o.get("name") == "stdout")  # not progress bars
-    return [line for line in text.replace("\r", "\n").splitlines() if line.startswith("- ")]  # after progress bars
+    lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        if line.startswith("- ") and line[2:] not in leave_out:
+            out.append(line)
+        elif line.endswith(":") and not line.startswith("- "):  # a heading, kept where a finding follows it
+            following = next((x for x in lines[i + 1:] if not x.startswith("- ") or x[2:] not in leave_out), "")
+            if following.startswith("- "):
+                out += ["", f"*{line}*", ""]
+    return out[1:] if out[:1] == [""] else out  # progress bars and other prints between them left out
 
 
-def _answer_lines(folder: Path, figures: str) -> list[str]:
-    """Each later notebook's answer, quoted from the executed notebook, with its figures."""
+def tabulated(store: ResultStore, machine: str, preset: str) -> set[str]:
+    """The sentences of this run's findings that a table on its page already shows: its quoted answers
+    leave them out. Notebook 06's bf16 settings (the bf16 table); notebook 08's fixes screened against
+    its baseline whose rows the paper table gives (``case_study.paper_table``'s arms)."""
+    from cpuopt_helpers.decisions import Finding
+    from cpuopt_helpers.stages.case_study import UNFIXED
+
+    def told(stage: str) -> list[Finding]:  # what the notebook told (``Session.tell``), as records
+        return [Finding.from_dict(d) for d in store.get_fact(machine, f"notes/{stage}/{preset}", [])]
+
+    arms = {r.get("arm") for r in store.get_fact(machine, f"case-study/paper/{preset}") or []
+            if isinstance(r.get("arm"), str)}  # a row timed alone has none (None, or NaN from the table)
+    shown = [f for f in told("precision") if f.kind in ("screened only", "bf16 over fp32")]
+    shown += [f for f in told("case_study") if (f.kind == "arm over first" and f.values.get("name") in arms)
+              or (f.kind == "frozen backward skipped" and UNFIXED in arms)]
+    return {f.sentence for f in shown}
+
+
+def _answer_lines(folder: Path, figures: str, leave_out: set[str] = frozenset()) -> list[str]:
+    """Each later notebook's answer, quoted from the executed notebook, with its figures; ``leave_out``:
+    findings a table of the page shows (``tabulated``)."""
     lines = []
-    figures_at = figures
     for stem, (title, pngs) in ANSWERS.items():
         path = folder / f"{stem}.ipynb"
         if not path.exists():
             continue
-        lines += ["", f"{title}, as the executed notebook concluded:", "", *notebook_answer(path), ""]
-        lines += [f"![{f}]({figures_at}/{f}.png)" for f in pngs]
+        lines += ["", f"{title}, as the executed notebook concluded (what a table above shows is not repeated):",
+                  "", *notebook_answer(path, leave_out), ""]
+        lines += [f"![{f}]({figures}/{f}.png)" for f in pngs]
     return lines
 
 
@@ -437,6 +498,77 @@ def words_link(page: Path) -> str:
             if (page.parent.parent / "measuring.md").exists() else "")
 
 
+PAGE_NAME = r"(\d{4}-\d{2}-\d{2})-(.+)\.md"  # DAY-CPU-ISA[-NAME].md: every dated page's name
+
+
+def _page_entry(page: Path) -> tuple[str, str]:
+    """(the machine, what measured it) from a dated page's title: "Results: CPU (ISA), DAY, preset P"
+    (make run's page) or "WHAT: CPU (ISA), DAY" (a record's)."""
+    lines = page.read_text().splitlines()
+    title = lines[0].lstrip("# ").strip() if lines else page.stem
+    what, _, rest = title.partition(": ")
+    machine, _, tail = rest.rpartition(", ")
+    if tail.startswith("preset "):  # make run's: "CPU (ISA), DAY, preset P"
+        return machine.rpartition(", ")[0], f"make run, {tail}"
+    return machine or page.stem, what
+
+
+def day_pages(folder: Path, day: str) -> list[tuple[str, str, Path]]:
+    """The dated pages of one day in FOLDER: (machine, what measured it, path), by machine."""
+    import re
+
+    found = [p for p in sorted(Path(folder).glob(f"{day}-*.md")) if re.fullmatch(PAGE_NAME, p.name)]
+    return sorted(((*_page_entry(p), p) for p in found),
+                  key=lambda e: (e[0], not e[1].startswith("make run"), e[2].name))  # make run's page first
+
+
+def results_index(folder: Path) -> str:
+    """FOLDER/index.md's text: every dated page, by day (newest first) and machine, so that a day's
+    pages (make run's, make test's, the RetinaNet studies') are read together."""
+    import re
+
+    days = sorted({m.group(1) for p in Path(folder).glob("*.md") if (m := re.fullmatch(PAGE_NAME, p.name))},
+                  reverse=True)
+    lines = ["# Results pages, by day", "",
+             "Every dated page a measuring command wrote here, newest day first, each day's pages by machine. "
+             "Each page is stamped with its machine, day and commit; pages of different machines or days are "
+             "separate records, never merged."]
+    for day in days:
+        lines += ["", f"## {day}", ""]
+        machines: dict[str, list[str]] = {}
+        for machine, what, page in day_pages(folder, day):
+            machines.setdefault(machine, []).append(f"[{what}]({page.name})")
+        lines += [f"- {machine}: {' · '.join(links)}" for machine, links in machines.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_index(folder: Path) -> Path:
+    """Rewrite FOLDER/index.md from the pages there (each page writer calls it)."""
+    index = Path(folder) / "index.md"
+    index.write_text(results_index(folder))
+    return index
+
+
+def machine_words(facts: Facts) -> str:
+    """The machine as a dated page's title names it: 'CPU model (ISA)'."""
+    return f"{facts.cpu_model} ({isa_slug(facts)})"
+
+
+def day_links(page: Path, machine: str) -> str:
+    """' This machine's other pages of DAY: ... Every page by day: ...': links from a dated page
+    (of ``machine``, ``machine_words``) to that day's other pages of it written so far, and to
+    the index."""
+    import re
+
+    name = re.fullmatch(PAGE_NAME, page.name)
+    if not name:
+        return ""
+    others = [f"[{what}]({p.name})" for m, what, p in day_pages(page.parent, name.group(1))
+              if p.name != page.name and m == machine]
+    return ((f" This machine's other pages of {name.group(1)}: {', '.join(others)}." if others else "")
+            + " Every page by day: [the index](index.md).")
+
+
 def isa_slug(facts: Facts) -> str:
     """The widest vector level of a machine, for a page's name: amx, avx512, avx2 or sse."""
     isa = facts.isa
@@ -473,10 +605,11 @@ def write_results_page(store: ResultStore, facts: Facts, preset: str, folder: Pa
             shutil.copyfile(figures / png.group(1), folder / stem / png.group(1))
         kept.append(line)
     page = folder / f"{stem}.md"
-    page.write_text(f"# Results: {facts.cpu_model} ({isa_slug(facts)}), {day}, preset {preset}\n\n"
+    page.write_text(f"# Results: {machine_words(facts)}, {day}, preset {preset}\n\n"
                     + "\n".join(kept) + f"\n\nWritten by `cpuopt workbook readme --preset {preset} --page "
                     f"{folder}` from the results store, after `make run`; a page of another machine or day is "
-                    f"another file.{words_link(page)}\n")
+                    f"another file.{words_link(page)}{day_links(page, machine_words(facts))}\n")
+    write_index(folder)
     return page
 
 

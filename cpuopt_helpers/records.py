@@ -9,7 +9,8 @@ A peer (another tool timed beside ours) is named by ``git_identity``: its commit
 own checkout, or the page says its version is unknown and claims nothing against it.
 
 ``python -m cpuopt_helpers.records make-test --seconds N --status S [--folder docs/results]``
-writes `make test`'s record (the Makefile's `test` target calls it)."""
+writes `make test`'s record (the Makefile's `test` target calls it); ``... records index`` rewrites
+FOLDER/index.md, every dated page by day and machine (each page writer does it too)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-from cpuopt_helpers.pages import core_words, cores_words, cpu_slug, isa_slug, words_link
+from cpuopt_helpers.pages import (core_words, cores_words, cpu_slug, day_links, isa_slug, machine_words, words_link,
+                                   write_index)
 from cpuopt_helpers.provenance import NOT_A_CHECKOUT, ROOT, _git, code_version, own_commit  # noqa: F401 (records' own)
 from cpuopt_helpers.system import Facts, collect_facts
 from cpuopt_helpers.wording import duration_words
@@ -106,8 +108,9 @@ def write_record(folder: Path, name: str, title: str, rows: Sequence[Row], comma
     line = stamp(facts, day, command, commit or own_commit(), preset) + words_link(page)
     shown = [f"![{words}]({page.stem}/{plots.save_figure(fig, file, page.parent / page.stem, close=True).name})"
              for file, words, fig in figures]
-    page.write_text(record_page(f"{title}: {facts.cpu_model} ({isa_slug(facts)}), {day}", line, rows,
-                                [*shown, *notes]))
+    page.write_text(record_page(f"{title}: {machine_words(facts)}, {day}", line + day_links(page, machine_words(facts)),
+                                rows, [*shown, *notes]))
+    write_index(folder)
     return page
 
 
@@ -134,7 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     test.add_argument("--status", type=int, required=True, help="the tests' exit status (0: passed)")
     test.add_argument("--folder", type=Path, default=Path("docs/results"))
     test.add_argument("--command", default="make test", help="the command that regenerates the record")
+    index = sub.add_parser("index", help="rewrite FOLDER/index.md, every dated page by day (each writer does)")
+    index.add_argument("--folder", type=Path, default=Path("docs/results"))
     args = ap.parse_args(argv)
+    if args.record == "index":
+        print(f"cpuopt: the index of the dated pages: {write_index(args.folder)}")
+        return 0
     page = write_make_test(args.folder, args.seconds, args.status, args.command)
     print(f"cpuopt: make test's record: {page}")
     return 0

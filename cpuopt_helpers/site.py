@@ -63,7 +63,8 @@ def source(root: Path, build: Path, results: Path | None = None) -> Path:
            *[f"  - '{_title(pages[s])}': {s}.md" for s in ORDER if s in pages],
            *[f"  - '{s}': {pages[s].name}" for s in pages if s not in ORDER and s != "index"]]
     if results:
-        nav += ["  - Results:", *[f"    - '{p.stem}': results/{p.name}" for p in results]]
+        nav += ["  - Results:", *[f"    - '{'By day' if p.stem == 'index' else p.stem}': results/{p.name}"
+                                  for p in sorted(results, key=lambda p: p.stem != "index")]]  # the index first
     config = build / "mkdocs.yml"
     config.write_text("\n".join([
         "site_name: cpuopt", f"docs_dir: {src}", f"site_dir: {build / 'site'}", "use_directory_urls: false",

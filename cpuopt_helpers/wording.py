@@ -492,6 +492,19 @@ def _ratio_goal(v: dict) -> str:
     return goal + ": not met" + (f" ({', '.join(short)})" if short else "")
 
 
+def _whole_step_gemm(v: dict, c) -> str:
+    """GEMM-like operators against the measured ceiling, the basis said: their time a step against the time
+    they would take at the ceiling (older records: the time-weighted average alone)."""
+    if "ms" in v:
+        basis = (f"take {_ms(v['ms'])} a step; at the measured GEMM ceiling of their dtype they would take "
+                 f"{_ms(v['at_ceiling_ms'])}: they run at {v['of_ceiling']:.0%} of that ceiling")
+    else:
+        basis = f"run at {v['of_ceiling']:.0%} of the measured GEMM ceiling on average (time-weighted)"
+    return (f"{_who(v)}GEMM-like operators {basis}{_of_theory(v.get('of_theoretical'))}; the heaviest, "
+            f"{v['heaviest']} ({v['shapes']}), at {v['heaviest_of_ceiling']:.0%} of that ceiling"
+            f"{_of_theory(v.get('heaviest_of_theoretical'))}.")
+
+
 def _of_theory(share) -> str:
     """The share of the theoretical peak beside a share of the measured ceiling; above all of it, what
     that says: no core computes faster than its peak, so the clock it was taken at was lower than the
@@ -873,8 +886,10 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "focal kernel": lambda v, c: (f"focal loss at {v['shape']} ({v['elements']:,} logits): {v['kernel']} forward + "
                                   f"backward over the reference, in-process rounds: {describe(c)}."),
     "focal backward share": lambda v, c: (
-        f"{v['shape']}: the reference focal loss's backward alone takes {v['reference_ms']:.1f} ms, "
-        f"{v['reference_ms'] / v['backward_ms']:.1%} of the measured backward phase ({v['backward_ms']:.0f} ms)."),
+        f"{v['shape']}: the reference focal loss's backward, timed alone, takes {v['reference_ms']:.1f} ms, "
+        f"{v['reference_ms'] / v['backward_ms']:.1%} of the baseline's measured backward phase "
+        f"({v['backward_ms']:.0f} ms); the profile's trace times the whole loss (every term of it) inside the "
+        "traced step, so its share differs."),
     "focal limit": _focal_limit,
     "lamb not run": lambda v, c: f"IPEX's fused Lamb: {v['reason']}",
     "lamb kernel": lambda v, c: (
@@ -967,9 +982,9 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
                                       "operators; where it is large, fusing operators (a compiled graph or a custom "
                                       "kernel) may pay."),
     "trace loss": lambda v, c: (
-        f"{_who(v)}the loss: forward {_ms(v['loss_forward_ms'])} a step, backward {_ms(v['loss_backward_ms'])}, "
-        f"{v['loss_backward_share']:.1%} of the {_ms(v['backward_ms'])} of backward nodes (autograd sequence numbers "
-        "in the trace of the real step)."),
+        f"{_who(v)}the whole loss (every term of it), as it ran inside the traced step: forward "
+        f"{_ms(v['loss_forward_ms'])} a step, backward {_ms(v['loss_backward_ms'])}, {v['loss_backward_share']:.1%} of "
+        f"the {_ms(v['backward_ms'])} of backward nodes (autograd sequence numbers in the trace of the real step)."),
     # profiledn.wholestep.wholestep_findings: every operator of a traced step against its ceiling
     "whole step count unknown": lambda v, c: (
         f"{_who(v)}the trace does not say how many steps it holds (no FILE.ops.json beside it, no Optimizer.step "
@@ -980,10 +995,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
         f"{_who(v)}of the {_ms(sum(v['between_ops_ms'].values()))} a step between operators, "
         f"{_shares(v['between_ops_ms'])}: most of it leads to "
         f"{_PHASE_WORDS[max(v['between_ops_ms'], key=v['between_ops_ms'].get)]}."),
-    "whole step gemm": lambda v, c: (
-        f"{_who(v)}GEMM-like operators run at {v['of_ceiling']:.0%} of the measured GEMM ceiling on average "
-        f"(time-weighted){_of_theory(v.get('of_theoretical'))}; the heaviest, {v['heaviest']} ({v['shapes']}), at "
-        f"{v['heaviest_of_ceiling']:.0%} of that ceiling{_of_theory(v.get('heaviest_of_theoretical'))}."),
+    "whole step gemm": _whole_step_gemm,
     # profiledn.account: a traced step by phase; fullstudy: RetinaNet at the full preset
     "forward backward": _forward_backward,
     "kernel time": _kernel_time,

@@ -60,6 +60,23 @@ def test_the_command_trains_with_the_configuration_it_names():
     assert again.config_hash() == config.config_hash()
 
 
+def test_the_compare_line_measures_the_two_configurations_it_names():
+    import shlex
+
+    from cpuopt_helpers.config import compare_line
+
+    base = RunConfig.for_preset("retinanet", "quick").replace(optimizer="lamb")
+    top = base.replace(dtype="bf16", env={"MALLOC_CONF": "a b"}, options={"focal": "fast"})
+    line = compare_line(base, top)
+    assert line.startswith("cpuopt compare --workload retinanet --preset quick --a ")
+    args = cli.build_parser().parse_args(shlex.split(line)[1:])
+    arms = [cli.bench_config(cli.build_parser().parse_args(
+        ["bench", "--workload", args.workload, "--preset", args.preset, *shlex.split(arm)])) for arm in (args.a, args.b)]
+    assert [a.config_hash() for a in arms] == [base.config_hash(), top.config_hash()]
+    defaults = RunConfig.for_preset("cnn", "quick")
+    assert "--a '' --b " in compare_line(RunConfig(workload="cnn", preset="quick"), defaults.replace(dtype="bf16"))
+
+
 def test_cli_ladder_json_and_a_clear_error_without_one(tmp_path, monkeypatch, capsys):
     from cpuopt_helpers import system
 

@@ -81,7 +81,8 @@ def test_the_stamp_names_the_machine_day_commit_torch_and_command(tmp_path, fact
     (tmp_path / "docs" / "results").mkdir(parents=True)
     (tmp_path / "docs" / "measuring.md").write_text("## Words the pages use\n")
     stamp = write(tmp_path / "docs" / "results", facts(**XEON)).read_text().splitlines()[2]
-    assert stamp.endswith("What its words mean: [how it measures](../measuring.md#words-the-pages-use).")
+    assert stamp.endswith("What its words mean: [how it measures](../measuring.md#words-the-pages-use). Every page "
+                          "by day: [the index](index.md).")
 
 
 def test_a_rerun_on_the_same_day_replaces_the_page_and_another_day_or_machine_is_another_file(tmp_path, facts):
@@ -91,8 +92,40 @@ def test_a_rerun_on_the_same_day_replaces_the_page_and_another_day_or_machine_is
     other_day = write(tmp_path, facts(**XEON), when=DAY2)
     other_machine = write(tmp_path, facts(**{**XEON, "isa": {"avx2": True}}))
     assert len({first, other_day, other_machine}) == 3
-    assert sorted(p.name for p in tmp_path.glob("*.md")) == sorted(p.name for p in (first, other_day, other_machine))
+    assert sorted(p.name for p in tmp_path.glob("*.md") if p.name != "index.md") == sorted(
+        p.name for p in (first, other_day, other_machine))
     assert "1.70 s" in first.read_text()  # the other files left it alone
+
+
+def test_a_days_pages_link_each_other_and_the_index_lists_every_page_by_day_and_machine(tmp_path, facts):
+    from cpuopt_helpers import pages
+
+    folder, epyc = tmp_path / "results", {"cpu_model": "AMD EPYC 9B14", "isa": {"avx2": True, "avx512f": True}}
+    first = write(folder, facts(**XEON), name="make-test", when=DAY1)
+    assert "other pages" not in first.read_text() and "[the index](index.md)" in first.read_text()  # alone that day
+    second = write(folder, facts(**XEON), name="overhead", when=DAY1)
+    write(folder, facts(**epyc), name="overhead", when=DAY1)  # another machine: not linked from the Xeon's pages
+    write(folder, facts(**XEON), name="overhead", when=DAY2)  # another day: likewise
+    stamp = second.read_text().splitlines()[2]
+    assert stamp.endswith(f"This machine's other pages of 2026-12-01: [A record]({first.name}). Every page by day: "
+                          "[the index](index.md).")
+    index = (folder / "index.md").read_text()
+    assert index == pages.results_index(folder)  # each writer rewrites it
+    days = [line for line in index.splitlines() if line.startswith("## ")]
+    assert days == ["## 2026-12-02", "## 2026-12-01"]  # newest first
+    day1 = index.split("## 2026-12-01\n", 1)[1].strip().splitlines()
+    assert day1 == ["- AMD EPYC 9B14 (avx512): [A record](2026-12-01-amd-epyc-9b14-avx512-overhead.md)",
+                    f"- Intel(R) Xeon(R) Platinum 8480+ (amx): [A record]({first.name}) · [A record]({second.name})"]
+    (folder / "notes.md").write_text("# not a dated page\n")
+    assert "notes.md" not in pages.results_index(folder)
+
+
+def test_the_committed_index_lists_every_committed_page():
+    from cpuopt_helpers import pages
+
+    folder = ROOT / "docs" / "results"
+    assert (folder / "index.md").read_text() == pages.results_index(folder), \
+        "run `python -m cpuopt_helpers.records index` (each page writer does)"
 
 
 def test_a_cell_with_a_bar_does_not_break_the_table():

@@ -351,6 +351,46 @@ def test_readme_quotes_a_notebooks_answer_from_its_last_cell(tmp_path):
     assert notebook_answer(path) == ["- cnn: 1.19x", "- rnn: kept"]
 
 
+def test_a_quoted_answer_keeps_its_headings_and_leaves_out_what_a_table_shows(tmp_path):
+    import nbformat
+
+    from cpuopt_helpers.pages import notebook_answer
+
+    nb = nbformat.v4.new_notebook()
+    last = nbformat.v4.new_code_cell("print(answer)")
+    last.outputs = [nbformat.v4.new_output("stream", name="stdout", text=(
+        "The fixes:\n- a: 1.10x\n- b: 2.00x\nThe kernels:\n- c: shown above\nprogress:\nWhat it hands on:\n- d\n"))]
+    nb.cells = [last]
+    path = tmp_path / "08_case_study_retinanet.ipynb"
+    nbformat.write(nb, path)
+    assert notebook_answer(path, {"c: shown above"}) == [  # "The kernels:" lost its one finding, so it goes too
+        "*The fixes:*", "", "- a: 1.10x", "- b: 2.00x", "", "*What it hands on:*", "", "- d"]
+
+
+def test_the_findings_a_pages_table_shows_are_the_ones_its_quotes_leave_out(tmp_path):
+    from cpuopt_helpers.decisions import Comparison, Finding
+    from cpuopt_helpers.pages import tabulated
+    from cpuopt_helpers.stages.case_study import UNFIXED
+
+    store = ResultStore(tmp_path / "r.sqlite")
+    screened = Comparison.from_dict({"ratio": 0.9, "n": 1, "verdict": "too few rounds", "label": "95% CI"})
+    fixes = [Finding("retinanet", "case_study", "arm over first", {"name": name, "first": "baseline"}, screened)
+             for name in ("fused FrozenBatchNorm2d", "closed-form focal loss")]
+    fixes.append(Finding("retinanet", "case_study", "frozen backward skipped", {}, screened))
+    bf16 = [Finding("cnn", "precision", "screened only", {"settings": ["dtype=bf16"], "rounds": 1, "ratios": [1.7],
+                                                          "min_rounds": 5}),
+            Finding("", "precision", "bf16 gate", {"accelerated": True, "path": "avx512_bf16", "reason": "x"})]
+    store.put_fact("m", "notes/case_study/quick", [f.to_dict() for f in fixes])
+    store.put_fact("m", "notes/precision/quick", [f.to_dict() for f in bf16])
+    assert tabulated(store, "m", "quick") == {bf16[0].sentence}  # no paper table: its fixes are quoted
+    store.put_fact("m", "case-study/paper/quick", [{"fix": "fused FrozenBatchNorm2d", "arm": "fused FrozenBatchNorm2d"},
+                                                    {"fix": "focal loss forward", "arm": None},
+                                                    {"fix": "fused Lamb", "arm": float("nan")},
+                                                    {"fix": "frozen layers (backward skipped)", "arm": UNFIXED}])
+    assert tabulated(store, "m", "quick") == {bf16[0].sentence, fixes[0].sentence, fixes[2].sentence}
+    assert tabulated(store, "m", "full") == set()
+
+
 def test_readme_lists_every_confirmation_with_its_rounds(tmp_path):
     from cpuopt_helpers.results import run_comparison
     from cpuopt_helpers.pages import _confirmation_lines

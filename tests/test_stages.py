@@ -558,7 +558,11 @@ def test_frozen_layers_and_the_paper_table_are_worded_from_the_runs():
     assert "`make case-study` measures it" in table.loc["conv + frozen BN + ReLU fused", "why"]
     assert "0.03 GB move, 2.8 GB/s of the 20.0 GB/s copy bandwidth" in table.loc["fused Lamb", "why"]
     assert table.loc["overall", "here, worded"] == "not measured" and "make case-study" in table.loc["overall", "why"]
+    # the arm each whole-step row screened (the run's page leaves those findings out of its quotes): none unmeasured
+    assert {k: v for k, v in table["arm"].items() if isinstance(v, str)} == {
+        "fused FrozenBatchNorm2d": "fused FrozenBatchNorm2d", "frozen layers (backward skipped)": case_study.UNFIXED}
     shown = case_study.paper_view(table.reset_index()).set_index("fix")  # as notebook 08 displays it: no NaN
+    assert "arm" not in shown.columns
     assert shown.loc["conv + frozen BN + ReLU fused", "here"] == "not measured"
     assert shown.loc["FrozenBatchNorm2d folded into the conv", "paper"] == "no number in the paper"
     assert shown.loc["focal loss forward", "here"] == 2.0 and not shown.isna().any().any()
@@ -566,7 +570,7 @@ def test_frozen_layers_and_the_paper_table_are_worded_from_the_runs():
     results += [dict(result(recipe, i, 15.0, arm=len(arms)), step_ms={"median": 1000 / 15.0}) for i in range(5)]
     table = case_study.paper_table(results, arms | {case_study.RECIPE: recipe}, focal, lamb, None, 20.0, "quick")
     table = table.set_index("fix")
-    assert table.loc["overall", "here"] == pytest.approx(1.5, rel=0.01)
+    assert table.loc["overall", "here"] == pytest.approx(1.5, rel=0.01) and table.loc["overall", "arm"] == case_study.RECIPE
     assert "notebook 09 confirms it" in table.loc["overall", "why"]
     assert table.loc["fused FrozenBatchNorm2d", "why"] == "no step time"  # results without their instances
     frozen = pd.DataFrame({"trainable_layers": [0, 5], "backward_weights_ms": [200.0, 400.0],

@@ -151,6 +151,12 @@ def test_operator_table_rates_intensity_and_ceilings(result):
         f"fixture: at every ceiling its traced step ({result['step_ms']:.2f} ms) would take")
     gemm = found["whole step gemm"].values
     assert gemm["heaviest"] == "aten::linear" and gemm["heaviest_of_ceiling"] == pytest.approx(linear["of_ceiling"])
+    # the average's basis: the GEMM-like operators' time at the ceiling over their time, both said
+    compute = table[table["bound"] == "compute"]
+    assert gemm["ms"] == pytest.approx(compute["ms"].sum())
+    assert gemm["at_ceiling_ms"] == pytest.approx((compute["gflop"] / 100.0).sum() * 1e3)  # GFLOP / (GFLOP/s): s
+    assert gemm["of_ceiling"] == pytest.approx(gemm["at_ceiling_ms"] / gemm["ms"])
+    assert "would take" in found["whole step gemm"].sentence and "time-weighted" not in found["whole step gemm"].sentence
     between = found["whole step between ops"]
     assert between.values["between_ops_ms"] == result["between_ops_by_phase_ms"]
     assert ("fixture: of the 0.39 ms a step between operators, forward 82%, backward 8%, loss 5%, optimizer 5%: most "

@@ -688,7 +688,9 @@ def wholestep_findings(result: dict, label: str = "") -> list[Finding]:
     if len(gemm):
         theory = gemm["of_theoretical"]
         found.append(Finding(label, STAGE, "whole step gemm", {
+            # the time-weighted average of each one's share: the time they would take at the ceiling over their time
             "of_ceiling": float((gemm["of_ceiling"] * gemm["ms"]).sum() / gemm["ms"].sum()),
+            "ms": float(gemm["ms"].sum()), "at_ceiling_ms": float((gemm["of_ceiling"] * gemm["ms"]).sum()),
             "heaviest": gemm.iloc[0]["op"], "shapes": gemm.iloc[0]["shapes"],
             "heaviest_of_ceiling": float(gemm.iloc[0]["of_ceiling"]),
             # the same shares of the theoretical peak; None where the CPU is not in peak.CORES

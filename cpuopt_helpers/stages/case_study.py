@@ -380,10 +380,32 @@ def frozen_bn_alone(bench: dict | None, fix: str, step_ms: float | None) -> str:
     return alone + f"; at most {saves:.0f} ms of the {step_ms:.0f} ms step: {step_ms / (step_ms - saves):.2f}x at most"
 
 
+# The ladder's arm each whole-step row of the paper table screened against the baseline (the overall row's
+# depends on the run: see paper_table)
+PAPER_ARMS = {"fused FrozenBatchNorm2d": "fused FrozenBatchNorm2d",
+              "FrozenBatchNorm2d folded into the conv": "FrozenBatchNorm2d folded into the conv",
+              "frozen layers (backward skipped)": UNFIXED, "conv + frozen BN + ReLU fused": "conv + frozen BN + ReLU compiled"}
+
+
+def _lamb_row(lamb_bench: list | None, copy_gbs: float | None) -> tuple[dict | None, str]:
+    """The paper table's fused Lamb row: the first runtime's fused kernel against its per-tensor loop."""
+    lamb = next((r for r in (lamb_bench or []) if "kernels" in r and "fused" in r["kernels"]), None)
+    if not lamb:
+        return None, "the Lamb benchmark did not run"
+    k = lamb["kernels"]["fused"]
+    moved_gb = 7 * 4 * lamb["elements"] / 1e9  # p, g, m, v read; p, m, v written, fp32
+    return (_kernel_comparison(k["speedup_vs_loop"], k["ci"][0], k["ci"][1], k.get("rounds", 0),
+                               k.get("verdict", "no different")),
+            f"{k['median_ms']:.0f} ms against the loop's {lamb['kernels']['loop']['median_ms']:.0f} ms; "
+            f"at least {moved_gb:.2f} GB move, {moved_gb / k['median_ms'] * 1e3:.1f} GB/s"
+            + (f" of the {copy_gbs:.1f} GB/s copy bandwidth" if copy_gbs else ""))
+
+
 def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: dict | None, lamb_bench: list | None,
                 climb: dict | None, copy_gbs: float | None, preset: str, frozen: pd.DataFrame | None = None,
                 bn_bench: dict | None = None) -> pd.DataFrame:
-    """Each of the paper's numbers beside this machine's, with the interval and a reason from the data.
+    """Each of the paper's numbers beside this machine's, with the interval and a reason from the data,
+    and the ladder's arm each whole-step row screened (``arm``; None for a kernel timed alone).
     ``frozen``: ``frozen_layers``' table, whose logs give the frozen stages' backward directly (the
     screened step times alone are one round's); ``bn_bench``: the frozen batch norms timed alone
     (``kernels.benchmark frozen-bn``), the most their fixes can save of the step."""
@@ -414,17 +436,7 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
     else:
         rows["conv + frozen BN + ReLU fused"] = (None, "not measured in this run (COMPILED_REGION = False: each of its "
                                                        "runs compiles); `make case-study` measures it")
-    lamb = next((r for r in (lamb_bench or []) if "kernels" in r and "fused" in r["kernels"]), None)
-    if lamb:
-        k = lamb["kernels"]["fused"]
-        moved_gb = 7 * 4 * lamb["elements"] / 1e9  # p, g, m, v read; p, m, v written, fp32
-        rows["fused Lamb"] = (_kernel_comparison(k["speedup_vs_loop"], k["ci"][0], k["ci"][1], k.get("rounds", 0),
-                                                 k.get("verdict", "no different")),
-                              f"{k['median_ms']:.0f} ms against the loop's {lamb['kernels']['loop']['median_ms']:.0f} ms; "
-                              f"at least {moved_gb:.2f} GB move, {moved_gb / k['median_ms'] * 1e3:.1f} GB/s"
-                              + (f" of the {copy_gbs:.1f} GB/s copy bandwidth" if copy_gbs else ""))
-    else:
-        rows["fused Lamb"] = (None, "the Lamb benchmark did not run")
+    rows["fused Lamb"] = _lamb_row(lamb_bench, copy_gbs)
     if climb and climb.get("end_to_end"):
         kept = [r["rung"] for r in climb["rungs"] if r["handed_on"]]
         rows["overall"] = (climb["end_to_end"], f"the climb's confirmed rungs: {', '.join(kept) or 'none'}")
@@ -435,9 +447,12 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
     else:
         c, why = arm("all fixes")
         rows["overall"] = (c, f"the fixes together only (make case-study climbs every rung): {why}")
+    sources = PAPER_ARMS | {"overall": None if climb and climb.get("end_to_end") else RECIPE if RECIPE in arms
+                            else "all fixes"}
     return pd.DataFrame([{"fix": name, "paper": PAPER[name], "here": c["ratio"] if c and c.get("n") else None,
                           "measured as": "the kernel alone" if name in KERNEL_ROWS else "the whole training step",
-                          "here, worded": compare.describe(c) if c else "not measured", "why": why}
+                          "here, worded": compare.describe(c) if c else "not measured", "why": why,
+                          "arm": sources.get(name) if c and sources.get(name) in arms else None}
                          for name, (c, why) in rows.items()])
 
 
@@ -447,7 +462,8 @@ KERNEL_ROWS = {"focal loss forward", "focal loss backward", "fused Lamb"}  # tim
 def paper_view(table: pd.DataFrame) -> pd.DataFrame:
     """The paper table as notebook 08 shows it: a ratio the paper does not give, or this run did
     not measure, said in words rather than NaN."""
-    return choosing.in_words(table, {"paper": "no number in the paper", "here": "not measured"}, digits=2)
+    shown = table.drop(columns=["arm"], errors="ignore")  # the ladder's arm each row screened: for the run's page
+    return choosing.in_words(shown, {"paper": "no number in the paper", "here": "not measured"}, digits=2)
 
 
 def climbed_fact(ladder: str, preset: str) -> str:
