@@ -71,7 +71,8 @@ def test_the_compare_line_measures_the_two_configurations_it_names():
     assert line.startswith("cpuopt compare --workload retinanet --preset quick --a ")
     args = cli.build_parser().parse_args(shlex.split(line)[1:])
     arms = [cli.bench_config(cli.build_parser().parse_args(
-        ["bench", "--workload", args.workload, "--preset", args.preset, *shlex.split(arm)])) for arm in (args.a, args.b)]
+        ["bench", "--workload", args.workload, "--preset", args.preset, *shlex.split(arm)]))
+        for arm in (args.a, args.b)]
     assert [a.config_hash() for a in arms] == [base.config_hash(), top.config_hash()]
     defaults = RunConfig.for_preset("cnn", "quick")
     assert "--a '' --b " in compare_line(RunConfig(workload="cnn", preset="quick"), defaults.replace(dtype="bf16"))

@@ -570,7 +570,8 @@ def test_frozen_layers_and_the_paper_table_are_worded_from_the_runs():
     results += [dict(result(recipe, i, 15.0, arm=len(arms)), step_ms={"median": 1000 / 15.0}) for i in range(5)]
     table = case_study.paper_table(results, arms | {case_study.RECIPE: recipe}, focal, lamb, None, 20.0, "quick")
     table = table.set_index("fix")
-    assert table.loc["overall", "here"] == pytest.approx(1.5, rel=0.01) and table.loc["overall", "arm"] == case_study.RECIPE
+    assert table.loc["overall", "here"] == pytest.approx(1.5, rel=0.01)
+    assert table.loc["overall", "arm"] == case_study.RECIPE
     assert "notebook 09 confirms it" in table.loc["overall", "why"]
     assert table.loc["fused FrozenBatchNorm2d", "why"] == "no step time"  # results without their instances
     frozen = pd.DataFrame({"trainable_layers": [0, 5], "backward_weights_ms": [200.0, 400.0],

@@ -156,7 +156,8 @@ def test_operator_table_rates_intensity_and_ceilings(result):
     assert gemm["ms"] == pytest.approx(compute["ms"].sum())
     assert gemm["at_ceiling_ms"] == pytest.approx((compute["gflop"] / 100.0).sum() * 1e3)  # GFLOP / (GFLOP/s): s
     assert gemm["of_ceiling"] == pytest.approx(gemm["at_ceiling_ms"] / gemm["ms"])
-    assert "would take" in found["whole step gemm"].sentence and "time-weighted" not in found["whole step gemm"].sentence
+    said = found["whole step gemm"].sentence
+    assert "would take" in said and "time-weighted" not in said
     between = found["whole step between ops"]
     assert between.values["between_ops_ms"] == result["between_ops_by_phase_ms"]
     assert ("fixture: of the 0.39 ms a step between operators, forward 82%, backward 8%, loss 5%, optimizer 5%: most "

@@ -384,7 +384,8 @@ def frozen_bn_alone(bench: dict | None, fix: str, step_ms: float | None) -> str:
 # depends on the run: see paper_table)
 PAPER_ARMS = {"fused FrozenBatchNorm2d": "fused FrozenBatchNorm2d",
               "FrozenBatchNorm2d folded into the conv": "FrozenBatchNorm2d folded into the conv",
-              "frozen layers (backward skipped)": UNFIXED, "conv + frozen BN + ReLU fused": "conv + frozen BN + ReLU compiled"}
+              "frozen layers (backward skipped)": UNFIXED,
+              "conv + frozen BN + ReLU fused": "conv + frozen BN + ReLU compiled"}
 
 
 def _lamb_row(lamb_bench: list | None, copy_gbs: float | None) -> tuple[dict | None, str]:
