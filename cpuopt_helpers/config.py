@@ -466,8 +466,9 @@ def bench_line(config: RunConfig, knobs: tuple[Knob, ...] = KNOBS) -> str:
 def compare_line(a: RunConfig, b: RunConfig) -> str:
     """The `cpuopt compare` line that measures ``b`` against ``a`` (one workload and preset) in paired
     rounds until their interval decides: each arm its `cpuopt bench` options."""
-    def arm(config: RunConfig) -> str:
-        return shlex.quote(" ".join(shlex.quote(w) for w in bench_options(config)))
+    def arm(config: RunConfig) -> str:  # in double quotes where that needs no escape: readable around '...'
+        inner = " ".join(shlex.quote(w) for w in bench_options(config))
+        return f'"{inner}"' if inner and not set(inner) & set('"$`\\!') else shlex.quote(inner)
 
     return (f"cpuopt compare --workload {shlex.quote(a.workload)} --preset {shlex.quote(a.preset)} "
             f"--a {arm(a)} --b {arm(b)}")

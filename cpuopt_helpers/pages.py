@@ -152,12 +152,12 @@ def check_lines(store: ResultStore, facts: Facts, preset: str) -> list[str]:
         rungs = ladder.rungs(store, facts.fingerprint, name, preset, facts.physical_cores or 1)
         trains = trained_with(rungs)[1] if rungs else None
         if trains and setting_hash(trains) != setting_hash(rungs[0].config):
-            found.append(compare_line(RunConfig.from_dict(rungs[0].config), RunConfig.from_dict(trains)))
+            found += [f"# {name}", compare_line(RunConfig.from_dict(rungs[0].config), RunConfig.from_dict(trains))]
     if not found:
         return []
-    return ["", "Check an answer on your machine: its configuration against PyTorch's defaults in paired rounds, "
-            "until their interval decides (`cpuopt compare`; each round runs both, so it takes minutes):", "",
-            "```sh", *found, "```"]
+    return ["", "Check an answer again on this machine: its configuration against PyTorch's defaults in paired "
+            "rounds until their interval decides (`cpuopt compare`: 5 to 14 rounds, each running both, so a large "
+            "model's takes long; the thread count is this machine's):", "", "```sh", *found, "```"]
 
 
 def _baseline_lines(table, facts: Facts, roof: dict) -> list[str]:
@@ -300,31 +300,35 @@ ANSWERS = {"05_ipex": ("IPEX and its upstream replacements (notebook 05)", ["05_
 
 
 def notebook_answer(path: Path, leave_out: set[str] = frozenset()) -> list[str]:
-    """The findings a notebook printed in its last code cell (its answer), one per line, under the
-    section headings it printed (a line ending in ':' before its findings), each set apart as
-    markdown needs; ``leave_out``: sentences not to quote (a table of the page shows them), and a
-    heading left with no finding goes with them."""
+    """The findings a notebook printed in its last code cell (its answer), one per line, each under
+    the last section heading it printed before it (a line ending in ':'), set apart as markdown
+    needs; ``leave_out``: sentences not to quote (a table of the page shows them). A heading goes
+    where none of its findings is quoted; other prints (progress, warnings) are left out."""
     import nbformat
 
     cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
     text = "".join(o.get("text", "") for o in (cells[-1].get("outputs", []) if cells else [])
                    if o.get("output_type") == "stream" and o.get("name") == "stdout")  # not progress bars
-    lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip()]
     out: list[str] = []
-    for i, line in enumerate(lines):
-        if line.startswith("- ") and line[2:] not in leave_out:
+    heading = None
+    for line in text.replace("\r", "\n").splitlines():
+        if line.startswith("- "):
+            if line[2:] in leave_out:
+                continue
+            if heading:  # the section's first quoted finding: its heading before it
+                out += ["", f"*{heading}*", ""]
+                heading = None
             out.append(line)
-        elif line.endswith(":") and not line.startswith("- "):  # a heading, kept where a finding follows it
-            following = next((x for x in lines[i + 1:] if not x.startswith("- ") or x[2:] not in leave_out), "")
-            if following.startswith("- "):
-                out += ["", f"*{line}*", ""]
-    return out[1:] if out[:1] == [""] else out  # progress bars and other prints between them left out
+        elif line.strip().endswith(":"):
+            heading = line.strip().replace("*", "\\*").replace("_", "\\_")
+    return out[1:] if out[:1] == [""] else out
 
 
 def tabulated(store: ResultStore, machine: str, preset: str) -> set[str]:
     """The sentences of this run's findings that a table on its page already shows: its quoted answers
-    leave them out. Notebook 06's bf16 settings (the bf16 table); notebook 08's fixes screened against
-    its baseline whose rows the paper table gives (``case_study.paper_table``'s arms)."""
+    leave them out. Notebook 06's bf16 settings of each workload the bf16 table gives; notebook 08's
+    fixes screened against its baseline whose rows the paper table gives (``case_study.paper_table``'s
+    arms). A finding its template can no longer word is quoted as the notebook printed it."""
     from cpuopt_helpers.decisions import Finding
     from cpuopt_helpers.stages.case_study import UNFIXED
 
@@ -333,22 +337,31 @@ def tabulated(store: ResultStore, machine: str, preset: str) -> set[str]:
 
     arms = {r.get("arm") for r in store.get_fact(machine, f"case-study/paper/{preset}") or []
             if isinstance(r.get("arm"), str)}  # a row timed alone has none (None, or NaN from the table)
-    shown = [f for f in told("precision") if f.kind in ("screened only", "bf16 over fp32")]
+    in_table = {r["config"]["workload"] for r in last_sweep_runs(store, "06_bf16", machine)}  # _precision_lines'
+    shown = [f for f in told("precision") if f.kind in ("screened only", "bf16 over fp32") and f.workload in in_table]
     shown += [f for f in told("case_study") if (f.kind == "arm over first" and f.values.get("name") in arms)
               or (f.kind == "frozen backward skipped" and UNFIXED in arms)]
-    return {f.sentence for f in shown}
+    sentences = set()
+    for f in shown:
+        try:
+            sentences.add(f.sentence)
+        except (KeyError, TypeError, ValueError):  # a record of an older schema: nothing to match, nothing left out
+            continue
+    return sentences
 
 
 def _answer_lines(folder: Path, figures: str, leave_out: set[str] = frozenset()) -> list[str]:
     """Each later notebook's answer, quoted from the executed notebook, with its figures; ``leave_out``:
-    findings a table of the page shows (``tabulated``)."""
+    findings a table of the page shows (``tabulated``), said where some were."""
     lines = []
     for stem, (title, pngs) in ANSWERS.items():
         path = folder / f"{stem}.ipynb"
         if not path.exists():
             continue
-        lines += ["", f"{title}, as the executed notebook concluded (what a table above shows is not repeated):",
-                  "", *notebook_answer(path, leave_out), ""]
+        quoted, whole = notebook_answer(path, leave_out), notebook_answer(path)
+        left = (" (the findings a table above gives are not repeated)" if quoted != whole else "") + (
+            ": every finding it printed is in a table above." if whole and not quoted else ":")
+        lines += ["", f"{title}, as the executed notebook concluded{left}", "", *quoted, ""]
         lines += [f"![{f}]({figures}/{f}.png)" for f in pngs]
     return lines
 
@@ -518,8 +531,8 @@ def day_pages(folder: Path, day: str) -> list[tuple[str, str, Path]]:
     import re
 
     found = [p for p in sorted(Path(folder).glob(f"{day}-*.md")) if re.fullmatch(PAGE_NAME, p.name)]
-    return sorted(((*_page_entry(p), p) for p in found),
-                  key=lambda e: (e[0], not e[1].startswith("make run"), e[2].name))  # make run's page first
+    return sorted(((*_page_entry(p), p) for p in found),  # make run's standard page first, then its other presets
+                  key=lambda e: (e[0], not e[1].startswith("make run"), e[1] != "make run, preset standard", e[2].name))
 
 
 def results_index(folder: Path) -> str:
@@ -529,10 +542,12 @@ def results_index(folder: Path) -> str:
 
     days = sorted({m.group(1) for p in Path(folder).glob("*.md") if (m := re.fullmatch(PAGE_NAME, p.name))},
                   reverse=True)
-    lines = ["# Results pages, by day", "",
+    lines = [INDEX_TITLE, "",
              "Every dated page a measuring command wrote here, newest day first, each day's pages by machine. "
              "Each page is stamped with its machine, day and commit; pages of different machines or days are "
              "separate records, never merged."]
+    if not days:
+        lines += ["", "No dated page yet: `make run` writes the first."]
     for day in days:
         lines += ["", f"## {day}", ""]
         machines: dict[str, list[str]] = {}
@@ -542,9 +557,18 @@ def results_index(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+INDEX_TITLE = "# Results pages, by day"
+
+
 def write_index(folder: Path) -> Path:
-    """Rewrite FOLDER/index.md from the pages there (each page writer calls it)."""
+    """Rewrite FOLDER/index.md from the pages there (each page writer calls it); an index.md there that
+    this did not write (a hand-written contents page) is refused, not overwritten."""
     index = Path(folder) / "index.md"
+    if not Path(folder).is_dir():
+        raise CpuoptError(f"{folder} is not a folder of dated pages: name the folder they are in (docs/results)")
+    if index.exists() and not index.read_text().startswith(INDEX_TITLE):
+        raise CpuoptError(f"{index} is not the index of dated pages (it does not start with {INDEX_TITLE!r}): "
+                          "write the pages into a folder of their own (docs/results)")
     index.write_text(results_index(folder))
     return index
 
@@ -555,9 +579,9 @@ def machine_words(facts: Facts) -> str:
 
 
 def day_links(page: Path, machine: str) -> str:
-    """' This machine's other pages of DAY: ... Every page by day: ...': links from a dated page
-    (of ``machine``, ``machine_words``) to that day's other pages of it written so far, and to
-    the index."""
+    """' This machine's earlier pages of DAY: ... Every page by day: ...': links from a dated page
+    (of ``machine``, ``machine_words``) to that day's pages of it written before it, and to the
+    index, which lists them all."""
     import re
 
     name = re.fullmatch(PAGE_NAME, page.name)
@@ -565,7 +589,7 @@ def day_links(page: Path, machine: str) -> str:
         return ""
     others = [f"[{what}]({p.name})" for m, what, p in day_pages(page.parent, name.group(1))
               if p.name != page.name and m == machine]
-    return ((f" This machine's other pages of {name.group(1)}: {', '.join(others)}." if others else "")
+    return ((f" This machine's earlier pages of {name.group(1)}: {', '.join(others)}." if others else "")
             + " Every page by day: [the index](index.md).")
 
 

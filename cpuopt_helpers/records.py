@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
+from cpuopt_helpers.errors import CpuoptError
 from cpuopt_helpers.pages import (core_words, cores_words, cpu_slug, day_links, isa_slug, machine_words, words_link,
                                    write_index)
 from cpuopt_helpers.provenance import NOT_A_CHECKOUT, ROOT, _git, code_version, own_commit  # noqa: F401 (records' own)
@@ -141,7 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     index.add_argument("--folder", type=Path, default=Path("docs/results"))
     args = ap.parse_args(argv)
     if args.record == "index":
-        print(f"cpuopt: the index of the dated pages: {write_index(args.folder)}")
+        try:
+            print(f"cpuopt: the index of the dated pages: {write_index(args.folder)}")
+        except CpuoptError as exc:
+            print(f"cpuopt: {exc}", file=sys.stderr)
+            return 2
         return 0
     page = write_make_test(args.folder, args.seconds, args.status, args.command)
     print(f"cpuopt: make test's record: {page}")

@@ -498,6 +498,8 @@ def _whole_step_gemm(v: dict, c) -> str:
     if "ms" in v:
         basis = (f"take {_ms(v['ms'])} a step; at the measured GEMM ceiling of their dtype they would take "
                  f"{_ms(v['at_ceiling_ms'])}: they run at {v['of_ceiling']:.0%} of that ceiling")
+        if v.get("no_ceiling_ms"):
+            basis += f" (another {_ms(v['no_ceiling_ms'])} a step of them ran in a dtype with no ceiling measured)"
     else:
         basis = f"run at {v['of_ceiling']:.0%} of the measured GEMM ceiling on average (time-weighted)"
     return (f"{_who(v)}GEMM-like operators {basis}{_of_theory(v.get('of_theoretical'))}; the heaviest, "
@@ -888,8 +890,8 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
     "focal backward share": lambda v, c: (
         f"{v['shape']}: the reference focal loss's backward, timed alone, takes {v['reference_ms']:.1f} ms, "
         f"{v['reference_ms'] / v['backward_ms']:.1%} of the baseline's measured backward phase "
-        f"({v['backward_ms']:.0f} ms); the profile's trace times the whole loss (every term of it) inside the "
-        "traced step, so its share differs."),
+        f"({v['backward_ms']:.0f} ms); not comparable with a profile's share of the loss, where one is given: "
+        "that times all the loss's terms in a traced step's backward nodes."),
     "focal limit": _focal_limit,
     "lamb not run": lambda v, c: f"IPEX's fused Lamb: {v['reason']}",
     "lamb kernel": lambda v, c: (
@@ -982,7 +984,7 @@ TEMPLATES: dict[str, Callable[[dict, object], str]] = {
                                       "operators; where it is large, fusing operators (a compiled graph or a custom "
                                       "kernel) may pay."),
     "trace loss": lambda v, c: (
-        f"{_who(v)}the whole loss (every term of it), as it ran inside the traced step: forward "
+        f"{_who(v)}the loss (all its terms), as it ran inside the traced step: forward "
         f"{_ms(v['loss_forward_ms'])} a step, backward {_ms(v['loss_backward_ms'])}, {v['loss_backward_share']:.1%} of "
         f"the {_ms(v['backward_ms'])} of backward nodes (autograd sequence numbers in the trace of the real step)."),
     # profiledn.wholestep.wholestep_findings: every operator of a traced step against its ceiling

@@ -97,7 +97,7 @@ def test_a_rerun_on_the_same_day_replaces_the_page_and_another_day_or_machine_is
     assert "1.70 s" in first.read_text()  # the other files left it alone
 
 
-def test_a_days_pages_link_each_other_and_the_index_lists_every_page_by_day_and_machine(tmp_path, facts):
+def test_a_new_page_links_its_days_earlier_ones_and_the_index_lists_every_page_by_day_and_machine(tmp_path, facts):
     from cpuopt_helpers import pages
 
     folder, epyc = tmp_path / "results", {"cpu_model": "AMD EPYC 9B14", "isa": {"avx2": True, "avx512f": True}}
@@ -107,8 +107,8 @@ def test_a_days_pages_link_each_other_and_the_index_lists_every_page_by_day_and_
     write(folder, facts(**epyc), name="overhead", when=DAY1)  # another machine: not linked from the Xeon's pages
     write(folder, facts(**XEON), name="overhead", when=DAY2)  # another day: likewise
     stamp = second.read_text().splitlines()[2]
-    assert stamp.endswith(f"This machine's other pages of 2026-12-01: [A record]({first.name}). Every page by day: "
-                          "[the index](index.md).")
+    assert stamp.endswith(f"This machine's earlier pages of 2026-12-01: [A record]({first.name}). Every page by "
+                          "day: [the index](index.md).")
     index = (folder / "index.md").read_text()
     assert index == pages.results_index(folder)  # each writer rewrites it
     days = [line for line in index.splitlines() if line.startswith("## ")]
@@ -118,6 +118,24 @@ def test_a_days_pages_link_each_other_and_the_index_lists_every_page_by_day_and_
                     f"- Intel(R) Xeon(R) Platinum 8480+ (amx): [A record]({first.name}) · [A record]({second.name})"]
     (folder / "notes.md").write_text("# not a dated page\n")
     assert "notes.md" not in pages.results_index(folder)
+    for stem, preset in (("2026-12-02-amd-epyc-9b14-avx512-quick", "quick"), ("2026-12-02-amd-epyc-9b14-avx512",
+                                                                             "standard")):
+        (folder / f"{stem}.md").write_text(f"# Results: AMD EPYC 9B14 (avx512), 2026-12-02, preset {preset}\n")
+    day2 = pages.results_index(folder).split("## 2026-12-02\n", 1)[1].split("##", 1)[0]
+    assert day2.index("[make run, preset standard]") < day2.index("[make run, preset quick]") < day2.index(
+        "[A record]")  # a run's standard page first, then its other presets', then the records
+
+
+def test_the_index_is_written_only_into_a_folder_of_dated_pages(tmp_path, capsys):
+    from cpuopt_helpers import pages
+
+    assert records.main(["index", "--folder", str(tmp_path / "missing")]) == 2
+    assert "is not a folder of dated pages" in capsys.readouterr().err
+    assert "No dated page yet" in pages.write_index(tmp_path).read_text()  # an empty folder says so
+    (tmp_path / "index.md").write_text("# Contents\n\nwritten by hand\n")  # docs/index.md, say
+    assert records.main(["index", "--folder", str(tmp_path)]) == 2
+    assert "is not the index of dated pages" in capsys.readouterr().err
+    assert (tmp_path / "index.md").read_text() == "# Contents\n\nwritten by hand\n"
 
 
 def test_the_committed_index_lists_every_committed_page():

@@ -359,12 +359,16 @@ def test_a_quoted_answer_keeps_its_headings_and_leaves_out_what_a_table_shows(tm
     nb = nbformat.v4.new_notebook()
     last = nbformat.v4.new_code_cell("print(answer)")
     last.outputs = [nbformat.v4.new_output("stream", name="stdout", text=(
-        "The fixes:\n- a: 1.10x\n- b: 2.00x\nThe kernels:\n- c: shown above\nprogress:\nWhat it hands on:\n- d\n"))]
+        " The fixes:\nwarning: a worker printed this\n- a: 1.10x\n- b: 2.00x\nThe kernels:\n- c: shown above\n"
+        "What it hands_on:\n- d\nThe end:\n"))]
     nb.cells = [last]
     path = tmp_path / "08_case_study_retinanet.ipynb"
     nbformat.write(nb, path)
-    assert notebook_answer(path, {"c: shown above"}) == [  # "The kernels:" lost its one finding, so it goes too
-        "*The fixes:*", "", "- a: 1.10x", "- b: 2.00x", "", "*What it hands on:*", "", "- d"]
+    # a print between a heading and its findings does not lose it; "The kernels:" lost its one finding, so it goes
+    # too, and so does a heading nothing follows; markdown's marks in a heading are escaped
+    assert notebook_answer(path, {"c: shown above"}) == [
+        "*The fixes:*", "", "- a: 1.10x", "- b: 2.00x", "", "*What it hands\\_on:*", "", "- d"]
+    assert "*The kernels:*" in notebook_answer(path)
 
 
 def test_the_findings_a_pages_table_shows_are_the_ones_its_quotes_leave_out(tmp_path):
@@ -373,21 +377,30 @@ def test_the_findings_a_pages_table_shows_are_the_ones_its_quotes_leave_out(tmp_
     from cpuopt_helpers.stages.case_study import UNFIXED
 
     store = ResultStore(tmp_path / "r.sqlite")
+    cnn = RunConfig(workload="cnn", preset="quick", dtype="bf16")
+    store.add_sweep("s6", "m", "06_bf16", "sweep", [cnn.to_dict()], None)  # the bf16 table's sweep: cnn only
+    store.save_result({"config": cnn.to_dict(), "config_hash": cnn.config_hash(), "status": "ok", "system": "m",
+                       "created_at": "2026-12-01T10:00:00+00:00"}, sweep="s6", tag="06_bf16")
     screened = Comparison.from_dict({"ratio": 0.9, "n": 1, "verdict": "too few rounds", "label": "95% CI"})
     fixes = [Finding("retinanet", "case_study", "arm over first", {"name": name, "first": "baseline"}, screened)
              for name in ("fused FrozenBatchNorm2d", "closed-form focal loss")]
     fixes.append(Finding("retinanet", "case_study", "frozen backward skipped", {}, screened))
+    faster = Comparison.from_dict({"ratio": 1.8, "ci_low": 1.6, "ci_high": 2.0, "n": 8, "verdict": "faster",
+                                   "label": "95% CI"})
     bf16 = [Finding("cnn", "precision", "screened only", {"settings": ["dtype=bf16"], "rounds": 1, "ratios": [1.7],
                                                           "min_rounds": 5}),
-            Finding("", "precision", "bf16 gate", {"accelerated": True, "path": "avx512_bf16", "reason": "x"})]
+            Finding("", "precision", "bf16 gate", {"accelerated": True, "path": "avx512_bf16", "reason": "x"}),
+            Finding("cnn", "precision", "bf16 over fp32", {"setting": "dtype=bf16"}, faster),
+            Finding("rnn", "precision", "bf16 over fp32", {"setting": "dtype=bf16"}, faster)]  # not in the table
+    broken = Finding("cnn", "precision", "bf16 over fp32", {}, faster).to_dict()  # an older schema: no sentence
     store.put_fact("m", "notes/case_study/quick", [f.to_dict() for f in fixes])
-    store.put_fact("m", "notes/precision/quick", [f.to_dict() for f in bf16])
-    assert tabulated(store, "m", "quick") == {bf16[0].sentence}  # no paper table: its fixes are quoted
+    store.put_fact("m", "notes/precision/quick", [f.to_dict() for f in bf16] + [broken])
+    assert tabulated(store, "m", "quick") == {bf16[0].sentence, bf16[2].sentence}  # no paper table: fixes quoted
     store.put_fact("m", "case-study/paper/quick", [{"fix": "fused FrozenBatchNorm2d", "arm": "fused FrozenBatchNorm2d"},
                                                     {"fix": "focal loss forward", "arm": None},
                                                     {"fix": "fused Lamb", "arm": float("nan")},
                                                     {"fix": "frozen layers (backward skipped)", "arm": UNFIXED}])
-    assert tabulated(store, "m", "quick") == {bf16[0].sentence, fixes[0].sentence, fixes[2].sentence}
+    assert tabulated(store, "m", "quick") == {bf16[0].sentence, bf16[2].sentence, fixes[0].sentence, fixes[2].sentence}
     assert tabulated(store, "m", "full") == set()
 
 

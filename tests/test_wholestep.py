@@ -416,6 +416,14 @@ def test_gemm_rows_give_the_theoretical_peak_beside_the_measured_ceiling():
             "theoretical peak.") in said.sentence
     unknown = next(f for f in wholestep.wholestep_findings(wholestep.whole_step(TRACE, CEIL)) if f.kind == "whole step gemm")
     assert unknown.values["of_theoretical"] is None and "the theoretical peak is unknown here" in unknown.sentence
+    from cpuopt_helpers.decisions import Finding
+
+    mixed = Finding("x", "profiling", "whole step gemm", {**said.values, "no_ceiling_ms": 12.5})
+    assert "(another 12.5 ms a step of them ran in a dtype with no ceiling measured)" in mixed.sentence
+    old = {k: v for k, v in said.values.items() if k not in ("ms", "at_ceiling_ms", "no_ceiling_ms")}
+    assert "on average (time-weighted)" in Finding("x", "profiling", "whole step gemm", old).sentence  # older records
+    blind = wholestep.whole_step(TRACE, wholestep.Ceilings({}, 10.0, 2, "test", {"fp32": 400.0}))  # no GEMM ceiling
+    assert "whole step gemm" not in [f.kind for f in wholestep.wholestep_findings(blind)]  # no share, no "nan%"
     low = wholestep.Ceilings({"fp32": 100.0}, 10.0, 2, "test", {"fp32": 1.0})  # a peak taken at far too low a clock
     above = next(f for f in wholestep.wholestep_findings(wholestep.whole_step(TRACE, low)) if f.kind == "whole step gemm")
     assert "of the theoretical peak (above it: the cores ran faster than the clock the peak was taken at)" in \

@@ -684,13 +684,14 @@ def wholestep_findings(result: dict, label: str = "") -> list[Finding]:
         found.append(Finding(label, STAGE, "whole step between ops",
                              {"between_ops_ms": {k: float(v) for k, v in waits.items()}}))
     table = result["table"]
-    gemm = table[table["bound"] == "compute"]
+    gemm = table[(table["bound"] == "compute") & table["of_ceiling"].notna()]  # those with a measured ceiling
     if len(gemm):
         theory = gemm["of_theoretical"]
         found.append(Finding(label, STAGE, "whole step gemm", {
             # the time-weighted average of each one's share: the time they would take at the ceiling over their time
             "of_ceiling": float((gemm["of_ceiling"] * gemm["ms"]).sum() / gemm["ms"].sum()),
             "ms": float(gemm["ms"].sum()), "at_ceiling_ms": float((gemm["of_ceiling"] * gemm["ms"]).sum()),
+            "no_ceiling_ms": float(table.loc[(table["bound"] == "compute") & table["of_ceiling"].isna(), "ms"].sum()),
             "heaviest": gemm.iloc[0]["op"], "shapes": gemm.iloc[0]["shapes"],
             "heaviest_of_ceiling": float(gemm.iloc[0]["of_ceiling"]),
             # the same shares of the theoretical peak; None where the CPU is not in peak.CORES
