@@ -443,9 +443,9 @@ def test_the_run_writes_a_dated_results_page_and_a_readme_block_that_checks(quic
     assert re.search(said + r": .* runs", text, re.M)  # what the machine did
     assert re.search(r"^Wall time: the run that measured this page took .* for \d+ notebook\(s\)", text, re.M)
     assert "| 09_summary | ok | " in text  # each notebook's wall time
-    assert re.search(r"^bf16, its speed and its accuracy on the digits model \(notebook 06; its figures above\), as the "
-                     r"executed notebook concluded( \(the findings a table above gives are not repeated\))?:$", text,
-                     re.M) and "test images" in text  # bf16's accuracy in words, not a figure alone
+    assert re.search(r"^bf16, its speed and its accuracy on the digits model \(notebook 06; its figures above\), "
+                     r"as the executed notebook concluded( \(the findings a table above gives are not repeated\))?:$",
+                     text, re.M) and "test images" in text  # bf16's accuracy in words, not a figure alone
     from cpuopt_helpers.records import own_commit
 
     assert f", commit {own_commit()}." in text.splitlines()[2]  # the commit the run measured with (workbook run)
