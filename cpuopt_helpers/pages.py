@@ -5,6 +5,7 @@ notebooks' answers, with their figures)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from cpuopt_helpers import compare
@@ -499,8 +500,6 @@ def cpu_slug(facts: Facts) -> str:
     """The CPU model as a page name's part: lower case, without the trademark marks and the words
     that name no model ("Intel(R) Xeon(R) Processor @ 2.80GHz": intel-xeon-2-80ghz), runs of
     other characters as one dash."""
-    import re
-
     words = re.sub(r"\((r|tm)\)|\b(processor|cpu)\b", " ", facts.cpu_model.lower())
     return re.sub(r"[^a-z0-9]+", "-", words).strip("-") or "cpu"
 
@@ -511,6 +510,7 @@ def words_link(page: Path) -> str:
             if (page.parent.parent / "measuring.md").exists() else "")
 
 
+INDEX_TITLE = "# Results pages, by day"  # the first line of the index this module writes
 PAGE_NAME = r"(\d{4}-\d{2}-\d{2})-(.+)\.md"  # DAY-CPU-ISA[-NAME].md: every dated page's name
 
 
@@ -528,8 +528,6 @@ def _page_entry(page: Path) -> tuple[str, str]:
 
 def day_pages(folder: Path, day: str) -> list[tuple[str, str, Path]]:
     """The dated pages of one day in FOLDER: (machine, what measured it, path), by machine."""
-    import re
-
     found = [p for p in sorted(Path(folder).glob(f"{day}-*.md")) if re.fullmatch(PAGE_NAME, p.name)]
     return sorted(((*_page_entry(p), p) for p in found),  # make run's standard page first, then its other presets
                   key=lambda e: (e[0], not e[1].startswith("make run"), e[1] != "make run, preset standard", e[2].name))
@@ -538,8 +536,6 @@ def day_pages(folder: Path, day: str) -> list[tuple[str, str, Path]]:
 def results_index(folder: Path) -> str:
     """FOLDER/index.md's text: every dated page, by day (newest first) and machine, so that a day's
     pages (make run's, make test's, the RetinaNet studies') are read together."""
-    import re
-
     days = sorted({m.group(1) for p in Path(folder).glob("*.md") if (m := re.fullmatch(PAGE_NAME, p.name))},
                   reverse=True)
     lines = [INDEX_TITLE, "",
@@ -556,8 +552,6 @@ def results_index(folder: Path) -> str:
         lines += [f"- {machine}: {' · '.join(links)}" for machine, links in machines.items()]
     return "\n".join(lines) + "\n"
 
-
-INDEX_TITLE = "# Results pages, by day"
 
 
 def write_index(folder: Path) -> Path:
@@ -582,8 +576,6 @@ def day_links(page: Path, machine: str) -> str:
     """' This machine's earlier pages of DAY: ... Every page by day: ...': links from a dated page
     (of ``machine``, ``machine_words``) to that day's pages of it written before it, and to the
     index, which lists them all."""
-    import re
-
     name = re.fullmatch(PAGE_NAME, page.name)
     if not name:
         return ""
@@ -614,7 +606,6 @@ def write_results_page(store: ResultStore, facts: Facts, preset: str, folder: Pa
     """The run's page as a dated record: FOLDER/DAY-CPU-ISA.md with its figures copied beside it
     (FOLDER/DAY-CPU-ISA/), stamped with the machine, the day, the preset and the command that
     regenerates it. Another machine's or day's page is another file, never merged."""
-    import re
     import shutil
 
     stem, day = page_stem(store, facts, preset), page_day(store, facts, preset)
