@@ -448,11 +448,25 @@ def kernel_findings(study: dict) -> list[Finding]:
     return found
 
 
-def phase_lines(profiles: dict) -> list[str]:
-    """Each arm's traced step by phase, as a markdown table, captioned: traced steps run longer than the
-    timed medians of the rows above (the profiler's own cost)."""
-    head = ["Each arm's step under the profiler, by phase (traced steps run longer than the timed medians above: the "
-            "profiler costs time; the shares and rates are what to read here):", "",
+def timed_steps(study: dict) -> dict[str, float]:
+    """Each arm's timed median step in seconds, by the name its profile has (the allocator trial's
+    arm by ``kept_name``), where the study timed it."""
+    figures = dict(study["figures"])
+    kept = study.get("allocator") or {}
+    if (kept.get("figures") or {}).get("kept"):
+        figures[kept_name(kept)] = kept["figures"]["kept"]
+    return {n: f["step_s"] for n, f in figures.items() if f and f.get("step_s")}
+
+
+def phase_lines(profiles: dict, timed: dict | None = None) -> list[str]:
+    """Each arm's traced step by phase, as a markdown table, captioned with each arm's traced step
+    beside its timed median (``timed``: seconds by arm, where the page gives one): the profiler's
+    steps are other runs, and it costs time of its own."""
+    traced = {n: p["phases"]["ms"].sum() / 1e3 for n, p in profiles.items() if "phases" in p}
+    beside = "; ".join(f"{n} {s:.2f} s traced" + (f", {timed[n]:.2f} s timed" if (timed or {}).get(n) else "")
+                       for n, s in traced.items())
+    head = [f"Each arm's step under the profiler, by phase ({beside}: traced steps are other runs than the timed "
+            "medians above, and the profiler costs time of its own; the shares and rates are what to read here):", "",
             "| phase | arm | s a step | share | GFLOP | GEMM-like share | GEMM GFLOP/s | of measured ceiling | "
             "of theoretical peak | between ops s |", "|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
@@ -527,7 +541,7 @@ def measured(study: dict) -> targets.Measured:
     mine, base = (kept if fastest != "top" else study["figures"].get("top")) or {}, study["figures"].get("defaults", {})
     return targets.Measured(study["comparison"], mine.get("per_core"), whole.get("speedup_bound"),
                             mine.get("achieved_gflops"), mine.get("step_s"), base.get("step_s"),
-                            study["theoretical"].get(study["top"].dtype))
+                            study["theoretical"].get(study["top"].dtype), fastest)
 
 
 def target_findings(study: dict) -> list[Finding]:
@@ -596,7 +610,7 @@ def allocator_rows(kept: dict | None) -> list[records.Row]:
 def write_page(study: dict, folder: Path, facts) -> Path:
     """FOLDER/DAY-CPU-ISA-retinanet-full.md: the figures, each arm's phases, the findings in words."""
     found = study_findings(study)
-    said, phases = study["comparison"].get("machine_sentence"), phase_lines(study["profiles"])
+    said, phases = study["comparison"].get("machine_sentence"), phase_lines(study["profiles"], timed_steps(study))
     notes = [f"PyTorch's defaults: {study['base'].label()}. The top: {study['source']}: {study['top'].label()}.",
              *([f"During the comparison's runs: {said}"] if said else []),
              *(["\n".join(phases)] if phases else []),

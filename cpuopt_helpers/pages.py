@@ -121,6 +121,8 @@ def answer(rungs) -> tuple[str, str, str]:
             "not compared with the defaults yet (notebook 09 compares it)" if changed and top.step == RECIPE else
             f"{compare.describe(top.vs_baseline)}, from the rungs' own confirmations" if changed
             else "nothing confirmed faster than the defaults")
+    if changed and top.step == RECIPE:  # one block: which of its parts pay is not this comparison's to say
+        over += "; the recipe compared as one block (`make case-study` confirms its parts one at a time)"
     optimizer = rungs[0].config.get("optimizer", RunConfig.optimizer)
     if optimizer != RunConfig.optimizer:  # the workload's own training choice (the paper's Lamb), not a setting
         over += f"; the defaults here train with optimizer={optimizer}, as the top does"
@@ -156,9 +158,12 @@ def check_lines(store: ResultStore, facts: Facts, preset: str) -> list[str]:
             found += [f"# {name}", compare_line(RunConfig.from_dict(rungs[0].config), RunConfig.from_dict(trains))]
     if not found:
         return []
+    cores = facts.physical_cores or 1
     return ["", "Check an answer again on this machine: its configuration against PyTorch's defaults in paired "
             "rounds until their interval decides (`cpuopt compare`: 5 to 14 rounds, each running both, so a large "
-            "model's takes long; the thread count is this machine's):", "", "```sh", *found, "```"]
+            f"model's takes long). `--threads {cores}` is this machine's {cores} physical cores: on another, give "
+            "its own, or better, run `make run` there. The `cpuopt` command is in the venv `make setup` builds:",
+            "", "```sh", ". .venv/bin/activate", *found, "```"]
 
 
 def _baseline_lines(table, facts: Facts, roof: dict) -> list[str]:
@@ -459,7 +464,7 @@ def _launcher_lines(store: ResultStore, machine: str, preset: str) -> list[str]:
 
     runs = last_sweep_runs(store, "04_launchers", machine, preset)
     if not runs:
-        ran = ("its allocator stage ran (its verdict: the ladder above and the confirmations below); "
+        ran = ("its allocator stage ran (its verdict: the ladder and the confirmations below); "
                if last_sweep_runs(store, "04_allocator", machine, preset) else "")
         return ["", f"Launchers (notebook 04): {ran}its comparison of the best setting with PyTorch's and `run_cpu`'s "
                 f"defaults runs only in the full preset, not in the {preset} one (`make run PRESET=full`)."]
@@ -504,10 +509,15 @@ def cpu_slug(facts: Facts) -> str:
     return re.sub(r"[^a-z0-9]+", "-", words).strip("-") or "cpu"
 
 
-def words_link(page: Path) -> str:
-    """A link to what the page's words mean, where the page sits beside the docs (docs/results/)."""
-    return (" What its words mean: [how it measures](../measuring.md#words-the-pages-use)."
-            if (page.parent.parent / "measuring.md").exists() else "")
+def words_link(page: Path, targets: bool = False) -> str:
+    """A link to what the page's words mean, where the page sits beside the docs (docs/results/);
+    ``targets``: the page checks the case study's targets, and links where they come from."""
+    docs = page.parent.parent
+    said = (" What its words mean: [how it measures](../measuring.md#words-the-pages-use)."
+            if (docs / "measuring.md").exists() else "")
+    if targets and (docs / "case-study.md").exists():
+        said += " Its targets, and where they come from: [the case study](../case-study.md#targets)."
+    return said
 
 
 INDEX_TITLE = "# Results pages, by day"  # the first line of the index this module writes
@@ -623,7 +633,7 @@ def write_results_page(store: ResultStore, facts: Facts, preset: str, folder: Pa
     page.write_text(f"# Results: {machine_words(facts)}, {day}, preset {preset}\n\n"
                     + "\n".join(kept) + f"\n\nWritten by `cpuopt workbook readme --preset {preset} --page "
                     f"{folder}` from the results store, after `make run`; a page of another machine or day is "
-                    f"another file.{words_link(page)}{day_links(page, machine_words(facts))}\n")
+                    f"another file.{words_link(page, 'Target for ' in body)}{day_links(page, machine_words(facts))}\n")
     write_index(folder)
     return page
 

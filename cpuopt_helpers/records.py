@@ -106,7 +106,8 @@ def write_record(folder: Path, name: str, title: str, rows: Sequence[Row], comma
     day = (when or datetime.now(timezone.utc)).astimezone(timezone.utc).date().isoformat()
     page = page_path(folder, facts, name, day)
     page.parent.mkdir(parents=True, exist_ok=True)
-    line = stamp(facts, day, command, commit or own_commit(), preset) + words_link(page)
+    targets = any(r.figure.startswith("target for ") for r in rows)  # fullstudy.target_rows
+    line = stamp(facts, day, command, commit or own_commit(), preset) + words_link(page, targets)
     shown = [f"![{words}]({page.stem}/{plots.save_figure(fig, file, page.parent / page.stem, close=True).name})"
              for file, words, fig in figures]
     page.write_text(record_page(f"{title}: {machine_words(facts)}, {day}", line + day_links(page, machine_words(facts)),

@@ -645,7 +645,8 @@ def _allocator_tried(v: dict, c) -> str:
             f"compared above, in fresh paired rounds: {compare.describe(c.to_dict() if c else None)}.")
     before, after = v["before"], v["after"]
     if after.get("system_share") is not None:
-        said += (f" The OS kernel's share of CPU time went from {before['system_share']:.0%} to "
+        said += (f" In the trial's own runs, the OS kernel's share of CPU time went from "
+                 f"{before['system_share']:.0%} to "
                  f"{after['system_share']:.0%}, its page faults from {before['page_faults_per_step']:,.0f} a step to "
                  f"{after['page_faults_per_step']:,.0f}.")
     if v["faster"] and v["per_core"] is not None:
@@ -669,7 +670,8 @@ def _target(v: dict, c) -> str:
     at = f"at the {v['preset']} preset ({v['classes']} classes)"
     if v["figure"] == "per_core":
         want, unit = f"{v['value']:.2f} images/s per physical core" + (f", {v['source']}" if v["source"] else ""), ""
-        got = "no run finished" if v["measured"] is None else f"the top trains {v['measured']:.3f}"
+        got = ("no run finished" if v["measured"] is None
+               else f"the {v.get('fastest', 'top')} trains {v['measured']:.3f}")
     else:
         want = (f"the top over PyTorch's defaults {v['value']:.1f}x in {v['rounds']} paired rounds"
                 + (f", the interval's lower end at {v['lower']:.1f} or more" if v["lower"] else ""))

@@ -201,11 +201,13 @@ def test_the_readme_block_is_one_answer_a_workload(tmp_path):
     session.hand_on(retina, "case-study fixes")
     block = pages.results_markdown(session.store, facts, "quick")
     lines = block.splitlines()
-    assert len(lines) <= 18  # three workloads: the stamp, the table, two check lines under their names, the links
+    assert len(lines) <= 19  # three workloads: the stamp, the table, the venv, two check lines, their names, links
     checks = [line for line in lines if line.startswith("cpuopt compare ")]  # the answers to check, not the defaults
     assert [c.split()[3] for c in checks] == ["cnn", "rnn"]
     assert checks[0].endswith('--a "--threads 2" --b "--threads 2 --allocator tcmalloc --dtype bf16"'), checks[0]
     assert lines[lines.index(checks[0]) - 1] == "# cnn"  # each line under its ladder's name
+    assert lines[lines.index("```sh") + 1] == ". .venv/bin/activate"  # where the cpuopt command is, first
+    assert f"`--threads {facts.physical_cores}` is this machine's {facts.physical_cores} physical cores" in block
     assert lines[0].startswith("Measured on 2026-12-01 (preset `quick`) on **made-up CPU** (AVX-512, AMX)")
     rows = {line.split(" | ")[0].strip("| "): line for line in lines if line.startswith("| ") and "---" not in line}
     assert "| allocator=tcmalloc dtype=bf16 | 1.60x (95% CI: 1.40-1.80, 5 rounds): faster, the top against the defaults " \

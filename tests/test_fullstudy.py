@@ -89,6 +89,8 @@ def test_the_page_holds_the_verdict_rates_phases_and_ends_with_the_next_fix(tmp_
     assert "(104% of the measured fp32 GEMM ceiling, 26% of the theoretical fp32 peak)" in text  # 104 GFLOP/s: 100, 400
     assert "| the study's wall time | 40 min 0 s |" in text
     assert "| forward | defaults |" in text and "| optimizer | top |" in text  # each arm's phases
+    traced = study["profiles"]["top"]["phases"]["ms"].sum() / 1e3  # its caption: each arm traced beside timed
+    assert f"(defaults {traced:.2f} s traced, 28.57 s timed; top {traced:.2f} s traced, 21.74 s timed: " in text
     assert "23% of MLPerf Training v3.0 Intel's 0.20" in text  # 0.046 / 0.20
     assert "In fp32: this CPU has no bf16 fast path (no bf16 in the ISA)" in text
     notes = text.split("\n\n")
@@ -134,7 +136,7 @@ def test_the_page_bounds_the_ratio_by_the_fastests_step_at_every_ceiling(tmp_pat
            f"| {0.092 / 0.070 * bound:.2f}x |  | its projection; the ratio of both arms' median steps, not paired |")
     text = fullstudy.write_page(study, tmp_path, facts()).read_text()
     assert bound > 1 and row in text
-    assert "Each arm's step under the profiler, by phase (traced steps run longer than the timed medians" in text
+    assert "traced steps are other runs than the timed medians above, and the profiler costs time" in text
     kept = study["figures"]["top"] | {"step_s": 10.0}  # the allocator trial's winner: its own step
     study["profiles"]["top under jemalloc"] = study["profiles"]["top"]
     study |= {"fastest": "top under jemalloc",
@@ -294,6 +296,11 @@ def test_the_page_gives_the_allocator_trial_after_the_kernels_share(tmp_path, fa
     assert ("With it the top trains 0.070 images/s per physical core, 35% of MLPerf's 0.20" in trial) == \
         (verdict == "faster")  # a rate with the allocator is claimed only where it is confirmed faster
     assert "the next fix the profile points at" in notes[-2]
+    if verdict == "faster":  # the per-core target reads the fastest confirmed, and names it
+        profiles = study["profiles"] | {"top under jemalloc": study["profiles"]["top"]}
+        text = fullstudy.write_page(study | {"fastest": "top under jemalloc", "profiles": profiles}, tmp_path,
+                                    facts()).read_text()
+        assert "; the top under jemalloc trains 0.070." in text and "; the top trains" not in text
 
 
 def test_a_cpu_with_a_bf16_fast_path_is_not_told_it_has_none(tmp_path, facts):

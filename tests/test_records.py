@@ -83,6 +83,12 @@ def test_the_stamp_names_the_machine_day_commit_torch_and_command(tmp_path, fact
     stamp = write(tmp_path / "docs" / "results", facts(**XEON)).read_text().splitlines()[2]
     assert stamp.endswith("What its words mean: [how it measures](../measuring.md#words-the-pages-use). Every page "
                           "by day: [the index](index.md).")
+    (tmp_path / "docs" / "case-study.md").write_text("### Targets\n")
+    target = records.Row("target for AMX CPUs: 3.0x over PyTorch's defaults", "not checked here")
+    stamps = [write(tmp_path / "docs" / "results", facts(**XEON), rows=rows).read_text().splitlines()[2]
+              for rows in ([records.Row("x", "1 s")], [target])]
+    link = "Its targets, and where they come from: [the case study](../case-study.md#targets)."
+    assert [link in s for s in stamps] == [False, True]  # only a page that checks a target links them
 
 
 def test_a_rerun_on_the_same_day_replaces_the_page_and_another_day_or_machine_is_another_file(tmp_path, facts):
@@ -443,7 +449,8 @@ def test_the_page_says_notebook_04s_allocator_stage_ran_where_its_launcher_compa
                                           "created_at": "2026-12-07T00:00:00+00:00"},
               tag="04_allocator", machine="m", progress=False)
     [line] = pages._launcher_lines(store, "m", "standard")[1:]
-    assert line.startswith("Launchers (notebook 04): its allocator stage ran (its verdict: the ladder above")
+    assert line.startswith("Launchers (notebook 04): its allocator stage ran (its verdict: the ladder and the "
+                           "confirmations below)")  # the launcher lines come before both
 
 
 def test_the_stamps_name_the_core_and_a_virtual_machines_vcpus(facts):

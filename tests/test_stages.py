@@ -849,7 +849,7 @@ def test_a_run_without_a_climb_never_overwrites_the_ladder_a_climb_stored(tmp_pa
 
 
 def test_make_runs_retinanet_ladder_is_the_papers_recipe_named_and_confirmed_once_by_the_headline(tmp_path):
-    from cpuopt_helpers import ladder
+    from cpuopt_helpers import ladder, pages
     from cpuopt_helpers.results import ResultStore
     from cpuopt_helpers.session import Session
 
@@ -870,6 +870,8 @@ def test_make_runs_retinanet_ladder_is_the_papers_recipe_named_and_confirmed_onc
         assert line.startswith("retinanet: the paper's recipe adapted to this CPU (")
         rows = ladder.rungs(session.store, "m", "retinanet", "standard", 2)
         assert [r.step for r in rows] == ["baseline", case_study.RECIPE] and rows[1].vs_previous is None
+        assert pages.answer(rows)[1].startswith("not compared with the defaults yet (notebook 09 compares it); the "
+                                                "recipe compared as one block (`make case-study` confirms its parts")
         top = RunConfig.from_dict(rows[1].config)
         assert dict(top.options) == dict(plan.named["all fixes"].options) and top.dtype == ("bf16" if fast else "fp32")
         assert top.compile is None  # torch.compile: make case-study's climb weighs its compile time
@@ -973,6 +975,23 @@ def test_notebook_08_says_how_much_of_the_recipe_is_bf16s():
     slow = make_facts(bf16={"accelerated": False, "path": None, "reason": "made up"})  # no recipe in bf16 there
     plain = case_study.configs(RunConfig.for_preset("retinanet", "quick", optimizer="lamb", threads=2), slow)
     assert not any(f.kind == "bf16 in the recipe" for f in case_study.findings(table, plain, results))
+
+
+def test_notebook_08_says_each_frozen_layers_arm_once():
+    """A frozen-layers arm is worded against the workload's default once (``frozen_time_findings``),
+    not again as one more fix over the baseline."""
+    fixes = case_study.configs(RunConfig.for_preset("retinanet", "quick", optimizer="lamb", threads=2), make_facts())
+    plan = case_study.measured({"retinanet": fixes}, discrepancy=False)["retinanet"]  # as notebook 08 sweeps it
+    frozen = case_study.frozen_layer_configs(plan.base)
+    assert set(frozen) <= set(plan.named) and len(frozen) == 3
+    names = ["baseline", "all fixes", *frozen]
+    results = [dict(result(plan.named[n], 0, 1.0 + i / 10, arm=i), step_ms={"median": 100.0}) for i, n in
+               enumerate(names)]
+    found = case_study.findings(case_study.table(results, plan), plan, results)
+    over_first = [f.values["name"] for f in found if f.kind == "arm over first"]
+    assert over_first == ["all fixes"]
+    assert [f.kind for f in found if f.kind not in ("arm over first", "bf16 in the recipe")] == [
+        "frozen backward skipped", "trainable layers", "trainable layers"]  # each frozen-layers arm, once
 
 
 def test_a_screened_setting_without_a_ratio_is_counted_not_listed():

@@ -99,12 +99,12 @@ def choose(table: pd.DataFrame, plan: Plan, confirm=None) -> Choice:
 
 def findings(table: pd.DataFrame, plan: Plan, results: list[dict], name: str = "") -> list[Finding]:
     """A measured ladder's fixes against its baseline (``name``: the ladder's), and the step-time
-    effects of its frozen-layers arms."""
+    effects of its frozen-layers arms (each said once, as ``frozen_time_findings`` words it)."""
     from cpuopt_helpers.stages import summary
 
     frozen = {n: c for n, c in plan.named.items() if n in frozen_layer_configs(plan.base)}
     arms = [dataclasses.replace(f, stage="case_study")  # notebook 08's notes: 09's own do not replace them
-            for f in summary.ladder_findings(table, name or plan.workload)]
+            for f in summary.ladder_findings(table, name or plan.workload) if f.values.get("name") not in frozen]
     if {RECIPE, "all fixes"} <= set(plan.named):  # where the recipe's gain comes from: bf16 over the fixes in fp32
         fixes_fp32, recipe = plan.named["all fixes"], plan.named[RECIPE]
         if fixes_fp32.dtype != recipe.dtype:
