@@ -92,8 +92,8 @@ def arms(session, classes: int = CLASSES, preset: str = "full") -> tuple[RunConf
     if top is None:
         raise CpuoptError("retinanet declares none of the paper's fixes; nothing to compare with its defaults")
     return base, same_model(top, base), (f"{RECIPE} (no standard-preset ladder of RetinaNet above "
-                                           "PyTorch's defaults is stored here: `make run` or `make case-study` "
-                                           "writes one)")
+                                           "PyTorch's defaults was in this study's results store when it began: "
+                                           "`make run` or `make case-study` writes one)")
 
 
 def ladder_words(ladder: list[dict]) -> str:

@@ -150,20 +150,21 @@ def check_lines(store: ResultStore, facts: Facts, preset: str) -> list[str]:
     from cpuopt_helpers import ladder
     from cpuopt_helpers.config import compare_line
 
-    found = []
+    found, threads = [], set()
     for name in ladder.workloads(store, facts.fingerprint, preset):
         rungs = ladder.rungs(store, facts.fingerprint, name, preset, facts.physical_cores or 1)
         trains = trained_with(rungs)[1] if rungs else None
         if trains and setting_hash(trains) != setting_hash(rungs[0].config):
             found += [f"# {name}", compare_line(RunConfig.from_dict(rungs[0].config), RunConfig.from_dict(trains))]
+            threads.add(RunConfig.from_dict(trains).threads)
     if not found:
         return []
-    cores = facts.physical_cores or 1
+    named = " and ".join(f"`--threads {n}`" for n in sorted(t for t in threads if t))
     return ["", "Check an answer again on this machine: its configuration against PyTorch's defaults in paired "
             "rounds until their interval decides (`cpuopt compare`: 5 to 14 rounds, each running both, so a large "
-            f"model's takes long). `--threads {cores}` is this machine's {cores} physical cores: on another, give "
-            "its own, or better, run `make run` there. The `cpuopt` command is in the venv `make setup` builds:",
-            "", "```sh", ". .venv/bin/activate", *found, "```"]
+            f"model's takes long). {named or 'The thread count'} is this machine's ({facts.physical_cores} physical "
+            "cores): on another, give its own, or better, run `make run` there. The `cpuopt` command is in the "
+            "venv `make setup` builds:", "", "```sh", ". .venv/bin/activate", *found, "```"]
 
 
 def _baseline_lines(table, facts: Facts, roof: dict) -> list[str]:
@@ -334,23 +335,26 @@ def tabulated(store: ResultStore, machine: str, preset: str) -> set[str]:
     """The sentences of this run's findings that a table on its page already shows: its quoted answers
     leave them out. Notebook 06's bf16 settings of each workload the bf16 table gives; notebook 08's
     fixes screened against its baseline whose rows the paper table gives (``case_study.paper_table``'s
-    arms). A finding its template can no longer word is quoted as the notebook printed it."""
+    arms). Each as the notebook printed it (``Session.tell`` keeps it); a record from before it did, as
+    its template words it now, and none where the template can no longer word it (quoted as printed)."""
     from cpuopt_helpers.decisions import Finding
     from cpuopt_helpers.stages.case_study import UNFIXED
 
-    def told(stage: str) -> list[Finding]:  # what the notebook told (``Session.tell``), as records
-        return [Finding.from_dict(d) for d in store.get_fact(machine, f"notes/{stage}/{preset}", [])]
+    def told(stage: str) -> list[tuple[Finding, str | None]]:  # what the notebook told, as records, and said
+        return [(Finding.from_dict(d), d.get("said")) for d in store.get_fact(machine, f"notes/{stage}/{preset}", [])]
 
-    arms = {r.get("arm") for r in store.get_fact(machine, f"case-study/paper/{preset}") or []
+    arms = {r["arm"]: r.get("workload") for r in store.get_fact(machine, f"case-study/paper/{preset}") or []
             if isinstance(r.get("arm"), str)}  # a row timed alone has none (None, or NaN from the table)
+    in_paper = lambda f: arms.get(f.values.get("name"), 0) in (f.workload, None)  # noqa: E731 (None: an older record)
     in_table = {r["config"]["workload"] for r in last_sweep_runs(store, "06_bf16", machine)}  # _precision_lines'
-    shown = [f for f in told("precision") if f.kind in ("screened only", "bf16 over fp32") and f.workload in in_table]
-    shown += [f for f in told("case_study") if (f.kind == "arm over first" and f.values.get("name") in arms)
-              or (f.kind == "frozen backward skipped" and UNFIXED in arms)]
+    shown = [(f, s) for f, s in told("precision") if f.kind in ("screened only", "bf16 over fp32")
+             and f.workload in in_table]
+    shown += [(f, s) for f, s in told("case_study") if (f.kind == "arm over first" and in_paper(f))
+              or (f.kind == "frozen backward skipped" and arms.get(UNFIXED, 0) in (f.workload, None))]
     sentences = set()
-    for f in shown:
+    for f, said in shown:
         try:
-            sentences.add(f.sentence)
+            sentences.add(said or f.sentence)
         except (KeyError, TypeError, ValueError):  # a record of an older schema: nothing to match, nothing left out
             continue
     return sentences

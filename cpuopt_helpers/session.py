@@ -153,21 +153,23 @@ class Session:
 
         A session's first ``tell`` of a stage replaces what an earlier run kept; a later one (the
         next workload, the next cell) adds to it, replacing the findings of the same workload and
-        kind, so a cell run twice keeps its findings once."""
+        kind, so a cell run twice keeps its findings once. Each record keeps the sentence printed
+        (``said``): a page quoting the notebook matches it, whatever the templates say later."""
         findings = list(findings)
         stray = next((f for f in findings if not isinstance(f, Finding)), None)
         if stray is not None:
             raise TypeError(f"tell takes decisions.Finding records, not {type(stray).__name__}: {stray!r:.80}")
-        told: dict[str, list[Finding]] = {}
+        told: dict[str, list[dict]] = {}
         for finding in findings:
-            print("-", finding.sentence)
-            told.setdefault(finding.stage, []).append(finding)
+            said = finding.sentence
+            print("-", said)
+            told.setdefault(finding.stage, []).append(finding.to_dict() | {"said": said})  # as printed: see pages
         for stage, new in told.items():
             name = f"notes/{stage}/{preset}"
-            fresh = {(f.workload, f.kind) for f in new}
-            kept = [f for f in self.notes(stage, preset) if (f.workload, f.kind) not in fresh] \
+            fresh = {(d["workload"], d["kind"]) for d in new}
+            kept = [d for d in self.store.get_fact(self.machine, name, []) if (d["workload"], d["kind"]) not in fresh] \
                 if name in self._told else []
-            self.store.put_fact(self.machine, name, [f.to_dict() for f in kept + new])
+            self.store.put_fact(self.machine, name, kept + new)
             self._told.add(name)
 
     def notes(self, stage: str, preset: str) -> list[Finding]:

@@ -562,7 +562,7 @@ def test_frozen_layers_and_the_paper_table_are_worded_from_the_runs():
     assert {k: v for k, v in table["arm"].items() if isinstance(v, str)} == {
         "fused FrozenBatchNorm2d": "fused FrozenBatchNorm2d", "frozen layers (backward skipped)": case_study.UNFIXED}
     shown = case_study.paper_view(table.reset_index()).set_index("fix")  # as notebook 08 displays it: no NaN
-    assert "arm" not in shown.columns
+    assert "arm" not in shown.columns and "workload" not in shown.columns and set(table["workload"]) == {"retinanet"}
     assert shown.loc["conv + frozen BN + ReLU fused", "here"] == "not measured"
     assert shown.loc["FrozenBatchNorm2d folded into the conv", "paper"] == "no number in the paper"
     assert shown.loc["focal loss forward", "here"] == 2.0 and not shown.isna().any().any()

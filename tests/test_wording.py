@@ -136,6 +136,8 @@ def test_tell_prints_the_findings_and_keeps_them_as_notes(tmp_path, capsys):
         "- rnn: only one thread count measured."]
     assert session.notes("threads", "quick") == [cnn, rnn] and session.notes("precision", "quick") == [gate]
     assert session.notes("threads", "standard") == []
+    kept = store.get_fact(session.machine, "notes/threads/quick")  # each record with the sentence as printed
+    assert [d["said"] for d in kept] == ["cnn: only one thread count measured.", "rnn: only one thread count measured."]
     again = Session(facts=make_facts(), store=store)  # the next run of the notebook replaces the stage's notes
     again.tell([rnn], "quick")
     capsys.readouterr()

@@ -406,7 +406,8 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
                 climb: dict | None, copy_gbs: float | None, preset: str, frozen: pd.DataFrame | None = None,
                 bn_bench: dict | None = None) -> pd.DataFrame:
     """Each of the paper's numbers beside this machine's, with the interval and a reason from the data,
-    and the ladder's arm each whole-step row screened (``arm``; None for a kernel timed alone).
+    and the ladder's arm each whole-step row screened (``arm``; None for a kernel timed alone) of which
+    workload (``workload``).
     ``frozen``: ``frozen_layers``' table, whose logs give the frozen stages' backward directly (the
     screened step times alone are one round's); ``bn_bench``: the frozen batch norms timed alone
     (``kernels.benchmark frozen-bn``), the most their fixes can save of the step."""
@@ -453,7 +454,8 @@ def paper_table(results: list[dict], arms: dict[str, RunConfig], focal_bench: di
     return pd.DataFrame([{"fix": name, "paper": PAPER[name], "here": c["ratio"] if c and c.get("n") else None,
                           "measured as": "the kernel alone" if name in KERNEL_ROWS else "the whole training step",
                           "here, worded": compare.describe(c) if c else "not measured", "why": why,
-                          "arm": sources.get(name) if c and sources.get(name) in arms else None}
+                          "arm": sources.get(name) if c and sources.get(name) in arms else None,
+                          "workload": base.workload}
                          for name, (c, why) in rows.items()])
 
 
@@ -463,7 +465,7 @@ KERNEL_ROWS = {"focal loss forward", "focal loss backward", "fused Lamb"}  # tim
 def paper_view(table: pd.DataFrame) -> pd.DataFrame:
     """The paper table as notebook 08 shows it: a ratio the paper does not give, or this run did
     not measure, said in words rather than NaN."""
-    shown = table.drop(columns=["arm"], errors="ignore")  # the ladder's arm each row screened: for the run's page
+    shown = table.drop(columns=["arm", "workload"], errors="ignore")  # the arm each row screened: for the page
     return choosing.in_words(shown, {"paper": "no number in the paper", "here": "not measured"}, digits=2)
 
 
