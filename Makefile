@@ -53,8 +53,8 @@ ipex: $(IPEX_STAMP)
 $(IPEX_STAMP): requirements-ipex.txt
 	@test -x $(IPEX_VENV)/bin/python || $(PYTHON) -m venv $(IPEX_VENV)
 	@free=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); [ "$$free" -ge 8 ] || { \
-	  echo "cpuopt: the IPEX runtime needs about 8 GB free here (its venv takes 6.8 GB); $$free GB are free: free some space, or make run IPEX=0 skips it"; exit 1; }
-	@echo "cpuopt: building the IPEX runtime $(IPEX_VENV) (about 4 GB of downloads; make run IPEX=0 skips it)"
+	  echo "cpuopt: the IPEX runtime needs about 8 GB free here (its venv takes 6.8 GB); $$free GB are free: free some space, or rerun with IPEX=0 (make run IPEX=0) to skip it"; exit 1; }
+	@echo "cpuopt: building the IPEX runtime $(IPEX_VENV) (about 4 GB of downloads; IPEX=0, as in make run IPEX=0, skips it)"
 	$(IPEX_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-ipex.txt 2>&1 | grep -v "^WARNING: Location" || true
 	@PYTHONPATH=. $(IPEX_VENV)/bin/python -m cpuopt_helpers.runtimes 2>/dev/null | grep -q '"ipex_usable": true' || { echo "cpuopt: the IPEX runtime does not import IPEX; see the pip output above"; exit 1; }
 	@touch $(IPEX_STAMP)

@@ -462,7 +462,7 @@ def phase_lines(profiles: dict, timed: dict | None = None) -> list[str]:
     """Each arm's traced step by phase, as a markdown table, captioned with each arm's traced step
     beside its timed median (``timed``: seconds by arm, where the page gives one): the profiler's
     steps are other runs, and it costs time of its own."""
-    traced = {n: p["phases"]["ms"].sum() / 1e3 for n, p in profiles.items() if "phases" in p}
+    traced = {n: p["whole"]["step_ms"] / 1e3 for n, p in profiles.items() if "phases" in p}  # as the page's others
     beside = "; ".join(f"{n} {s:.2f} s traced" + (f", {timed[n]:.2f} s timed" if (timed or {}).get(n) else "")
                        for n, s in traced.items())
     head = [f"Each arm's step under the profiler, by phase ({beside}: traced steps are other runs than the timed "

@@ -122,7 +122,7 @@ def answer(rungs) -> tuple[str, str, str]:
             f"{compare.describe(top.vs_baseline)}, from the rungs' own confirmations" if changed
             else "nothing confirmed faster than the defaults")
     if changed and top.step == RECIPE:  # one block: which of its parts pay is not this comparison's to say
-        over += "; the recipe compared as one block (`make case-study` confirms its parts one at a time)"
+        over += "; the recipe is one block here (`make case-study` confirms its parts one at a time)"
     optimizer = rungs[0].config.get("optimizer", RunConfig.optimizer)
     if optimizer != RunConfig.optimizer:  # the workload's own training choice (the paper's Lamb), not a setting
         over += f"; the defaults here train with optimizer={optimizer}, as the top does"
@@ -150,21 +150,20 @@ def check_lines(store: ResultStore, facts: Facts, preset: str) -> list[str]:
     from cpuopt_helpers import ladder
     from cpuopt_helpers.config import compare_line
 
-    found, threads = [], set()
+    found = []
     for name in ladder.workloads(store, facts.fingerprint, preset):
         rungs = ladder.rungs(store, facts.fingerprint, name, preset, facts.physical_cores or 1)
         trains = trained_with(rungs)[1] if rungs else None
         if trains and setting_hash(trains) != setting_hash(rungs[0].config):
             found += [f"# {name}", compare_line(RunConfig.from_dict(rungs[0].config), RunConfig.from_dict(trains))]
-            threads.add(RunConfig.from_dict(trains).threads)
     if not found:
         return []
-    named = " and ".join(f"`--threads {n}`" for n in sorted(t for t in threads if t))
+    cores = f" ({facts.physical_cores} physical cores)" if facts.physical_cores else ""
     return ["", "Check an answer again on this machine: its configuration against PyTorch's defaults in paired "
             "rounds until their interval decides (`cpuopt compare`: 5 to 14 rounds, each running both, so a large "
-            f"model's takes long). {named or 'The thread count'} is this machine's ({facts.physical_cores} physical "
-            "cores): on another, give its own, or better, run `make run` there. The `cpuopt` command is in the "
-            "venv `make setup` builds:", "", "```sh", ". .venv/bin/activate", *found, "```"]
+            f"model's takes long). The thread counts (`--threads`) are this machine's{cores}: on another, run "
+            "`make run` there, or give its own. The `cpuopt` command is in the venv `make setup` builds:", "",
+            "```sh", ". .venv/bin/activate", *found, "```"]
 
 
 def _baseline_lines(table, facts: Facts, roof: dict) -> list[str]:

@@ -58,7 +58,7 @@ class Measured:
     top_step_s: float | None = None
     base_step_s: float | None = None
     peak_gflops: float | None = None  # the theoretical peak of the top's dtype (None: unknown)
-    fastest: str = "top"  # the configuration whose rate per core ``per_core`` is, as the page names it
+    fastest: str = "top"  # the configuration the rate, bound and peak share are of, as the page names it
 
 
 def table() -> str:
@@ -148,7 +148,7 @@ def findings(preset: str, classes: int, path: str | None, m: Measured, who: str 
             "path": t.path, "path_name": PATHS[t.path], "here": PATHS.get(path, str(path)), "preset": t.preset,
             "classes": t.classes, "figure": t.figure, "value": t.value, "lower": t.lower, "rounds": t.rounds,
             "source": t.source, "status": status(t, path, m), "measured": figure, "bound": bound(t, m),
-            "fastest": m.fastest if t.figure == "per_core" else "top",
+            "fastest": m.fastest,
             "needed_share": share, "top_share": (m.top_gflops / m.peak_gflops if m.peak_gflops and m.top_gflops
                                                  else None)},
             Comparison.from_dict(m.comparison) if t.figure == "ratio" and m.comparison else None))

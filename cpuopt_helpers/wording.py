@@ -668,10 +668,10 @@ def _of_mlperf(v: dict, long: bool = False) -> str:
 def _target(v: dict, c) -> str:
     """targets.findings: one target of the case study, its verdict on this CPU, and what the run allows."""
     at = f"at the {v['preset']} preset ({v['classes']} classes)"
+    who = v.get("fastest", "top")  # the fastest configuration confirmed: its rate, bound and peak share
     if v["figure"] == "per_core":
         want, unit = f"{v['value']:.2f} images/s per physical core" + (f", {v['source']}" if v["source"] else ""), ""
-        got = ("no run finished" if v["measured"] is None
-               else f"the {v.get('fastest', 'top')} trains {v['measured']:.3f}")
+        got = "no run finished" if v["measured"] is None else f"the {who} trains {v['measured']:.3f}"
     else:
         want = (f"the top over PyTorch's defaults {v['value']:.1f}x in {v['rounds']} paired rounds"
                 + (f", the interval's lower end at {v['lower']:.1f} or more" if v["lower"] else ""))
@@ -686,17 +686,17 @@ def _target(v: dict, c) -> str:
              "too few rounds": f"Not checked: {got}; the target needs {v['rounds']} paired rounds.",
              "other path": f"Not checked here (this CPU: {v['here']}); {got}."}[v["status"]]
     if v["status"] == "other path":  # another CPU's target: its bound and peak share say nothing of it here
-        return said + (f" For reference only: on this CPU, at every ceiling (this run's projection), the top would "
+        return said + (f" For reference only: on this CPU, at every ceiling (this run's projection), the {who} would "
                        f"reach {v['bound']:.2f}{unit}." if v["bound"] is not None else "")
     if v["bound"] is not None:
         beyond = v["bound"] < v["value"]
-        said += (f" At every ceiling (this run's projection) the top would reach {v['bound']:.2f}{unit} here: "
+        said += (f" At every ceiling (this run's projection) the {who} would reach {v['bound']:.2f}{unit} here: "
                  + ("below the target, so no faster kernel for its operators reaches it on this machine; it needs "
                     "less work or another CPU." if beyond else "the target is within that bound."))
     if v["needed_share"] is not None:
         said += (f" The target asks for {v['needed_share']:.0%} of the theoretical peak over the whole step"
                  + (" (more than this CPU's cores can do at all, at the top's work a step)" if v["needed_share"] > 1
-                    else "") + (f"; the top runs at {v['top_share']:.0%}." if v["top_share"] is not None else "."))
+                    else "") + (f"; the {who} runs at {v['top_share']:.0%}." if v["top_share"] is not None else "."))
     return said
 
 

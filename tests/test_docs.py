@@ -207,7 +207,7 @@ def test_the_readme_block_is_one_answer_a_workload(tmp_path):
     assert checks[0].endswith('--a "--threads 2" --b "--threads 2 --allocator tcmalloc --dtype bf16"'), checks[0]
     assert lines[lines.index(checks[0]) - 1] == "# cnn"  # each line under its ladder's name
     assert lines[lines.index("```sh") + 1] == ". .venv/bin/activate"  # where the cpuopt command is, first
-    assert f"`--threads 2` is this machine's ({facts.physical_cores} physical cores): on another, give its own" in block
+    assert f"The thread counts (`--threads`) are this machine's ({facts.physical_cores} physical cores)" in block
     assert lines[0].startswith("Measured on 2026-12-01 (preset `quick`) on **made-up CPU** (AVX-512, AMX)")
     rows = {line.split(" | ")[0].strip("| "): line for line in lines if line.startswith("| ") and "---" not in line}
     assert "| allocator=tcmalloc dtype=bf16 | 1.60x (95% CI: 1.40-1.80, 5 rounds): faster, the top against the defaults " \

@@ -209,6 +209,8 @@ def test_allocators_and_launchers_compared(quick_run):
 
 
 def test_bf16_measured_with_accuracy_and_a_computed_choice(quick_run):
+    from cpuopt_helpers.decisions import Finding
+
     out, _ = quick_run
     store = ResultStore(out / "results.sqlite")
     df = store.load(tag="06_bf16")
@@ -219,8 +221,9 @@ def test_bf16_measured_with_accuracy_and_a_computed_choice(quick_run):
     rung = [s for s in store.get_fact(machine_id(), "ladder/cnn/quick") if s["step"] == "bf16"]
     handed = "bf16" if rung and rung[-1]["config"]["dtype"] == "bf16" else "fp32"  # what the ladder holds, it says
     assert "digits, bf16 (the loss in fp32): final test accuracy" in text
-    said = rung[-1]["evidence"]["sentence"] if rung else ""  # the choice, said once: its setting, handed on or not
-    assert f"- {said}" in text and ("dtype=bf16" in said and said.endswith("handed on.")) == (handed == "bf16")
+    kept = store.get_fact(machine_id(), f"findings/bf16/cnn/{'quick' if rung else ''}")  # Session.record's key
+    said = Finding.from_dict(kept).sentence  # the choice, said once: its setting, handed on or not
+    assert text.count(f"- {said}\n") == 1 and said.endswith("handed on.") == (handed == "bf16")
     # the bf16 log's slowest kernels; on a CPU without a bf16 path, oneDNN may run none at all
     assert "Slowest kernels:" in text or "No oneDNN primitive ran." in text
     for name in ("06_throughput", "06_accuracy"):

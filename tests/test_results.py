@@ -406,9 +406,9 @@ def test_the_findings_a_pages_table_shows_are_the_ones_its_quotes_leave_out(tmp_
             {"fix": "frozen layers (backward skipped)", "arm": UNFIXED, "workload": "other"}]
     store.put_fact("m", "case-study/paper/quick", rows)  # the paper table's arms are of one workload
     assert tabulated(store, "m", "quick") == {bf16[0].sentence, bf16[2].sentence, fixes[0].sentence}
-    printed = [f.to_dict() | {"said": "as a template printed it then"} for f in fixes]  # Session.tell keeps it
+    printed = [f.to_dict() | {"said": f"printed {i}"} for i, f in enumerate(fixes)]  # Session.tell keeps it
     store.put_fact("m", "notes/case_study/quick", printed)  # a template changed since: matched as printed
-    assert tabulated(store, "m", "quick") == {bf16[0].sentence, bf16[2].sentence, "as a template printed it then"}
+    assert tabulated(store, "m", "quick") == {bf16[0].sentence, bf16[2].sentence, "printed 0"}
 
 
 def test_readme_lists_every_confirmation_with_its_rounds(tmp_path):

@@ -871,7 +871,7 @@ def test_make_runs_retinanet_ladder_is_the_papers_recipe_named_and_confirmed_onc
         rows = ladder.rungs(session.store, "m", "retinanet", "standard", 2)
         assert [r.step for r in rows] == ["baseline", case_study.RECIPE] and rows[1].vs_previous is None
         assert pages.answer(rows)[1].startswith("not compared with the defaults yet (notebook 09 compares it); the "
-                                                "recipe compared as one block (`make case-study` confirms its parts")
+                                                "recipe is one block here (`make case-study` confirms its parts")
         top = RunConfig.from_dict(rows[1].config)
         assert dict(top.options) == dict(plan.named["all fixes"].options) and top.dtype == ("bf16" if fast else "fp32")
         assert top.compile is None  # torch.compile: make case-study's climb weighs its compile time
