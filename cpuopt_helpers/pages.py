@@ -370,8 +370,8 @@ def _answer_lines(folder: Path, figures: str, leave_out: set[str] = frozenset())
         quoted, whole = notebook_answer(path, leave_out), notebook_answer(path)
         left = (" (the findings a table above gives are not repeated)" if quoted != whole else "") + (
             ": every finding it printed is in a table above." if whole and not quoted else ":")
-        lines += ["", f"{title}, as the executed notebook concluded{left}", "", *quoted, ""]
-        lines += [f"![{f}]({figures}/{f}.png)" for f in pngs]
+        lines += ["", f"{title}, as the executed notebook concluded{left}", "", *quoted]
+        lines += ["", *[f"![{f}]({figures}/{f}.png)" for f in pngs]] if pngs else []
     return lines
 
 
