@@ -344,12 +344,16 @@ def tabulated(store: ResultStore, machine: str, preset: str) -> set[str]:
 
     arms = {r["arm"]: r.get("workload") for r in store.get_fact(machine, f"case-study/paper/{preset}") or []
             if isinstance(r.get("arm"), str)}  # a row timed alone has none (None, or NaN from the table)
-    in_paper = lambda f: arms.get(f.values.get("name"), 0) in (f.workload, None)  # noqa: E731 (None: an older record)
+
+    def in_paper(f: Finding) -> bool:  # a fix a row of the paper table gives, of its workload (None: an older row)
+        arm = f.values.get("name") if f.kind == "arm over first" else UNFIXED if f.kind == "frozen backward skipped" \
+            else None
+        return arm in arms and arms[arm] in (f.workload, None)
+
     in_table = {r["config"]["workload"] for r in last_sweep_runs(store, "06_bf16", machine)}  # _precision_lines'
     shown = [(f, s) for f, s in told("precision") if f.kind in ("screened only", "bf16 over fp32")
              and f.workload in in_table]
-    shown += [(f, s) for f, s in told("case_study") if (f.kind == "arm over first" and in_paper(f))
-              or (f.kind == "frozen backward skipped" and arms.get(UNFIXED, 0) in (f.workload, None))]
+    shown += [(f, s) for f, s in told("case_study") if in_paper(f)]
     sentences = set()
     for f, said in shown:
         try:
